@@ -1,0 +1,52 @@
+"""Domain exceptions shared by the queue core and every protocol."""
+
+from __future__ import annotations
+
+
+class KestrelError(Exception):
+    """Base class of every error txkestrel raises on purpose."""
+
+
+class InvalidQueueName(KestrelError, ValueError):
+    """A queue name that may never name a queue (path characters, empty, too long, ...)."""
+
+
+class AvailabilityError(KestrelError):
+    """
+    The server's status (or a connection limit) forbids this operation now.
+
+    Memcache answers C{SERVER_ERROR} and disconnects; text answers
+    C{-Server not available for operation <op>}.
+    """
+
+    def __init__(self, op: str) -> None:
+        super().__init__(f"Server not available for operation {op}")
+        self.op = op
+
+
+class TooManyOpenReads(KestrelError):
+    """The session already holds C{max_open_transactions} open reads on the queue."""
+
+
+class UnknownStatus(KestrelError, ValueError):
+    """A status name that is not one of up, readonly, quiescent, writeavoid."""
+
+
+class ForbiddenStatus(KestrelError, ValueError):
+    """A status that may not be set by a client (C{down})."""
+
+
+class ConfigError(KestrelError, ValueError):
+    """
+    A config file with problems; C{problems} lists every one of them.
+
+    Each problem names the key (and line, when known).
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class ShuttingDown(KestrelError):
+    """The queue collection is stopping and refuses new work."""

@@ -1,0 +1,90 @@
+"""
+MemoryJournal: the journal interface with nothing on disk.
+
+It implements C{keep_journal: false} and serves the queue-model tests. It
+keeps the records it was asked to write in C{records}, so tests can assert
+what a queue would have journaled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from twisted.internet.defer import Deferred, succeed
+
+from kestrel.item import QItem
+from kestrel.journal import records as R
+
+
+class MemoryJournal:
+    """
+    A journal that writes nothing durable: every write is "durable" at once.
+
+    @ivar records: every record written, in order (only if C{keep_records}).
+    """
+
+    in_read_behind = False
+    is_replaying = False
+    size = 0
+    archived_size = 0
+
+    def __init__(self, keep_records: bool = False) -> None:
+        self.keep_records = keep_records
+        self.records: list[R.Record] = []
+        self.closed = False
+
+    def _write(self, record: Callable[[], R.Record]) -> Deferred[None]:
+        if self.keep_records:
+            self.records.append(record())
+        return succeed(None)
+
+    def replay(self, apply: Callable[[R.Record], None]) -> None:
+        """Replay nothing: a memory journal starts empty."""
+
+    def add(self, item: QItem) -> Deferred[None]:
+        """Record an add."""
+        return self._write(lambda: R.Add(item.data, item.add_time_ms, item.expiry_ms))
+
+    def continue_(self, xid: int, item: QItem) -> Deferred[None]:
+        """Record a confirm of C{xid} plus an add."""
+        return self._write(lambda: R.Continue(xid, item.data, item.add_time_ms, item.expiry_ms))
+
+    def remove(self) -> Deferred[None]:
+        """Record a remove of the head."""
+        return self._write(lambda: R.REMOVE)
+
+    def remove_tentative(self, xid: int) -> Deferred[None]:
+        """Record an open read."""
+        return self._write(lambda: R.RemoveTentativeXid(xid))
+
+    def unremove(self, xid: int) -> Deferred[None]:
+        """Record an aborted read."""
+        return self._write(lambda: R.Unremove(xid))
+
+    def confirm_remove(self, xid: int) -> Deferred[None]:
+        """Record a confirmed read."""
+        return self._write(lambda: R.ConfirmRemove(xid))
+
+    def rotate(self, reserved_items: Iterable[QItem], set_checkpoint: bool) -> None:
+        """Do nothing: there is no file to rotate."""
+
+    def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem]) -> None:
+        """Do nothing: there is no file to compact."""
+
+    def start_read_behind(self) -> None:
+        """Never called: a memory journal keeps every item in memory."""
+        raise RuntimeError("a memory journal has no read-behind")
+
+    def fill_read_behind(self, got_item: Callable[[QItem], None],
+                         got_checkpoint: Callable[[object], None]) -> None:
+        """Never called: a memory journal is never in read-behind."""
+        raise RuntimeError("a memory journal has no read-behind")
+
+    def close(self) -> Deferred[None]:
+        """Close: nothing to flush."""
+        self.closed = True
+        return succeed(None)
+
+    def erase(self) -> None:
+        """Forget the recorded records."""
+        self.records.clear()

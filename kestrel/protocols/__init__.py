@@ -1,0 +1,1 @@
+"""Wire protocols: thin translators between bytes and a per-connection ClientSession."""

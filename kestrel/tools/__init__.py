@@ -1,0 +1,1 @@
+"""Command-line tools: qdump, qpack and the load tests."""
