@@ -1,0 +1,34 @@
+"""
+Shared test configuration: hypothesis profiles and basic fixtures.
+
+Set KESTREL_HYPOTHESIS_PROFILE=ci (as .ci/run does) for derandomized runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from twisted.internet.task import Clock
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=100,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, max_examples=50)
+settings.load_profile(os.environ.get("KESTREL_HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """A fake clock that starts at a realistic epoch time (2026-01-01)."""
+    c = Clock()
+    c.advance(1_767_225_600.0)
+    return c
