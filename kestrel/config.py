@@ -1,15 +1,40 @@
 """
 Configuration: the YAML schema, its defaults, and per-queue resolution.
 
-(Skeleton: the value classes are fixed here; parsing is being built.)
+The schema is the one of C{../shared/spec/interface.md}; C{docs/config.md}
+documents every key. L{parse_config} is pure (no I/O): it checks the whole
+file and raises one L{ConfigError} listing every problem, each naming its
+dotted key path and line. L{load_config} reads a file and parses it.
+
+Per-queue settings resolve as Kestrel 2.4 does (reference section 5.3):
+built-in defaults, then the C{default:} section, then the queue's own entry
+under C{queues:}, then, for a fanout child C{q+f}, the child's entry on top of
+its master C{q}'s resolved settings.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import re
+import types
+from collections.abc import Callable, Iterator, Mapping
+from fractions import Fraction
+from typing import Any, NoReturn
+
 import attrs
+import yaml
+from twisted.logger import Logger
+
+from kestrel.errors import ConfigError, ForbiddenStatus, InvalidQueueName, UnknownStatus
+from kestrel.names import is_fanout, master_name, validate_queue_name
+from kestrel.status import Status, parse_settable_status
 
 #: Sync policy: None = never fsync on write, 0.0 = fsync every write, > 0 = period in seconds.
 SyncPolicy = float | None
+
+_log = Logger(namespace="kestrel.config")
 
 
 @attrs.frozen
@@ -39,3 +64,818 @@ class QueueConfig:
     max_queue_age: float | None = None
     open_transaction_timeout: float | None = None
     disable_aggressive_rewrites: bool = False
+
+
+def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Return a read-only copy of C{value}."""
+    return types.MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class QueueOverride:
+    """
+    The settings one C{queues:} entry sets explicitly (a partial QueueConfig).
+
+    Only keys present in the file are in C{settings}; everything else is
+    inherited from the parent level.
+    """
+
+    settings: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def __attrs_post_init__(self) -> None:
+        unknown = set(self.settings) - _QUEUE_FIELDS
+        if unknown:
+            raise ValueError(f"not queue settings: {', '.join(sorted(unknown))}")
+
+    def apply(self, parent: QueueConfig) -> QueueConfig:
+        """Return C{parent} with every setting of this override replacing its value."""
+        if not self.settings:
+            return parent
+        return attrs.evolve(parent, **self.settings)
+
+
+@attrs.frozen
+class ZooKeeperConfig:
+    """Where and how to publish this server in ZooKeeper server sets."""
+
+    host: str
+    path_prefix: str
+    port: int = 2181
+    session_timeout: float = 10.0
+
+
+def _status_converter(value: Status | str) -> Status:
+    """Accept a L{Status} or its (case-insensitive) name; reject Down."""
+    return parse_settable_status(value)
+
+
+def _alias_converter(value: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
+    """Return a read-only mapping of alias name to a tuple of destination names."""
+    return types.MappingProxyType({k: tuple(v) for k, v in value.items()})
+
+
+@attrs.frozen
+class ServerConfig:
+    """
+    The whole server configuration: server-level settings, the default queue
+    settings, per-queue overrides and aliases.
+
+    Ports of None mean "listener disabled". C{warnings} holds non-fatal
+    remarks found while parsing (for example aliases masking queues); it does
+    not take part in equality.
+    """
+
+    listen_address: str = "127.0.0.1"
+    memcache_port: int | None = 22133
+    text_port: int | None = 2222
+    thrift_port: int | None = 2229
+    admin_port: int | None = 2223
+    queue_path: str = "./kestrel-data"
+    archive_path: str | None = None
+    status_file: str | None = "./kestrel-status"
+    default_status: Status = attrs.field(default=Status.UP, converter=_status_converter)
+    status_change_grace_period: float = 0.0
+    expiration_timer_frequency: float | None = 1.0
+    client_timeout: float | None = None
+    max_open_transactions: int = 1
+    connection_limit_refuse_writes: int | None = None
+    connection_limit_refuse_reads: int | None = None
+    max_request_size: int = 64 * 1024 * 1024
+    zookeeper: ZooKeeperConfig | None = None
+    default: QueueConfig = attrs.field(factory=QueueConfig)
+    queues: Mapping[str, QueueOverride] = attrs.field(factory=dict, converter=_frozen_mapping)
+    aliases: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict,
+                                                         converter=_alias_converter)
+    warnings: tuple[str, ...] = attrs.field(default=(), eq=False, converter=tuple)
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """
+        Return the resolved settings of queue C{name}.
+
+        A plain queue is C{default} with its C{queues:} entry (if any) on top;
+        a fanout child C{q+f} is its master C{q}'s resolved settings with the
+        entry for C{q+f} (if any) on top. The name is not validated here.
+        """
+        if is_fanout(name):
+            parent = self.queue_config(master_name(name))
+        else:
+            parent = self.default
+        override = self.queues.get(name)
+        return parent if override is None else override.apply(parent)
+
+    def with_overrides(self, **overrides: Any) -> ServerConfig:
+        """
+        Return a copy with server-level settings replaced (command-line options).
+
+        Values take the same forms as in the YAML file (C{memcache_port=0}
+        disables a listener, C{max_request_size="1MiB"}, durations as
+        C{"30s"} or seconds) and are checked the same way, including the
+        checks between keys (C{status_file} outside C{queue_path}). Raises
+        L{ConfigError} listing every problem. C{default}, C{queues} and
+        C{aliases} cannot be overridden here.
+        """
+        problems = _Problems("<overrides>")
+        changes: dict[str, Any] = {}
+        for key, value in overrides.items():
+            if key == "zookeeper" and (value is None or isinstance(value, ZooKeeperConfig)):
+                changes[key] = value
+                continue
+            parser = _SERVER_SCALARS.get(key)
+            if parser is None:
+                problems.add(None, key, "not a server-level setting that can be overridden")
+                continue
+            try:
+                changes[key] = parser(value)
+            except _BadValueError as e:
+                problems.add(None, key, str(e))
+        result = attrs.evolve(self, **changes)
+        _check_server(result, problems, {})
+        problems.raise_if_any()
+        return result
+
+
+#: The built-in defaults: what the server runs on without a config file.
+DEFAULT_CONFIG = ServerConfig()
+
+_QUEUE_FIELDS = frozenset(f.name for f in attrs.fields(QueueConfig))
+
+
+# -- value parsers ---------------------------------------------------------------------------
+
+
+class _BadValueError(ValueError):
+    """A value that does not fit its key; the message says what was expected."""
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "byte": 1, "bytes": 1,
+    "kb": 1024, "kib": 1024,
+    "mb": 1024 ** 2, "mib": 1024 ** 2,
+    "gb": 1024 ** 3, "gib": 1024 ** 3,
+}
+_DURATION_UNITS = {"": 1, "ms": Fraction(1, 1000), "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE_EXPECTED = "expected a size: bytes, or a string like '512KiB', '16MiB', '1GiB'"
+_DURATION_EXPECTED = "expected a duration like '250ms', '30s', '5m', '1h', '1d' or seconds"
+_STATUS_EXPECTED = "expected up, readonly, quiescent or writeavoid"
+_NUMBER_WITH_UNIT = re.compile(
+    r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*\Z")
+
+
+def _describe(value: object) -> str:
+    """A short description of a bad value for an error message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    return repr(value)
+
+
+def _describe_node(node: yaml.Node) -> str:
+    """A short description of a YAML node for an error message (never fails)."""
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    if node.tag == "tag:yaml.org,2002:null":
+        return "null"
+    return repr(node.value)
+
+
+def parse_size(value: object) -> int:
+    """
+    Return the size C{value} in bytes.
+
+    An integer is bytes; a string is a number and a unit, C{B}/C{bytes},
+    C{KiB}/C{KB}, C{MiB}/C{MB}, C{GiB}/C{GB} (all powers of 1024; units are
+    case-insensitive, C{1.5KiB} is allowed if it comes to whole bytes). Raises
+    C{ValueError} for anything else, including negative sizes.
+    """
+    if isinstance(value, bool):
+        raise _BadValueError(f"{_SIZE_EXPECTED}, got {_describe(value)}")
+    if isinstance(value, int):
+        amount = Fraction(value)
+    elif isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.match(value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _SIZE_UNITS:
+            raise _BadValueError(f"{_SIZE_EXPECTED}, got {value!r}")
+        amount = Fraction(match.group(1)) * _SIZE_UNITS[unit]
+    else:
+        raise _BadValueError(f"{_SIZE_EXPECTED}, got {_describe(value)}")
+    if amount < 0:
+        raise _BadValueError(f"a size cannot be negative, got {value!r}")
+    if amount.denominator != 1:
+        raise _BadValueError(f"a size must come to a whole number of bytes, got {value!r}")
+    return int(amount)
+
+
+def parse_duration(value: object) -> float:
+    """
+    Return the duration C{value} in seconds (a float).
+
+    A number is seconds; a string is a number with an optional unit, C{ms},
+    C{s}, C{m}, C{h} or C{d} (case-sensitive: C{250ms}, C{30s}, C{1.5h}). Raises
+    C{ValueError} for anything else, including negative or infinite values.
+    C{null} is handled by the caller (it means "none" for optional keys).
+    """
+    if isinstance(value, bool):
+        raise _BadValueError(f"{_DURATION_EXPECTED}, got {_describe(value)}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise _BadValueError(f"a duration must be finite, got {value!r}")
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.match(value)
+        if match is None or match.group(2) not in _DURATION_UNITS:
+            raise _BadValueError(f"{_DURATION_EXPECTED}, got {value!r}")
+        seconds = float(Fraction(match.group(1)) * _DURATION_UNITS[match.group(2)])
+    else:
+        raise _BadValueError(f"{_DURATION_EXPECTED}, got {_describe(value)}")
+    if seconds < 0:
+        raise _BadValueError(f"a duration cannot be negative, got {value!r}")
+    return seconds
+
+
+def parse_sync_policy(value: object) -> SyncPolicy:
+    """
+    Return the C{sync_journal} policy of C{value}.
+
+    C{never} (or C{null}) gives None (no fsync on write), C{always} gives 0.0
+    (fsync every write), a duration gives its period in seconds (a zero
+    duration is the same as C{always}). Raises C{ValueError} otherwise.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("never", "always"):
+        return None if value.strip().lower() == "never" else 0.0
+    try:
+        return parse_duration(value)
+    except _BadValueError:
+        raise _BadValueError("expected never, always or a duration (fsync period) "
+                             f"like '100ms', got {_describe(value)}") from None
+
+
+def _parse_int(value: object, what: str) -> int:
+    """An integer (a decimal string is accepted too), for counts and ports."""
+    if isinstance(value, bool):
+        raise _BadValueError(f"expected {what}, got {_describe(value)}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise _BadValueError(f"expected {what}, got {_describe(value)}")
+
+
+def _count(value: object) -> int:
+    """A non-negative integer."""
+    number = _parse_int(value, "a whole number")
+    if number < 0:
+        raise _BadValueError(f"cannot be negative, got {number}")
+    return number
+
+
+def _port(value: object) -> int | None:
+    """A TCP port; 0 or null disables the listener (None)."""
+    if value is None:
+        return None
+    number = _parse_int(value, "a port number (0 or null: disabled)")
+    if not 0 <= number <= 65535:
+        raise _BadValueError(f"a port must be between 0 and 65535, got {number}")
+    return number or None
+
+
+def _zk_port(value: object) -> int:
+    """A TCP port between 1 and 65535."""
+    number = _parse_int(value, "a port number")
+    if not 1 <= number <= 65535:
+        raise _BadValueError(f"a port must be between 1 and 65535, got {number}")
+    return number
+
+
+def _boolean(value: object) -> bool:
+    """A YAML boolean (true/false, yes/no, on/off)."""
+    if not isinstance(value, bool):
+        raise _BadValueError(f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _text(value: object) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise _BadValueError(f"expected a non-empty string, got {_describe(value)}")
+    return value
+
+
+def _queue_name(value: object) -> str:
+    """A valid queue name."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    name = _text(value)
+    try:
+        return validate_queue_name(name)
+    except InvalidQueueName as e:
+        raise _BadValueError(str(e)) from None
+
+
+def _status(value: object) -> Status:
+    """A status a server may start in: up, readonly, quiescent or writeavoid."""
+    if not isinstance(value, (str, Status)):
+        raise _BadValueError(f"{_STATUS_EXPECTED}, got {_describe(value)}")
+    try:
+        return parse_settable_status(value)
+    except UnknownStatus:
+        raise _BadValueError(f"{_STATUS_EXPECTED}, got {value!r}") from None
+    except ForbiddenStatus:
+        raise _BadValueError("down cannot be a default status "
+                       "(use up, readonly, quiescent or writeavoid)") from None
+
+
+def _optional(parser: Callable[[object], Any]) -> Callable[[object], Any]:
+    """The same parser, with null meaning None."""
+
+    def parse(value: object) -> Any:
+        return None if value is None else parser(value)
+
+    return parse
+
+
+def _required(parser: Callable[[object], Any]) -> Callable[[object], Any]:
+    """The same parser, refusing null."""
+
+    def parse(value: object) -> Any:
+        if value is None:
+            raise _BadValueError("cannot be null here")
+        return parser(value)
+
+    return parse
+
+
+def _positive(parser: Callable[[object], Any]) -> Callable[[object], Any]:
+    """The same parser, refusing zero."""
+
+    def parse(value: object) -> Any:
+        result = parser(value)
+        if result is not None and result <= 0:
+            raise _BadValueError(f"must be greater than zero, got {_describe(value)}")
+        return result
+
+    return parse
+
+
+def _zero_if_null(parser: Callable[[object], float]) -> Callable[[object], float]:
+    """The same parser, with null meaning 0."""
+
+    def parse(value: object) -> float:
+        return 0.0 if value is None else parser(value)
+
+    return parse
+
+
+_QUEUE_KEYS: dict[str, Callable[[object], Any]] = {
+    "max_items": _optional(_count),
+    "max_size": _optional(parse_size),
+    "max_item_size": _optional(parse_size),
+    "max_age": _optional(parse_duration),
+    "default_journal_size": _required(parse_size),
+    "max_memory_size": _required(parse_size),
+    "max_journal_size": _required(parse_size),
+    "min_journal_compact_delay": _optional(parse_duration),
+    "discard_old_when_full": _boolean,
+    "keep_journal": _boolean,
+    "sync_journal": parse_sync_policy,
+    "durable_acks": _boolean,
+    "expire_to_queue": _optional(_queue_name),
+    "max_expire_sweep": _optional(_count),
+    "fanout_only": _boolean,
+    "max_queue_age": _optional(parse_duration),
+    "open_transaction_timeout": _optional(parse_duration),
+    "disable_aggressive_rewrites": _boolean,
+}
+
+_SERVER_SCALARS: dict[str, Callable[[object], Any]] = {
+    "listen_address": _required(_text),
+    "memcache_port": _port,
+    "text_port": _port,
+    "thrift_port": _port,
+    "admin_port": _port,
+    "queue_path": _required(_text),
+    "archive_path": _optional(_text),
+    "status_file": _optional(_text),
+    "default_status": _required(_status),
+    "status_change_grace_period": _zero_if_null(parse_duration),
+    "expiration_timer_frequency": _optional(_positive(parse_duration)),
+    "client_timeout": _optional(_positive(parse_duration)),
+    "max_open_transactions": _required(_count),
+    "connection_limit_refuse_writes": _optional(_count),
+    "connection_limit_refuse_reads": _optional(_count),
+    "max_request_size": _required(_positive(parse_size)),
+}
+
+_ZOOKEEPER_KEYS: dict[str, Callable[[object], Any]] = {
+    "host": _required(_text),
+    "port": _required(_zk_port),
+    "path_prefix": _required(_text),
+    "session_timeout": _required(_positive(parse_duration)),
+}
+
+# -- the YAML walk ---------------------------------------------------------------------------
+
+
+class _Problems:
+    """Collects every problem of one config source, each with key path and line."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[tuple[int, str]] = []
+
+    def add(self, node: yaml.Node | int | None, path: str, message: str) -> None:
+        """Record a problem at C{path}; C{node} (or a 0-based line) locates it."""
+        line = node.start_mark.line if isinstance(node, yaml.Node) else node
+        where = self.source if line is None else f"{self.source}:{line + 1}"
+        text = f"{where}: {path}: {message}" if path else f"{where}: {message}"
+        self.items.append((-1 if line is None else line, text))
+
+    def raise_if_any(self) -> None:
+        """Raise one L{ConfigError} with every problem, ordered by line."""
+        if self.items:
+            raise ConfigError([text for _, text in sorted(self.items, key=lambda i: i[0])])
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class _Walker:
+    """Turns a composed YAML document into checked Python values, noting problems."""
+
+    def __init__(self, loader: yaml.SafeLoader, problems: _Problems) -> None:
+        self.loader = loader
+        self.problems = problems
+        #: 0-based line of every key seen, by dotted path.
+        self.lines: dict[str, int] = {}
+
+    def value(self, node: yaml.Node) -> Any:
+        """The Python value of a node (anchors and tags resolved as YAML does)."""
+        return self.loader.construct_object(node, deep=True)
+
+    def entries(self, node: yaml.Node, path: str) -> Iterator[tuple[str, yaml.Node, yaml.Node]]:
+        """
+        Yield (key, key node, value node) of a mapping node, once per key.
+
+        Merge keys (C{<<: *anchor}) are applied; a key given twice is a
+        problem; a non-mapping node is a problem and yields nothing.
+        """
+        if not isinstance(node, yaml.MappingNode):
+            self.problems.add(node, path, f"expected a mapping, got {_describe_node(node)}")
+            return
+        explicit = {id(k) for k, _ in node.value}
+        try:
+            self.loader.flatten_mapping(node)
+        except yaml.YAMLError as e:
+            self.problems.add(node, path, f"bad merge key: {e}")
+            return
+        chosen: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        from_explicit: set[str] = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.problems.add(key_node, path, "keys must be plain names")
+                continue
+            key = key_node.value
+            if id(key_node) in explicit or _join(path, key) not in self.lines:
+                self.lines[_join(path, key)] = key_node.start_mark.line
+            if id(key_node) in explicit:
+                if key in from_explicit:
+                    self.problems.add(key_node, _join(path, key), "duplicate key")
+                    continue
+                from_explicit.add(key)
+            chosen[key] = (key_node, value_node)
+        for key, (key_node, value_node) in chosen.items():
+            yield key, key_node, value_node
+
+    def scalar(self, node: yaml.Node, path: str,
+               parser: Callable[[object], Any]) -> tuple[bool, Any]:
+        """Parse one value; return (ok, value), noting a problem when not ok."""
+        try:
+            return True, parser(self.value(node))
+        except _BadValueError as e:
+            self.problems.add(node, path, str(e))
+        except yaml.YAMLError as e:
+            self.problems.add(node, path, f"bad value: {e}")
+        return False, None
+
+    def queue_settings(self, node: yaml.Node, path: str) -> dict[str, Any]:
+        """The explicitly set queue keys of a C{default:} or C{queues.<q>:} mapping."""
+        settings: dict[str, Any] = {}
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return settings
+        for key, key_node, value_node in self.entries(node, path):
+            parser = _QUEUE_KEYS.get(key)
+            if parser is None:
+                self.problems.add(key_node, _join(path, key), "unknown queue setting")
+                continue
+            ok, value = self.scalar(value_node, _join(path, key), parser)
+            if ok:
+                settings[key] = value
+        return settings
+
+
+def parse_config(text: str, source: str = "<string>") -> ServerConfig:
+    """
+    Parse and check a YAML config document; return the resulting ServerConfig.
+
+    Every key is optional (an empty document gives L{DEFAULT_CONFIG}). All
+    problems of the document are collected and raised together as one
+    L{ConfigError}; each names C{source}, its line and the dotted key path
+    (C{queues.weather.max_items}). Non-fatal remarks (aliases masking queues,
+    C{durable_acks} without fsync) end up in C{warnings} and are logged.
+    Pure: reads no file and touches nothing.
+    """
+    problems = _Problems(source)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as e:
+        _syntax_error(problems, text, e)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.YAMLError as e:
+            _syntax_error(problems, text, e)
+        config, lines = _build(_Walker(loader, problems), root)
+    finally:
+        loader.dispose()
+    _check_server(config, problems, lines)
+    problems.raise_if_any()
+    warnings = _warnings(config)
+    for warning in warnings:
+        _log.warn("{source}: {warning}", source=source, warning=warning)
+    return attrs.evolve(config, warnings=warnings)
+
+
+def _syntax_error(problems: _Problems, text: str, error: yaml.YAMLError) -> NoReturn:
+    """Raise a L{ConfigError} for a document that is not YAML at all, with its line."""
+    if isinstance(error, yaml.reader.ReaderError):
+        line: int | None = text.count("\n", 0, error.position)
+        character = error.character
+        if isinstance(character, int):
+            character = chr(character)
+        message = f"character {character!r} is not allowed in YAML ({error.reason})"
+    else:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        line = mark.line if mark is not None else None
+        message = str(getattr(error, "problem", None) or error)
+    problems.add(line, "", f"YAML syntax error: {message}")
+    problems.raise_if_any()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _build(walker: _Walker, root: yaml.Node | None) -> tuple[ServerConfig, dict[str, int]]:
+    """Build a ServerConfig from the root node; also return each top-level key's line."""
+    problems = walker.problems
+    fields: dict[str, Any] = {}
+    lines = walker.lines
+    if root is None or (isinstance(root, yaml.ScalarNode)
+                        and root.tag == "tag:yaml.org,2002:null"):
+        return DEFAULT_CONFIG, lines
+    for key, key_node, value_node in walker.entries(root, ""):
+        if key in _SERVER_SCALARS:
+            ok, value = walker.scalar(value_node, key, _SERVER_SCALARS[key])
+            if ok:
+                fields[key] = value
+        elif key == "zookeeper":
+            fields[key] = _build_zookeeper(walker, value_node)
+        elif key == "default":
+            fields[key] = QueueOverride(walker.queue_settings(value_node, key)).apply(QueueConfig())
+        elif key == "queues":
+            fields[key] = _build_queues(walker, value_node)
+        elif key == "aliases":
+            fields[key] = _build_aliases(walker, value_node)
+        else:
+            problems.add(key_node, key, "unknown setting")
+    return ServerConfig(**fields), lines
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+
+def _build_zookeeper(walker: _Walker, node: yaml.Node) -> ZooKeeperConfig | None:
+    """The C{zookeeper:} section: null, or host, path_prefix and optional port/session_timeout."""
+    if _is_null(node):
+        return None
+    values: dict[str, Any] = {}
+    complete = isinstance(node, yaml.MappingNode)
+    for key, key_node, value_node in walker.entries(node, "zookeeper"):
+        path = _join("zookeeper", key)
+        parser = _ZOOKEEPER_KEYS.get(key)
+        if parser is None:
+            walker.problems.add(key_node, path, "unknown zookeeper setting")
+            complete = False
+            continue
+        ok, value = walker.scalar(value_node, path, parser)
+        if ok:
+            values[key] = value
+        complete = complete and ok
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    present = {k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    for key in ("host", "path_prefix"):
+        if key not in present:
+            walker.problems.add(node, _join("zookeeper", key), "required when zookeeper is set")
+            complete = False
+    prefix = values.get("path_prefix")
+    if prefix is not None and not prefix.startswith("/"):
+        walker.problems.add(node, "zookeeper.path_prefix",
+                            f"must be an absolute ZooKeeper path starting with '/', got {prefix!r}")
+        complete = False
+    return ZooKeeperConfig(**values) if complete else None
+
+
+def _build_queues(walker: _Walker, node: yaml.Node) -> dict[str, QueueOverride]:
+    """The C{queues:} section: queue name -> its explicitly set keys."""
+    queues: dict[str, QueueOverride] = {}
+    if _is_null(node):
+        return queues
+    for name, key_node, value_node in walker.entries(node, "queues"):
+        path = _join("queues", name)
+        try:
+            validate_queue_name(name)
+        except InvalidQueueName as e:
+            walker.problems.add(key_node, path, f"bad queue name: {e}")
+            continue
+        queues[name] = QueueOverride(walker.queue_settings(value_node, path))
+    return queues
+
+
+def _build_aliases(walker: _Walker, node: yaml.Node) -> dict[str, tuple[str, ...]]:
+    """The C{aliases:} section: alias name -> destination queue names (a non-empty list)."""
+    aliases: dict[str, tuple[str, ...]] = {}
+    if _is_null(node):
+        return aliases
+    for name, key_node, value_node in walker.entries(node, "aliases"):
+        path = _join("aliases", name)
+        try:
+            validate_queue_name(name)
+        except InvalidQueueName as e:
+            walker.problems.add(key_node, path, f"bad alias name: {e}")
+            continue
+        if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
+            walker.problems.add(value_node, path,
+                                "expected a non-empty list of destination queue names")
+            continue
+        destinations: list[str] = []
+        for i, item in enumerate(value_node.value):
+            ok, destination = walker.scalar(item, f"{path}[{i}]", _queue_name)
+            if ok:
+                destinations.append(destination)
+        if len(destinations) == len(value_node.value):
+            aliases[name] = tuple(destinations)
+    return aliases
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether C{path} is C{folder} or lies under it (lexically, after normalising)."""
+    path_abs = os.path.normcase(os.path.abspath(path))
+    folder_abs = os.path.normcase(os.path.abspath(folder))
+    return path_abs == folder_abs or path_abs.startswith(folder_abs.rstrip(os.sep) + os.sep)
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two paths name the same location (lexically, after normalising)."""
+    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+
+
+def _check_server(config: ServerConfig, problems: _Problems, lines: Mapping[str, int]) -> None:
+    """Note problems that involve several keys (paths that must not overlap, alias cycles)."""
+    if config.status_file is not None and _inside(config.status_file, config.queue_path):
+        problems.add(lines.get("status_file", lines.get("queue_path")), "status_file",
+                     f"must not be inside queue_path ({config.status_file!r} is in "
+                     f"{config.queue_path!r})")
+    if config.archive_path is not None and _same_path(config.archive_path, config.queue_path):
+        problems.add(lines.get("archive_path", lines.get("queue_path")), "archive_path",
+                     "must not be the same folder as queue_path")
+    for name in sorted(config.aliases):
+        if _alias_cycle(config.aliases, name):
+            problems.add(lines.get(_join("aliases", name)), _join("aliases", name),
+                         "alias reaches itself through other aliases")
+
+
+def _alias_cycle(aliases: Mapping[str, tuple[str, ...]], start: str) -> bool:
+    """Whether following alias destinations from C{start} leads back to C{start}."""
+    seen: set[str] = set()
+    todo = list(aliases.get(start, ()))
+    while todo:
+        name = todo.pop()
+        if name == start:
+            return True
+        if name in seen or name not in aliases:
+            continue
+        seen.add(name)
+        todo.extend(aliases[name])
+    return False
+
+
+def _warnings(config: ServerConfig) -> tuple[str, ...]:
+    """Non-fatal remarks on a valid config."""
+    warnings: list[str] = []
+    masked = sorted(set(config.queues) & set(config.aliases))
+    if masked:
+        warnings.append(f"queue name(s) masked by alias(es): {', '.join(masked)}")
+    for path, queue in [("default", config.default)] + [
+        (_join("queues", name), config.queue_config(name)) for name in sorted(config.queues)
+    ]:
+        if queue.durable_acks and queue.sync_journal is None and queue.keep_journal:
+            warnings.append(f"{path}: durable_acks has no effect with sync_journal: never "
+                            "(writes are acknowledged without waiting for an fsync)")
+    return tuple(warnings)
+
+
+def load_config(path: str | os.PathLike[str]) -> ServerConfig:
+    """
+    Read the YAML config file at C{path} and parse it with L{parse_config}.
+
+    Raises L{ConfigError} for an unreadable file as for a bad one. Relative
+    paths inside the file are relative to the server's working directory,
+    not to the file.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{source}: cannot read config file: {e}"]) from e
+    return parse_config(text, source=source)
+
+
+# -- dump_config -----------------------------------------------------------------------------
+
+
+def _format_duration(seconds: float) -> str:
+    """A duration in the config's own notation (C{250ms}, C{60s}), exact and re-parsable."""
+    candidates = []
+    if 0 < seconds < 1:
+        candidates.append(f"{round(seconds * 1000)}ms")
+    if seconds == int(seconds):
+        candidates.append(f"{int(seconds)}s")
+    for text in candidates:
+        if parse_duration(text) == seconds:
+            return text
+    return f"{seconds!r}s"
+
+
+def format_queue_setting(key: str, value: Any) -> str:
+    """
+    Render one resolved queue setting in config-file notation.
+
+    Sizes and counts are plain integers (bytes), durations carry a unit
+    (C{60s}, C{250ms}), C{sync_journal} is C{never}, C{always} or a period,
+    booleans are C{true}/C{false}, and "none"/"unlimited" is C{null}. Every
+    rendered value parses back to the same setting.
+    """
+    if key == "sync_journal":
+        if value is None:
+            return "never"
+        if value == 0:
+            return "always"
+        return _format_duration(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _format_duration(value)
+    if isinstance(value, str) and yaml.safe_load(value) != value:
+        return json.dumps(value)  # quoted: "no", "123" or "null" would read back as non-strings
+    return str(value)
+
+
+def dump_queue_config(config: QueueConfig) -> list[str]:
+    """
+    Return the C{key=value} lines of a resolved queue config, in field order.
+
+    Values use L{format_queue_setting}. This is the body of C{dump_config}
+    for one queue (see C{docs/config.md} for the framing).
+    """
+    return [f"{f.name}={format_queue_setting(f.name, getattr(config, f.name))}"
+            for f in attrs.fields(QueueConfig)]
+
+
+def parse_queue_setting(key: str, text: str) -> Any:
+    """
+    Parse one queue setting written as in a config file (the inverse of
+    L{format_queue_setting}); raise L{ConfigError} if it is unknown or bad.
+    """
+    parser = _QUEUE_KEYS.get(key)
+    if parser is None:
+        raise ConfigError([f"{key}: unknown queue setting"])
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{key}: bad value {text!r}: {e}"]) from e
+    try:
+        return parser(value)
+    except _BadValueError as e:
+        raise ConfigError([f"{key}: {e}"]) from e

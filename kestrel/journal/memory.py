@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from twisted.internet.defer import Deferred, succeed
 
 from kestrel.item import QItem
-from kestrel.journal import records as R
+from kestrel.journal import records as rec
 
 
 class MemoryJournal:
@@ -27,49 +27,60 @@ class MemoryJournal:
     is_replaying = False
     size = 0
     archived_size = 0
+    checkpoint = None
+    removes_since_read_behind = 0
 
     def __init__(self, keep_records: bool = False) -> None:
         self.keep_records = keep_records
-        self.records: list[R.Record] = []
+        self.records: list[rec.Record] = []
         self.closed = False
 
-    def _write(self, record: Callable[[], R.Record]) -> Deferred[None]:
+    def _write(self, record: Callable[[], rec.Record]) -> Deferred[None]:
         if self.keep_records:
             self.records.append(record())
         return succeed(None)
 
-    def replay(self, apply: Callable[[R.Record], None]) -> None:
+    def replay(self, apply: Callable[[rec.Record], None]) -> None:
         """Replay nothing: a memory journal starts empty."""
 
     def add(self, item: QItem) -> Deferred[None]:
         """Record an add."""
-        return self._write(lambda: R.Add(item.data, item.add_time_ms, item.expiry_ms))
+        return self._write(lambda: rec.Add(item.data, item.add_time_ms, item.expiry_ms))
 
     def continue_(self, xid: int, item: QItem) -> Deferred[None]:
         """Record a confirm of C{xid} plus an add."""
-        return self._write(lambda: R.Continue(xid, item.data, item.add_time_ms, item.expiry_ms))
+        return self._write(lambda: rec.Continue(xid, item.data, item.add_time_ms, item.expiry_ms))
 
     def remove(self) -> Deferred[None]:
         """Record a remove of the head."""
-        return self._write(lambda: R.REMOVE)
+        return self._write(lambda: rec.REMOVE)
 
     def remove_tentative(self, xid: int) -> Deferred[None]:
         """Record an open read."""
-        return self._write(lambda: R.RemoveTentativeXid(xid))
+        return self._write(lambda: rec.RemoveTentativeXid(xid))
 
     def unremove(self, xid: int) -> Deferred[None]:
         """Record an aborted read."""
-        return self._write(lambda: R.Unremove(xid))
+        return self._write(lambda: rec.Unremove(xid))
 
     def confirm_remove(self, xid: int) -> Deferred[None]:
         """Record a confirmed read."""
-        return self._write(lambda: R.ConfirmRemove(xid))
+        return self._write(lambda: rec.ConfirmRemove(xid))
 
     def rotate(self, reserved_items: Iterable[QItem], set_checkpoint: bool) -> None:
         """Do nothing: there is no file to rotate."""
 
-    def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem]) -> None:
+    def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem],
+                xid_counter: int = 0) -> None:
         """Do nothing: there is no file to compact."""
+
+    def notify_remove_during_replay(self) -> None:
+        """Do nothing: a memory journal never replays anything."""
+
+    def start_pack(self, checkpoint: object, open_items: Iterable[QItem],
+                   queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
+        """Never called: a memory journal never sets a checkpoint."""
+        raise RuntimeError("a memory journal has no checkpoint to pack")
 
     def start_read_behind(self) -> None:
         """Never called: a memory journal keeps every item in memory."""

@@ -222,7 +222,7 @@ def encode(record: Record) -> bytes:
     return record.encode()
 
 
-class CorruptRecord(ValueError):
+class CorruptRecord(ValueError):  # noqa: N818 (name fixed by docs/architecture.md)
     """
     The bytes at C{offset} are not a valid record (unknown opcode or impossible size).
 

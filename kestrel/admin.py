@@ -1,0 +1,391 @@
+"""
+The admin HTTP interface (port 2223): health, stats, Prometheus metrics, and operator commands.
+
+====================  ======  =====================================================
+path                  method  what it does
+====================  ======  =====================================================
+C{/ping}              GET     C{pong}
+C{/stats.json}        GET     Ostrich-style stats: counters, gauges, labels, metrics
+C{/metrics}           GET     Prometheus text format (C{prometheus_client})
+C{/status}            GET     the reported status (C{UP}, C{READONLY}, ...)
+C{/status}            POST    set the status: C{status=<name>} (form or query)
+C{/quiesce}           POST    set the status to Quiescent
+C{/reload}            POST    reread the config file
+C{/shutdown}          POST    stop the server
+====================  ======  =====================================================
+
+Every report is built from the live objects at request time (no background
+collection). The server context is L{kestrel.server.KestrelServer}; its
+optional C{metrics} attribute is a L{kestrel.metrics.Metrics}. See
+C{docs/metrics.md}.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+from kestrel.errors import ConfigError, KestrelError
+from kestrel.metrics import GLOBAL_METRICS, Metrics
+
+#: Kestrel reported these for "no limit" (Scala's Int.MaxValue and Long.MaxValue).
+NO_MAX_ITEMS = 2**31 - 1
+NO_MAX_BYTES = 2**63 - 1
+
+#: Per-queue counters of Ostrich's C{q/<name>/...} (reference section 8.3), as queue attributes.
+QUEUE_COUNTERS = (
+    "total_items", "put_items", "put_bytes", "get_items_hit", "get_items_miss", "transactions",
+    "canceled_transactions", "expired_items", "discarded", "total_flushes", "journal_rewrites",
+    "journal_rotations",
+)
+
+#: Upper bounds (seconds) of the Prometheus latency histograms.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+_EMPTY_METRICS = Metrics()
+
+#: Prometheus names of the global counters whose Kestrel name reads badly with C{_total}.
+_COUNTER_NAMES = {"total_items": "kestrel_items_added",
+                  "total_connections": "kestrel_connections_opened"}
+
+
+def _metrics_of(server: Any) -> Metrics:
+    metrics = getattr(server, "metrics", None)
+    return metrics if isinstance(metrics, Metrics) else _EMPTY_METRICS
+
+
+def _queue_gauges(queue: Any) -> dict[str, int | float]:
+    """The Ostrich gauges of one queue, read from its stats and config."""
+    dumped = dict(queue.dump_stats())
+    config = getattr(queue, "config", None)
+    max_items = getattr(config, "max_items", None)
+    max_size = getattr(config, "max_size", None)
+    journal = queue.journal
+    return {
+        "items": queue.length,
+        "max_items": NO_MAX_ITEMS if max_items is None else max_items,
+        "bytes": queue.bytes,
+        "max_bytes": NO_MAX_BYTES if max_size is None else max_size,
+        "journal_size": journal.size + journal.archived_size,
+        "mem_items": int(dumped.get("mem_items", 0)),
+        "mem_bytes": queue.memory_bytes,
+        "age_msec": int(dumped.get("age", 0)),
+        "waiters": int(dumped.get("waiters", 0)),
+        "open_transactions": int(dumped.get("open_transactions", 0)),
+        "create_time": int(queue.create_time),
+    }
+
+
+def _queues(server: Any) -> Iterator[tuple[str, Any]]:
+    collection = server.collection
+    for name in collection.queue_names(include_aliases=False):
+        queue = collection.queue(name, create=False)
+        if queue is not None:
+            yield name, queue
+
+
+def _aliases(server: Any) -> Iterator[tuple[str, Any]]:
+    collection = server.collection
+    for name in collection.alias_names():
+        alias = collection.alias(name)
+        if alias is not None:
+            yield name, alias
+
+
+def stats_report(server: Any) -> dict[str, dict[str, Any]]:
+    """
+    Return the Ostrich C{/stats.json} document of C{server}.
+
+    C{{"counters": {...}, "gauges": {...}, "labels": {...}, "metrics": {...}}},
+    with the global names and the per-queue C{q/<name>/<stat>} names of
+    reference section 8.3; each metric is C{count, minimum, maximum, average,
+    p50, p90, p95, p99, p999, p9999}.
+    """
+    collection = server.collection
+    status = server.status
+    counters: dict[str, int] = dict(server.stats.counters())
+    gauges: dict[str, int | float] = {
+        "items": collection.current_items(),
+        "bytes": collection.current_bytes(),
+        "reserved_memory_ratio": round(collection.reserved_memory_ratio(), 3),
+        "connections": server.stats.curr_connections,
+        "status/readable": status.readable,
+        "status/writeable": status.writeable,
+    }
+    labels = {"version": server.version, "status": status.status.display_name}
+    queue_names = []
+    for name, queue in _queues(server):
+        queue_names.append(name)
+        for counter in QUEUE_COUNTERS:
+            counters[f"q/{name}/{counter}"] = getattr(queue, counter)
+        for gauge, value in _queue_gauges(queue).items():
+            gauges[f"q/{name}/{gauge}"] = value
+    for name, alias in _aliases(server):
+        counters[f"q/{name}/put_items"] = alias.put_items
+        counters[f"q/{name}/put_bytes"] = alias.put_bytes
+        gauges[f"q/{name}/create_time"] = int(alias.create_time)
+    metrics = _metrics_of(server)
+    report = {name: h.summary() for name, h in metrics.global_items()}
+    live = set(queue_names)
+    for name in metrics.queue_names():
+        if name in live:
+            for metric, h in metrics.queue(name).items():
+                report[f"q/{name}/{metric}"] = h.summary()
+    return {"counters": counters, "gauges": gauges, "labels": labels, "metrics": report}
+
+
+def _seconds_scale(name: str) -> tuple[str, float] | None:
+    """The Prometheus base name and unit scale of a C{*_usec} / C{*_msec} metric."""
+    if name.endswith("_usec"):
+        return name[:-5], 1e-6
+    if name.endswith("_msec"):
+        return name[:-5], 1e-3
+    return None
+
+
+class KestrelCollector:
+    """
+    A C{prometheus_client} collector reading one server's live objects at scrape time.
+
+    Per queue (label C{queue}): items, bytes, open transactions, waiters,
+    journal bytes, and the adds, removes (items handed to readers) and
+    expirations counters. Server-wide: connections, items, bytes, uptime,
+    status, every global counter, and every global latency metric (fsync
+    delay included) as a histogram in seconds.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every metric family, built from the server's current state."""
+        server = self.server
+        per_queue = {
+            "items": GaugeMetricFamily("kestrel_queue_items",
+                                       "Items in the queue, open reads excluded", labels=["queue"]),
+            "bytes": GaugeMetricFamily("kestrel_queue_bytes", "Payload bytes in the queue",
+                                       labels=["queue"]),
+            "open": GaugeMetricFamily("kestrel_queue_open_transactions",
+                                      "Reads opened and not yet confirmed or aborted",
+                                      labels=["queue"]),
+            "waiters": GaugeMetricFamily("kestrel_queue_waiters", "Clients blocked in a read",
+                                         labels=["queue"]),
+            "journal": GaugeMetricFamily("kestrel_queue_journal_bytes",
+                                         "Bytes of journal on disk, all files", labels=["queue"]),
+            "adds": CounterMetricFamily("kestrel_queue_adds", "Items added by clients",
+                                        labels=["queue"]),
+            "removes": CounterMetricFamily("kestrel_queue_removes",
+                                           "Items handed to readers", labels=["queue"]),
+            "expired": CounterMetricFamily("kestrel_queue_expirations", "Items that expired",
+                                           labels=["queue"]),
+        }
+        for name, queue in _queues(server):
+            gauges = _queue_gauges(queue)
+            per_queue["items"].add_metric([name], gauges["items"])
+            per_queue["bytes"].add_metric([name], gauges["bytes"])
+            per_queue["open"].add_metric([name], gauges["open_transactions"])
+            per_queue["waiters"].add_metric([name], gauges["waiters"])
+            per_queue["journal"].add_metric([name], gauges["journal_size"])
+            per_queue["adds"].add_metric([name], queue.put_items)
+            per_queue["removes"].add_metric([name], queue.get_items_hit)
+            per_queue["expired"].add_metric([name], queue.expired_items)
+        yield from per_queue.values()
+
+        stats = server.stats
+        collection = server.collection
+        yield GaugeMetricFamily("kestrel_connections", "Open client connections",
+                                value=stats.curr_connections)
+        yield GaugeMetricFamily("kestrel_items", "Items in every queue",
+                                value=collection.current_items())
+        yield GaugeMetricFamily("kestrel_bytes", "Payload bytes in every queue",
+                                value=collection.current_bytes())
+        yield GaugeMetricFamily("kestrel_uptime_seconds", "Seconds since the server started",
+                                value=stats.uptime(server.clock.seconds()))
+        status = GaugeMetricFamily("kestrel_status", "1 for the reported server status",
+                                   labels=["status"])
+        status.add_metric([server.status.status.display_name], 1)
+        yield status
+        info = GaugeMetricFamily("kestrel_build_info", "The server version", labels=["version"])
+        info.add_metric([server.version], 1)
+        yield info
+        for counter, value in stats.counters().items():
+            if counter == "curr_connections":
+                continue
+            name = _COUNTER_NAMES.get(counter, f"kestrel_{counter}")
+            yield CounterMetricFamily(name, f"Kestrel's {counter} counter", value=value)
+        metrics = _metrics_of(server)
+        for name in GLOBAL_METRICS:
+            scaled = _seconds_scale(name)
+            if scaled is None:
+                continue
+            base, scale = scaled
+            h = getattr(metrics, name)
+            bounds = tuple(int(b / scale) for b in LATENCY_BUCKETS)
+            cumulative = h.cumulative(bounds)
+            buckets = [(repr(le), float(n)) for le, n in zip(LATENCY_BUCKETS, cumulative,
+                                                            strict=True)]
+            buckets.append(("+Inf", float(h.count)))
+            yield HistogramMetricFamily(f"kestrel_{base}_seconds",
+                                        f"Kestrel's {name}, in seconds",
+                                        buckets=buckets, sum_value=h.total * scale)
+
+
+def prometheus_text(server: Any) -> bytes:
+    """Return the Prometheus text exposition of C{server}'s metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KestrelCollector(server))
+    return generate_latest(registry)
+
+
+class _Leaf(Resource):
+    """A resource serving one path of the admin site for one server."""
+
+    def __init__(self, server: Any) -> None:
+        super().__init__()
+        # Not "server": twisted.web's Resource.putChild overwrites that attribute.
+        self.kestrel = server
+
+
+def _text(request: Request, body: str, code: int = 200) -> bytes:
+    request.setResponseCode(code)
+    request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+    return (body + "\n").encode("utf-8")
+
+
+def _method_not_allowed(request: Request, allowed: bytes) -> bytes:
+    request.setHeader(b"allow", allowed)
+    return _text(request, "method not allowed", 405)
+
+
+class PingResource(_Leaf):
+    """C{GET /ping}: answers C{pong}."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Answer C{pong}."""
+        return _text(request, "pong")
+
+
+class StatsJsonResource(_Leaf):
+    """C{GET /stats.json}: the Ostrich-style stats document."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Return L{stats_report} as JSON."""
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(stats_report(self.kestrel), sort_keys=True).encode("utf-8")
+
+
+class MetricsResource(_Leaf):
+    """C{GET /metrics}: the Prometheus text exposition."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Return L{prometheus_text}."""
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        return prometheus_text(self.kestrel)
+
+
+class StatusResource(_Leaf):
+    """C{GET /status} reports the status; C{POST /status} with C{status=<name>} sets it."""
+
+    _log = Logger()
+
+    def render_GET(self, request: Request) -> bytes:
+        """Return the reported status (C{UP}, C{READONLY}, ...)."""
+        return _text(request, self.kestrel.status.status.wire_name)
+
+    def render_POST(self, request: Request) -> bytes:
+        """Set the status named by the C{status} argument; 400 with the reason if refused."""
+        values = request.args.get(b"status") or []
+        if not values:
+            body = request.content.read().strip() if request.content is not None else b""
+            values = [body] if body else []
+        if not values:
+            return _text(request, "missing status: use status=up|readonly|quiescent|writeavoid",
+                         400)
+        name = values[0].decode("utf-8", "replace")
+        try:
+            new = self.kestrel.status.set_status(name)
+        except KestrelError as e:
+            return _text(request, str(e), 400)
+        self._log.info("status set to {status} over admin HTTP", status=new.display_name)
+        return _text(request, new.wire_name)
+
+
+class QuiesceResource(_Leaf):
+    """C{POST /quiesce}: set the status to Quiescent (reads and writes refused)."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Refuse: commands are POST only."""
+        return _method_not_allowed(request, b"POST")
+
+    def render_POST(self, request: Request) -> bytes:
+        """Set Quiescent; 400 with the reason if refused."""
+        try:
+            new = self.kestrel.status.set_status("quiescent")
+        except KestrelError as e:
+            return _text(request, str(e), 400)
+        return _text(request, new.wire_name)
+
+
+class ReloadResource(_Leaf):
+    """C{POST /reload}: reread the config file; 400 naming the problems if it is broken."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Refuse: commands are POST only."""
+        return _method_not_allowed(request, b"POST")
+
+    def render_POST(self, request: Request) -> bytes:
+        """Reload; the config in force is kept when the new one is broken."""
+        try:
+            self.kestrel.reload()
+        except ConfigError as e:
+            return _text(request, f"Reload failed; config kept: {e}", 400)
+        return _text(request, "Reloaded config.")
+
+
+class ShutdownResource(_Leaf):
+    """C{POST /shutdown}: stop the server cleanly (after this reply is sent)."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Refuse: commands are POST only."""
+        return _method_not_allowed(request, b"POST")
+
+    def render_POST(self, request: Request) -> bytes:
+        """Ask the server to shut down."""
+        self.kestrel.request_shutdown()
+        return _text(request, "Shutting down.")
+
+
+class AdminSite(Site):
+    """The admin HTTP site; requests are not access-logged (scrapes would flood the log)."""
+
+    def log(self, request: Request) -> None:
+        """Log nothing per request."""
+
+
+def make_admin_site(server: Any) -> Site:
+    """Return the admin HTTP site of C{server} (a L{kestrel.server.KestrelServer})."""
+    root = Resource()
+    for path, resource in [
+        (b"ping", PingResource), (b"stats.json", StatsJsonResource),
+        (b"metrics", MetricsResource), (b"status", StatusResource),
+        (b"quiesce", QuiesceResource), (b"reload", ReloadResource),
+        (b"shutdown", ShutdownResource),
+    ]:
+        root.putChild(path, resource(server))
+    site = AdminSite(root)
+    site.displayTracebacks = False
+    return site

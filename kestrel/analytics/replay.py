@@ -1,0 +1,224 @@
+"""
+FIFO replay of one queue's records, as the server replays its journal.
+
+This module is Spark-free. L{replay_queue} takes one queue's records in
+replay order (columns as produced by L{kestrel.analytics.scan}) and runs the
+server's replay rules on item positions instead of item data:
+
+- ADD, ADDX, ADD_XID append the item; CONTINUE(xid) drops open read C{xid}
+  (a confirm) and appends its new item;
+- REMOVE pops the head for good; REMOVE_TENTATIVE[_XID](xid) pops the head
+  into open read C{xid} (legacy opcode 3 uses xid 0, and, as in Kestrel, an
+  open read with the same xid is overwritten and its item lost);
+- UNREMOVE(xid) puts open read C{xid} back at the head; CONFIRM_REMOVE(xid)
+  drops it; records about an unknown xid, or a pop of an empty queue, do
+  nothing; SAVE_XID changes nothing that is counted.
+
+What a restart would hold (C{items_left}) is every queued item plus every
+still-open read, which the server puts back at the head.
+
+Times: each record's clock is the running maximum of its bracketing lower
+bound (or, failing that, upper bound), so backlog minutes never go backwards.
+An item's time in queue runs from its add time to the record that removed it
+for good; since that record carries no time, both the lower and the upper
+bound of the wait are reported. Percentiles are nearest-rank: the smallest
+value with at least the fraction p of values at or below it (the same rule
+as Spark's C{percentile_approx} on small groups).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import attrs
+import numpy as np
+
+#: Marks an absent value in the integer columns.
+NONE = np.iinfo(np.int64).min
+
+MINUTE_MS = 60_000
+
+#: The percentiles every summary reports.
+PERCENTILES = (0.5, 0.9, 0.99)
+
+
+def nearest_rank(values: np.ndarray, p: float) -> int | None:
+    """Return the nearest-rank C{p} percentile of C{values}, or C{None} if empty."""
+    n = len(values)
+    if n == 0:
+        return None
+    ordered = np.sort(values)
+    return int(ordered[min(n - 1, max(0, math.ceil(p * n) - 1))])
+
+
+def percentiles(values: np.ndarray) -> list[int | None]:
+    """Return the L{PERCENTILES} of C{values} followed by their maximum."""
+    out = [nearest_rank(values, p) for p in PERCENTILES]
+    out.append(int(values.max()) if len(values) else None)
+    return out
+
+
+@attrs.frozen
+class QueueReplay:
+    """
+    The outcome of replaying one queue.
+
+    @ivar backlog_minute_ms: start of each minute in which records fall.
+    @ivar backlog_queued: items queued after the last record of that minute.
+    @ivar backlog_open: open reads after the last record of that minute.
+    @ivar backlog_bytes: payload bytes of queued items and open reads then.
+    @ivar wait_lb_ms: per item removed for good, the lower bound of its wait.
+    @ivar wait_ub_ms: the matching upper bounds.
+    """
+
+    backlog_minute_ms: np.ndarray
+    backlog_queued: np.ndarray
+    backlog_open: np.ndarray
+    backlog_bytes: np.ndarray
+    queued: int
+    open_reads: int
+    bytes_left: int
+    lost_open_reads: int
+    wait_lb_ms: np.ndarray
+    wait_ub_ms: np.ndarray
+    with_expiry: int
+    ttl_ms: np.ndarray
+    expired_removed: int
+    left_with_expiry: int
+    left_expired: int
+    last_clock_ms: int | None
+
+    @property
+    def items_left(self) -> int:
+        """Return what a restart would hold: queued items plus open reads."""
+        return self.queued + self.open_reads
+
+
+def record_clock(lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+    """
+    Return a non-decreasing clock per record from its time bounds.
+
+    Records before the first known time take the first known time; if no
+    record has any bound, every clock is L{NONE}.
+    """
+    t = np.where(lb != NONE, lb, ub)
+    clock = np.maximum.accumulate(t) if len(t) else t
+    known = clock != NONE
+    if known.any() and not known.all():
+        clock = np.where(known, clock, clock[np.argmax(known)])
+    return clock
+
+
+def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
+                 expiry_ms: np.ndarray, time_lb_ms: np.ndarray, time_ub_ms: np.ndarray,
+                 filler: np.ndarray) -> QueueReplay:
+    """
+    Replay one queue's records, given in replay order.
+
+    Absent values are L{NONE} in C{add_ms}, C{expiry_ms} and the time bounds.
+    Rows with any other opcode (such as the scanner's trailer rows) change nothing.
+    Rows marked C{filler} (a pack's stand-ins for pent-up deletes) replay as
+    items but are left out of wait and expiry figures.
+    """
+    n = len(op)
+    clock = record_clock(time_lb_ms, time_ub_ms)
+    minute = np.where(clock != NONE, clock // MINUTE_MS * MINUTE_MS, NONE)
+    last_of_minute = np.ones(n, dtype=bool)
+    if n > 1:
+        last_of_minute[:-1] = minute[:-1] != minute[1:]
+
+    ops = op.tolist()
+    xids = xid.tolist()
+    sizes = size.tolist()
+    emits = last_of_minute.tolist()
+    removed_at = [-1] * n
+    queue: deque[int] = deque()
+    open_reads: dict[int, int] = {}
+    nbytes = 0
+    lost = 0
+    out_q: list[int] = []
+    out_o: list[int] = []
+    out_b: list[int] = []
+    out_i: list[int] = []
+    for i in range(n):
+        o = ops[i]
+        if o == 2 or o == 0 or o == 7:
+            queue.append(i)
+            nbytes += sizes[i]
+        elif o == 1:
+            if queue:
+                j = queue.popleft()
+                removed_at[j] = i
+                nbytes -= sizes[j]
+        elif o == 9 or o == 3:
+            if queue:
+                j = queue.popleft()
+                x = xids[i] if o == 9 else 0
+                old = open_reads.get(x)
+                if old is not None:
+                    lost += 1
+                    nbytes -= sizes[old]
+                open_reads[x] = j
+        elif o == 6 or o == 8:
+            j = open_reads.pop(xids[i], -1)
+            if j >= 0:
+                removed_at[j] = i
+                nbytes -= sizes[j]
+            if o == 8:
+                queue.append(i)
+                nbytes += sizes[i]
+        elif o == 5:
+            j = open_reads.pop(xids[i], -1)
+            if j >= 0:
+                queue.appendleft(j)
+        if emits[i]:
+            out_i.append(i)
+            out_q.append(len(queue))
+            out_o.append(len(open_reads))
+            out_b.append(nbytes)
+
+    removed = np.asarray(removed_at, dtype=np.int64)
+    is_add = np.isin(op, (0, 2, 7, 8))
+    real = is_add & ~filler.astype(bool)
+    done = real & (removed >= 0) & (add_ms != NONE)
+    by = removed[done]
+    added = add_ms[done]
+    lb = time_lb_ms[by]
+    ub = time_ub_ms[by]
+    wait_lb = np.where(lb != NONE, np.maximum(lb - added, 0), 0)
+    wait_ub = np.where(ub != NONE, np.maximum(ub - added, 0), wait_lb)
+
+    left = np.zeros(n, dtype=bool)
+    left_idx = list(queue) + list(open_reads.values())
+    left[left_idx] = True
+    has_exp = real & (expiry_ms != NONE)
+    timed_exp = has_exp & (add_ms != NONE)
+    ttl = (expiry_ms - add_ms)[timed_exp]
+    exp_done = has_exp & (removed >= 0)
+    removed_lb = np.where(removed >= 0, time_lb_ms[np.maximum(removed, 0)], NONE)
+    expired_removed = int((exp_done & (removed_lb != NONE) & (removed_lb >= expiry_ms)).sum())
+    last_clock = int(clock[-1]) if n and clock[-1] != NONE else None
+    left_exp = has_exp & left
+    left_expired = (int((left_exp & (expiry_ms <= last_clock)).sum())
+                    if last_clock is not None else 0)
+
+    idx = np.asarray(out_i, dtype=np.int64)
+    return QueueReplay(
+        backlog_minute_ms=minute[idx],
+        backlog_queued=np.asarray(out_q, dtype=np.int64),
+        backlog_open=np.asarray(out_o, dtype=np.int64),
+        backlog_bytes=np.asarray(out_b, dtype=np.int64),
+        queued=len(queue),
+        open_reads=len(open_reads),
+        bytes_left=nbytes,
+        lost_open_reads=lost,
+        wait_lb_ms=wait_lb.astype(np.int64),
+        wait_ub_ms=wait_ub.astype(np.int64),
+        with_expiry=int(has_exp.sum()),
+        ttl_ms=ttl.astype(np.int64),
+        expired_removed=expired_removed,
+        left_with_expiry=int(left_exp.sum()),
+        left_expired=left_expired,
+        last_clock_ms=last_clock,
+    )

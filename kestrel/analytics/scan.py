@@ -1,0 +1,242 @@
+"""
+Columnar scan of one journal file, with the server's record codec.
+
+This module is Spark-free: L{scan_buffer} decodes a byte string with
+L{kestrel.journal.records.read_record} into numpy columns, and L{to_batch}
+turns them into one Arrow record batch, the shape both the Spark data source
+and the single-process benchmark consume.
+
+Time bracketing: only add records (ADDX, ADD_XID, CONTINUE) carry a time.
+For them C{time_lb_ms == time_ub_ms == add_ms}. Any other record was written
+after the latest add time seen before it in the file (or the file's
+C{start_ms}) and before the next add time in the file (or the file's
+C{end_ms}); C{time_ub_ms} is never below C{time_lb_ms}.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import attrs
+import numpy as np
+import pyarrow as pa
+
+from kestrel.analytics.layout import JournalFile
+from kestrel.journal import records as R
+
+#: The pseudo-opcode of the one trailer row every file contributes.
+TRAILER_OP = -1
+
+#: Opcodes that append an item.
+ADD_OPS = (0, 2, 7, 8)
+#: Opcodes whose record carries an add time.
+TIMED_OPS = (2, 7, 8)
+#: Opcodes that carry an xid.
+XID_OPS = (4, 5, 6, 7, 8, 9)
+
+_NONE = np.iinfo(np.int64).min
+
+SCHEMA = pa.schema([
+    ("server", pa.string()),
+    ("queue", pa.string()),
+    ("file", pa.string()),
+    ("file_seq", pa.int32()),
+    ("packed", pa.bool_()),
+    ("filler", pa.bool_()),
+    ("offset", pa.int64()),
+    ("op", pa.int8()),
+    ("xid", pa.int32()),
+    ("size", pa.int32()),
+    ("add_ms", pa.int64()),
+    ("expiry_ms", pa.int64()),
+    ("time_lb_ms", pa.int64()),
+    ("time_ub_ms", pa.int64()),
+    ("problem", pa.string()),
+])
+"""The columns of a scanned file: one row per record, plus one trailer row.
+
+C{packed} marks rows read from a C{.pack} file; C{filler} marks the empty
+ADDX records a pack writes for pent-up deletes (size 0, added after the pack's
+timestamp): they stand for items already gone, not for client traffic.
+
+The trailer row has C{op == TRAILER_OP}, C{offset} = the clean end (just past
+the last whole record), C{size} = the bytes after it (C{truncated_bytes}),
+C{xid} = the number of records, and C{problem} = why decoding stopped early
+(C{None} when the file decoded to its last byte)."""
+
+SPARK_DDL = ("server string, queue string, file string, file_seq int, packed boolean, "
+             "filler boolean, offset long, op byte, xid int, size int, add_ms long, expiry_ms long, "
+             "time_lb_ms long, time_ub_ms long, problem string")
+"""L{SCHEMA} in Spark's DDL syntax."""
+
+
+@attrs.frozen
+class Scan:
+    """
+    The records of one journal file as columns.
+
+    Integer columns use C{numpy.iinfo(int64).min} (or 0 for C{xid} and
+    C{size}) where a record has no such field; the masks say which rows are set.
+    """
+
+    offset: np.ndarray
+    op: np.ndarray
+    xid: np.ndarray
+    size: np.ndarray
+    add_ms: np.ndarray
+    expiry_ms: np.ndarray
+    clean_end: int
+    truncated_bytes: int
+    problem: str | None
+
+    @property
+    def count(self) -> int:
+        """Return the number of whole records."""
+        return len(self.op)
+
+
+def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
+    """
+    Decode every whole record of C{buf}, never raising on bad data.
+
+    Decoding stops at a truncated tail or at the first corrupt record; the
+    bytes from there on are reported as C{truncated_bytes} with the reason
+    in C{problem}, which is where the server's replay cuts the file.
+    """
+    read = R.read_record
+    offsets = array("q")
+    ops = array("b")
+    xids = array("i")
+    sizes = array("i")
+    adds = array("q")
+    exps = array("q")
+    none = _NONE
+    pos = 0
+    problem: str | None = None
+    end = len(buf)
+    try:
+        while True:
+            got = read(buf, pos)
+            if got is None:
+                if pos < end:
+                    problem = "truncated record"
+                break
+            rec, nxt = got
+            op = buf[pos]
+            offsets.append(pos)
+            ops.append(op)
+            if op == 1:
+                xids.append(0)
+                sizes.append(0)
+                adds.append(none)
+                exps.append(none)
+            elif op == 2:
+                xids.append(0)
+                sizes.append(len(rec.data))
+                adds.append(rec.add_time_ms)
+                exps.append(rec.expiry_ms or none)
+            elif op == 7 or op == 8:
+                xids.append(rec.xid)
+                sizes.append(len(rec.data))
+                adds.append(rec.add_time_ms)
+                exps.append(rec.expiry_ms or none)
+            elif op == 0:
+                xids.append(0)
+                sizes.append(len(rec.data))
+                adds.append(none)
+                exps.append(rec.expiry_s * 1000 if rec.expiry_s else none)
+            elif op == 3:
+                xids.append(0)
+                sizes.append(0)
+                adds.append(none)
+                exps.append(none)
+            else:
+                xids.append(rec.xid)
+                sizes.append(0)
+                adds.append(none)
+                exps.append(none)
+            pos = nxt
+    except R.CorruptRecord as e:
+        problem = e.reason
+    return Scan(
+        offset=np.frombuffer(offsets, dtype=np.int64),
+        op=np.frombuffer(ops, dtype=np.int8),
+        xid=np.frombuffer(xids, dtype=np.int32),
+        size=np.frombuffer(sizes, dtype=np.int32),
+        add_ms=np.frombuffer(adds, dtype=np.int64),
+        expiry_ms=np.frombuffer(exps, dtype=np.int64),
+        clean_end=pos,
+        truncated_bytes=end - pos,
+        problem=problem,
+    )
+
+
+def time_bounds(scan: Scan, start_ms: int | None,
+                end_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """
+    Bracket the write time of every record of a file (see the module docstring).
+
+    @return: C{(lower, upper)} int64 arrays; C{numpy.iinfo(int64).min} where
+        no bound is known.
+    """
+    n = scan.count
+    timed = scan.add_ms != _NONE
+    start = _NONE if start_ms is None else start_ms
+    lb = np.maximum.accumulate(np.concatenate(([start], scan.add_ms[:-1]))) if n else \
+        np.empty(0, np.int64)
+    if n:
+        lb = np.maximum(lb, start)
+    idx = np.where(timed, np.arange(n), n)
+    next_idx = np.minimum.accumulate(idx[::-1])[::-1] if n else idx
+    # the next timed record strictly after each row
+    after = np.concatenate((next_idx[1:], [n])) if n else next_idx
+    padded = np.concatenate((scan.add_ms, [_NONE if end_ms is None else end_ms]))
+    ub = padded[after]
+    ub = np.where((ub != _NONE) & (lb != _NONE) & (ub < lb), lb, ub)
+    lb = np.where(timed, scan.add_ms, lb)
+    ub = np.where(timed, scan.add_ms, ub)
+    return lb.astype(np.int64), ub.astype(np.int64)
+
+
+def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
+    """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
+    n = scan.count
+    lb, ub = time_bounds(scan, jf.start_ms, jf.end_ms)
+    op = scan.op
+    is_add = np.isin(op, ADD_OPS)
+    has_xid = np.isin(op, XID_OPS)
+    rows = n + 1
+    packed = jf.kind == "pack"
+    filler = is_add & (scan.size == 0) & (scan.add_ms > (jf.ts_ms or 0)) if packed else \
+        np.zeros(n, bool)
+
+    def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,
+             typ: pa.DataType) -> pa.Array:
+        data = np.concatenate((values, [0 if trailer is None else trailer])).astype(
+            typ.to_pandas_dtype())
+        mask = np.concatenate((~valid, [trailer is None]))
+        return pa.array(data, type=typ, mask=mask)
+
+    columns = [
+        pa.array([jf.server] * rows, pa.string()),
+        pa.array([jf.queue] * rows, pa.string()),
+        pa.array([jf.name] * rows, pa.string()),
+        pa.array(np.full(rows, jf.seq, np.int32)),
+        pa.array(np.full(rows, packed)),
+        pa.array(np.concatenate((filler, [False]))),
+        pa.array(np.concatenate((scan.offset, [scan.clean_end]))),
+        pa.array(np.concatenate((op, [TRAILER_OP])).astype(np.int8)),
+        ints(scan.xid, has_xid, n, pa.int32()),
+        ints(scan.size, is_add, scan.truncated_bytes, pa.int32()),
+        ints(scan.add_ms, scan.add_ms != _NONE, None, pa.int64()),
+        ints(scan.expiry_ms, scan.expiry_ms != _NONE, None, pa.int64()),
+        ints(lb, lb != _NONE, None, pa.int64()),
+        ints(ub, ub != _NONE, None, pa.int64()),
+        pa.array([None] * n + [scan.problem], pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
+def scan_file(jf: JournalFile, data: bytes | memoryview) -> pa.RecordBatch:
+    """Decode the bytes C{data} of file C{jf} into a record batch of L{SCHEMA}."""
+    return to_batch(scan_buffer(data), jf)

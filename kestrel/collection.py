@@ -1,0 +1,568 @@
+"""
+QueueCollection: every queue of one server, its fanouts and aliases.
+
+It mirrors Kestrel's C{QueueCollection}: queues are found in the queue
+directory at start and replayed, created on first reference, registered as
+fanout children of their master, and swept for expired items on a timer.
+It is a Twisted L{Service}; it knows nothing of sockets or protocols. Time
+comes from the injected C{clock}.
+
+Sections 7.5-7.8 of C{../shared/spec/kestrel-reference.md} and
+C{../shared/spec/decisions.md} describe the behaviour; the choices made where
+they are silent are stated in the docstrings below.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.config import ServerConfig
+from kestrel.errors import ConfigError, ShuttingDown
+from kestrel.item import QItem
+from kestrel.journal.journal import FileJournal
+from kestrel.journal.memory import MemoryJournal
+from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
+from kestrel.queue import PersistentQueue
+from kestrel.stats import ServerStats, StatList, physical_memory_bytes
+from kestrel.status import ServerStatus
+
+T = TypeVar("T")
+RunInThread = Callable[[Callable[[], T]], Deferred]
+
+#: Seconds between two "still replaying" progress lines at startup.
+REPLAY_PROGRESS_INTERVAL = 5.0
+
+
+class AliasedQueue:
+    """
+    A configured name whose adds go to every destination queue.
+
+    It stores nothing itself. C{put_items} and C{put_bytes} count every add
+    (even one that a destination refused), as Kestrel's C{AliasedQueue}.
+    """
+
+    def __init__(self, name: str, destinations: Iterable[str], create_time: float) -> None:
+        self.name = name
+        self.destinations: tuple[str, ...] = tuple(destinations)
+        self.create_time = create_time
+        self.put_items = 0
+        self.put_bytes = 0
+
+    def dump_stats(self) -> StatList:
+        """Kestrel's alias stats: C{put_items}, C{put_bytes}, C{children}."""
+        return [
+            ("put_items", str(self.put_items)),
+            ("put_bytes", str(self.put_bytes)),
+            ("children", ",".join(self.destinations)),
+        ]
+
+
+def _all_true(results: list[tuple[bool, Any]]) -> bool:
+    """Fold a DeferredList's results: true only if every add succeeded with True."""
+    return all(ok and value for ok, value in results)
+
+
+class QueueCollection(Service):
+    """
+    Every queue of the server, created on first reference.
+
+    Public operations raise L{ShuttingDown} once C{stopService} has begun
+    (except C{unremove} and C{confirm_remove}, which become no-ops: a queue
+    that is closing keeps its open reads, and replay returns them).
+
+    @ivar stats: the global counters (L{ServerStats}).
+    @ivar config: the L{ServerConfig} in force (replaced by L{reload}).
+    """
+
+    _log = Logger()
+    name = "queues"
+
+    def __init__(self, config: ServerConfig, clock: IReactorTime, *,
+                 run_in_thread: RunInThread | None = None,
+                 stats: ServerStats | None = None,
+                 status: ServerStatus | None = None) -> None:
+        self.config = config
+        self._clock = clock
+        self._run_in_thread = run_in_thread
+        self.stats = stats if stats is not None else ServerStats(clock.seconds())
+        #: A L{kestrel.status.ServerStatus} (optional): when it reports a
+        #: graceful status at stop, empty queues get their journals compacted.
+        self.status = status
+        self._path = os.fspath(config.queue_path)
+        self._archive_path = os.fspath(config.archive_path) if config.archive_path else None
+        self._queues: dict[str, PersistentQueue] = {}
+        self._fanouts: dict[str, dict[str, None]] = {}
+        self._aliases: dict[str, AliasedQueue] = {}
+        self._pending: set[Deferred] = set()
+        self._stopping = False
+        self._expiration: LoopingCall | None = None
+        self._ensure_queue_path()
+        self._apply_aliases()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def _ensure_queue_path(self) -> None:
+        """Create the queue directory if missing; refuse one we cannot write."""
+        try:
+            os.makedirs(self._path, exist_ok=True)
+        except OSError as e:
+            raise ConfigError([f"queue_path: Inaccessible queue path {self._path!r}: {e}"]) from e
+        if not (os.path.isdir(self._path) and os.access(self._path, os.W_OK | os.X_OK)):
+            raise ConfigError([f"queue_path: Inaccessible queue path {self._path!r}: "
+                               "Must be a directory and writable"])
+
+    def startService(self) -> None:
+        """
+        Replay every queue found in the queue directory, then start the expiration timer.
+
+        Replay is synchronous: when this returns, every journal has been read.
+        Progress is logged per queue (items, bytes, seconds) and, during a long
+        startup, every L{REPLAY_PROGRESS_INTERVAL} seconds.
+        """
+        super().startService()
+        self._replay_all()
+        frequency = self.config.expiration_timer_frequency
+        if frequency:
+            self._expiration = LoopingCall(self._expiration_tick)
+            self._expiration.clock = self._clock
+            self._expiration.start(frequency, now=False).addErrback(
+                lambda f: self._log.failure("expiration timer stopped", f))
+
+    def _replay_all(self) -> None:
+        names = sorted(FileJournal.queue_names_in(self._path))
+        if not names:
+            return
+        started = last_progress = self._clock.seconds()
+        total_items = total_bytes = 0
+        self._log.info("Replaying {count} queue(s) from {path}", count=len(names), path=self._path)
+        for done, name in enumerate(names):
+            try:
+                validate_queue_name(name)
+            except ValueError as e:
+                self._log.warn("Ignoring journal file {name!r} in {path}: {reason}",
+                               name=name, path=self._path, reason=str(e))
+                continue
+            before = self._clock.seconds()
+            queue = self.queue(name)
+            now = self._clock.seconds()
+            total_items += queue.length
+            total_bytes += queue.bytes
+            self._log.info("Replayed queue {queue}: {items} items, {bytes} bytes "
+                           "in {seconds:.3f} s", queue=name, items=queue.length,
+                           bytes=queue.bytes, seconds=now - before)
+            if now - last_progress >= REPLAY_PROGRESS_INTERVAL:
+                last_progress = now
+                self._log.info("Replay progress: {done}/{count} queues, {items} items, "
+                               "{bytes} bytes, {seconds:.1f} s", done=done + 1, count=len(names),
+                               items=total_items, bytes=total_bytes, seconds=now - started)
+        self._log.info("Replay finished: {count} queues, {items} items, {bytes} bytes "
+                       "in {seconds:.3f} s", count=len(self._queues), items=total_items,
+                       bytes=total_bytes, seconds=self._clock.seconds() - started)
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Refuse new work, wake every waiter with "no item", wait for pending
+        fsyncs, then close every journal.
+
+        The Deferred fires when every journal is closed. When C{status}
+        blocks writes (ReadOnly, Quiescent) the journals of empty queues are
+        compacted first, as Kestrel's graceful shutdown does.
+        """
+        super().stopService()
+        if self._stopping:
+            return succeed(None)
+        self._stopping = True
+        if self._expiration is not None and self._expiration.running:
+            self._expiration.stop()
+        for queue in self._queues.values():
+            queue.evict_waiters()
+        graceful = bool(self.status is not None and self.status.graceful_shutdown)
+        pending = DeferredList(list(self._pending), consumeErrors=True)
+
+        def close_all(_: object) -> Deferred:
+            closing = [self._close_queue(name, queue, graceful)
+                       for name, queue in self._queues.items()]
+            self._queues.clear()
+            return DeferredList(closing, consumeErrors=True)
+
+        d = pending.addCallback(close_all)
+        d.addCallback(lambda _: self._log.info("Queues closed"))
+        return d
+
+    def _close_queue(self, name: str, queue: PersistentQueue, graceful: bool) -> Deferred:
+        def failed(f: Failure) -> None:
+            self._log.failure("Closing queue {queue} failed", f, queue=name)
+        try:
+            d = queue.close(graceful)
+        except Exception:
+            failed(Failure())
+            return succeed(None)
+        return d.addErrback(failed)
+
+    def _check_running(self) -> None:
+        if self._stopping:
+            raise ShuttingDown("the queue collection is shutting down")
+
+    def _track(self, d: Deferred[T]) -> Deferred[T]:
+        """Remember C{d} until it fires, so that stop waits for it."""
+        if not d.called:
+            self._pending.add(d)
+
+            def forget(result: object) -> object:
+                self._pending.discard(d)
+                return result
+            d.addBoth(forget)
+        return d
+
+    # -- queues ------------------------------------------------------------
+
+    def queue(self, name: str, create: bool = True) -> PersistentQueue | None:
+        """
+        The queue named C{name}; created (and replayed) if missing and C{create}.
+
+        Raises L{kestrel.errors.InvalidQueueName} for a name that may not be
+        created; nothing touches the file system for such a name. Returns
+        C{None} for a missing queue when not C{create}.
+        """
+        self._check_running()
+        queue = self._queues.get(name)
+        if queue is not None or not create:
+            return queue
+        return self._create_queue(name)
+
+    def _create_queue(self, name: str) -> PersistentQueue:
+        validate_queue_name(name)
+        config = self.config.queue_config(name)
+        if config.keep_journal:
+            journal: Any = FileJournal(self._path, name, self._clock, config.sync_journal,
+                                       archive_path=self._archive_path,
+                                       run_in_thread=self._run_in_thread)
+        else:
+            # keep_journal: false -- forget whatever an earlier run journaled.
+            FileJournal(self._path, name, self._clock, None,
+                        archive_path=self._archive_path).erase()
+            journal = MemoryJournal()
+        queue = PersistentQueue(name, config, journal, self._clock)
+        self._log.info("Setting up queue {queue}", queue=name)
+        self.stats.queue_creates += 1
+        queue.setup()
+        self._queues[name] = queue
+        if FANOUT_SEPARATOR in name:
+            master = master_name(name)
+            self._fanouts.setdefault(master, {})[name] = None
+            self._log.info("Fanout queue {queue} added to {master}", queue=name, master=master)
+        if config.expire_to_queue:
+            self._wire_expire_to(queue, config.expire_to_queue)
+        return queue
+
+    def _wire_expire_to(self, queue: PersistentQueue, target: str) -> None:
+        """
+        Send the expired items of C{queue} to queue C{target} (created now).
+
+        They arrive with no expiry and a fresh add time, bypassing the
+        target's fanouts and C{total_items}. The target is looked up by name
+        at each expiry, so a deleted target is created again.
+        """
+        try:
+            if target not in self._queues:
+                self._create_queue(target)
+        except ValueError as e:
+            self._log.warn("Queue {queue}: cannot expire to {target!r}: {reason}",
+                           queue=queue.name, target=target, reason=str(e))
+            return
+
+        def expire_to(item: QItem) -> None:
+            if self._stopping:
+                return
+            destination = self._queues.get(target)
+            if destination is None:
+                destination = self._create_queue(target)
+            self._track(destination.add(item.data, 0)).addErrback(
+                lambda f: self._log.failure("Expiring into {target} failed", f, target=target))
+        queue.expire_to = expire_to
+
+    def queue_names(self, include_aliases: bool = True) -> list[str]:
+        """Names of every queue, then (unless told not to) of every alias."""
+        names = list(self._queues)
+        if include_aliases:
+            names.extend(self._aliases)
+        return names
+
+    def alias_names(self) -> list[str]:
+        """Names of every alias."""
+        return list(self._aliases)
+
+    def alias(self, name: str) -> AliasedQueue | None:
+        """The alias named C{name}, or C{None}."""
+        return self._aliases.get(name)
+
+    def fanout_children(self, master: str) -> list[str]:
+        """The registered fanout children of C{master}, in registration order."""
+        return list(self._fanouts.get(master, ()))
+
+    # -- operations --------------------------------------------------------
+
+    def add(self, name: str, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
+        """
+        Add C{data} to queue C{name} (creating it), to its fanout children, or
+        to every destination of the alias C{name}.
+
+        Fires with the queue's answer (children's answers are ignored, as
+        Kestrel); for an alias, true only if every destination accepted.
+        C{total_items} counts every accepted add, children's included.
+        """
+        self._check_running()
+        alias = self._aliases.get(name)
+        if alias is not None:
+            alias.put_items += 1
+            alias.put_bytes += len(data)
+            return DeferredList([self._add_to_destination(dest, data, expiry_ms)
+                                 for dest in alias.destinations],
+                                consumeErrors=True).addCallback(_all_true)
+        return self._add_with_fanouts(name, data, expiry_ms)
+
+    def _add_to_destination(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        try:
+            return self._add_with_fanouts(name, data, expiry_ms)
+        except ValueError as e:
+            self._log.warn("Alias destination {queue!r} refused: {reason}", queue=name,
+                           reason=str(e))
+            return succeed(False)
+
+    def _add_with_fanouts(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        children = self._fanouts.get(name)
+        if children:
+            for child in list(children):
+                self._add_one(child, data, expiry_ms).addErrback(
+                    lambda f, c=child: self._log.failure("Add to fanout {queue} failed", f,
+                                                         queue=c))
+        return self._add_one(name, data, expiry_ms)
+
+    def _add_one(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._create_queue(name)
+        d = queue.add(data, expiry_ms)
+        d.addCallback(self._count_add)
+        return self._track(d)
+
+    def _count_add(self, accepted: bool) -> bool:
+        if accepted:
+            self.stats.total_items += 1
+        return accepted
+
+    def remove(self, name: str, deadline: float | None = None, transaction: bool = False,
+               peek: bool = False) -> Deferred[QItem | None]:
+        """
+        Take (or, with C{peek}, look at) the head of queue C{name}, waiting until
+        C{deadline} (clock seconds; C{None}: no wait) for one to arrive.
+
+        An alias reads as an empty queue and creates nothing. With
+        C{transaction} the item is an open read (its C{xid} set). Cancelling the
+        Deferred withdraws the wait. Counts C{get_hits} / C{get_misses}.
+        """
+        self._check_running()
+        if name in self._aliases:
+            return succeed(None)
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._create_queue(name)
+        d = queue.wait_peek(deadline) if peek else queue.wait_remove(deadline, transaction)
+        return d.addCallback(self._count_get)
+
+    def _count_get(self, item: QItem | None) -> QItem | None:
+        if item is None:
+            self.stats.get_misses += 1
+        else:
+            self.stats.get_hits += 1
+        return item
+
+    def unremove(self, name: str, xid: int) -> None:
+        """Return open read C{xid} to the head of C{name}; no-op if the queue is gone."""
+        queue = None if self._stopping else self._queues.get(name)
+        if queue is not None:
+            self._track_maybe(queue.unremove(xid))
+
+    def confirm_remove(self, name: str, xid: int) -> None:
+        """Confirm open read C{xid} of C{name}; no-op if the queue is gone."""
+        queue = None if self._stopping else self._queues.get(name)
+        if queue is not None:
+            self._track_maybe(queue.confirm_remove(xid))
+
+    def _track_maybe(self, result: object) -> None:
+        if isinstance(result, Deferred):
+            self._track(result).addErrback(
+                lambda f: self._log.failure("Journal write failed", f))
+
+    def flush(self, name: str) -> None:
+        """Remove every item of queue C{name}; a missing queue or an alias is left alone."""
+        self._check_running()
+        queue = self._queues.get(name)
+        if queue is not None:
+            queue.flush()
+            self._log.info("Queue {queue} flushed", queue=name)
+
+    def flush_all(self) -> None:
+        """Flush every queue (aliases are no-ops)."""
+        for name in self.queue_names(include_aliases=False):
+            self.flush(name)
+
+    def delete(self, name: str) -> None:
+        """
+        Delete queue C{name}: its waiters get "no item", its journal files are
+        erased at once, its stats dropped; a fanout child is unregistered.
+
+        A missing queue or an alias is a no-op. A later reference creates an
+        empty queue. Open reads on it become no-ops.
+        """
+        self._check_running()
+        queue = self._queues.pop(name, None)
+        if queue is not None:
+            queue.evict_waiters()
+            self._track(queue.close()).addErrback(
+                lambda f: self._log.failure("Closing deleted queue {queue} failed", f,
+                                            queue=name))
+            queue.destroy_journal()
+            self.stats.queue_deletes += 1
+            self._log.info("Queue {queue} deleted", queue=name)
+        if FANOUT_SEPARATOR in name:
+            children = self._fanouts.get(master_name(name))
+            if children is not None and name in children:
+                del children[name]
+                if not children:
+                    del self._fanouts[master_name(name)]
+                self._log.info("Fanout queue {queue} dropped from {master}", queue=name,
+                               master=master_name(name))
+
+    def flush_expired(self, name: str) -> int:
+        """Discard the expired items at the head of C{name} (no creation); return how many."""
+        self._check_running()
+        queue = self._queues.get(name)
+        if queue is None:
+            return 0
+        flushed = queue.discard_expired()
+        if flushed:
+            self._log.info("Queue {queue} flushed of {count} expired item(s)",
+                           queue=name, count=flushed)
+        return flushed
+
+    def flush_all_expired(self) -> int:
+        """Run L{flush_expired} on every queue; return the total."""
+        return sum(self.flush_expired(name) for name in self.queue_names(include_aliases=False))
+
+    def is_ready_for_expiration(self, name: str) -> bool:
+        """
+        Whether queue C{name} is empty and older than its C{max_queue_age}.
+
+        The age counts from the creation of the queue object (server start for
+        queues found on disk), as Kestrel.
+        """
+        queue = self._queues.get(name)
+        if queue is None:
+            return False
+        max_age = queue.config.max_queue_age
+        return (max_age is not None and queue.length == 0
+                and self._clock.seconds() > queue.create_time + max_age)
+
+    def delete_expired_queues(self) -> int:
+        """Delete every queue ready for expiration (L{is_ready_for_expiration}); return how many."""
+        count = 0
+        for name in self.queue_names(include_aliases=False):
+            if self.is_ready_for_expiration(name):
+                self.delete(name)
+                self.stats.queue_expires += 1
+                self._log.info("Expired queue {queue}", queue=name)
+                count += 1
+        return count
+
+    def _expiration_tick(self) -> None:
+        if self._stopping:
+            return
+        try:
+            self.flush_all_expired()
+            self.delete_expired_queues()
+        except Exception:
+            self._log.failure("Expiration sweep failed")
+
+    def evict_waiters(self) -> None:
+        """Wake every waiting read of every queue with "no item"."""
+        for queue in self._queues.values():
+            queue.evict_waiters()
+
+    # -- configuration -----------------------------------------------------
+
+    def reload(self, config: ServerConfig) -> None:
+        """
+        Apply C{default}, C{queues} and C{aliases} of C{config} in place.
+
+        Every existing queue gets its recomputed config; aliases are created,
+        updated, or (unlike Kestrel) removed. Server-level fields (paths,
+        ports, timer frequency) need a restart. The expire-to target of an
+        existing queue is not re-resolved, as in Kestrel.
+        """
+        self.config = config
+        for name, queue in self._queues.items():
+            queue.config = config.queue_config(name)
+            self._log.info("Reloaded queue config {queue}", queue=name)
+        self._apply_aliases()
+
+    def _apply_aliases(self) -> None:
+        wanted = dict(self.config.aliases)
+        masked = sorted(set(wanted) & set(self.config.queues))
+        if masked:
+            self._log.warn("queue name(s) masked by alias(es): {names}", names=", ".join(masked))
+        for name in list(self._aliases):
+            if name not in wanted:
+                del self._aliases[name]
+                self._log.info("Removed alias {alias}", alias=name)
+        for name, destinations in wanted.items():
+            alias = self._aliases.get(name)
+            if alias is None:
+                self._aliases[name] = AliasedQueue(name, destinations, self._clock.seconds())
+                self._log.info("Setting up alias {alias}: {destinations}", alias=name,
+                               destinations=list(destinations))
+            else:
+                alias.destinations = tuple(destinations)
+
+    # -- stats -------------------------------------------------------------
+
+    def dump_stats(self, name: str) -> StatList:
+        """
+        Per-queue stats of C{name} in Kestrel's order (plus C{children} for a
+        master with registered fanouts), alias stats for an alias, [] otherwise.
+        """
+        queue = self._queues.get(name)
+        if queue is not None:
+            stats = list(queue.dump_stats())
+            children = self._fanouts.get(name)
+            if children:
+                stats.append(("children", ",".join(children)))
+            return stats
+        alias = self._aliases.get(name)
+        if alias is not None:
+            return alias.dump_stats()
+        return []
+
+    def current_items(self) -> int:
+        """Items in every queue (open reads excluded)."""
+        return sum(q.length for q in self._queues.values())
+
+    def current_bytes(self) -> int:
+        """Payload bytes in every queue."""
+        return sum(q.bytes for q in self._queues.values())
+
+    def reserved_memory_ratio(self) -> float:
+        """Sum of every queue's C{max_memory_size} over the machine's physical memory."""
+        memory = physical_memory_bytes()
+        if not memory:
+            return 0.0
+        return sum(q.config.max_memory_size for q in self._queues.values()) / memory

@@ -1,0 +1,797 @@
+"""
+FileJournal: the journal files of one queue, as Kestrel's C{Journal} keeps them.
+
+Files in the queue directory (see docs/journal.md):
+
+  - C{<q>}: the current file, appended to by a L{PeriodicSyncFile};
+  - C{<q>.<ms>}: rotated files, replayed in ascending timestamp order before C{<q>};
+  - C{<q>~~<ms>}: a file being written by a rewrite or pack; deleted at replay;
+  - C{<q>.<ms>.pack}: a finished pack; it replaces every rotated file whose
+    timestamp is at most its own (the "pack rule", applied whenever the rotated
+    files are listed).
+
+Every rename is followed by an fsync of the directory, and every new file is
+fsynced before it is renamed into place, so a crash at any point leaves files
+that replay to the same queue. Dead files are deleted, or moved into
+C{archive_path} when one is set.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import attrs
+from twisted.internet.defer import Deferred, fail, gatherResults, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.item import QItem
+from kestrel.journal import records as rec
+from kestrel.journal.syncfile import PeriodicSyncFile, RunInThread
+
+#: Replay logs its progress every time it has read this many more bytes of a file.
+PROGRESS_BYTES = 64 * 1024 * 1024
+
+#: How much the read-behind reader reads from a file at a time.
+READ_CHUNK = 256 * 1024
+
+_ADDX_BODY = struct.Struct("<iqq")
+_TEMP_INFIX = "~~"
+_PACK_SUFFIX = ".pack"
+
+
+@attrs.frozen(eq=False)
+class Checkpoint:
+    """
+    A rotated file and the open reads at the moment it was rotated.
+
+    When the read-behind reader has read past C{filename}, every file up to
+    it can be packed into one (L{FileJournal.start_pack}).
+    """
+
+    filename: str
+    reserved_items: tuple[QItem, ...]
+
+
+class JournalNotOpenError(RuntimeError):
+    """A write was asked of a journal that has not been replayed (opened) yet."""
+
+
+class _NotOpen:
+    """The writer of a journal before L{FileJournal.replay} opens the real one."""
+
+    position = 0
+    closed = False
+
+    def write(self, data: bytes) -> Deferred[None]:
+        return fail(JournalNotOpenError("journal written before replay() opened it"))
+
+    def sync(self) -> Deferred[None]:
+        return succeed(None)
+
+    def close(self) -> Deferred[None]:
+        return succeed(None)
+
+
+class _Reader:
+    """Reads records one at a time from a journal file that may still be growing."""
+
+    def __init__(self, path: str, position: int) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self.position = position
+        self._buf = b""
+        self._off = 0
+
+    def read(self) -> rec.Record | None:
+        """
+        Return the next complete record, or C{None} at the end of the file.
+
+        @raise rec.CorruptRecord: the next bytes are not a record.
+        """
+        while True:
+            got = rec.read_record(self._buf, self._off)
+            if got is not None:
+                record, nxt = got
+                self.position += nxt - self._off
+                self._off = nxt
+                return record
+            held = len(self._buf) - self._off
+            chunk = os.pread(self._fd, max(READ_CHUNK, held), self.position + held)
+            if not chunk:
+                return None
+            self._buf = self._buf[self._off:] + chunk
+            self._off = 0
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _log_failure(failure: Failure) -> None:
+    """Swallow a failure that the syncfile has logged already."""
+    return None
+
+
+class FileJournal:
+    """
+    The journal of one queue: replay, durable writes, rotation, rewrite,
+    read-behind and packing, as Kestrel's C{Journal} does them.
+
+    Writes return the L{PeriodicSyncFile}'s Deferred, which fires when the
+    record is durable under C{sync_policy}.
+
+    @ivar size: bytes in the current file C{<q>}.
+    @ivar archived_size: bytes in the rotated files.
+    @ivar checkpoint: the checkpoint set by L{rotate}, until it is packed.
+    @ivar removes_since_read_behind: removes journaled since read-behind began.
+    """
+
+    _log = Logger()
+
+    def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
+                 sync_policy: float | None, *, archive_path: str | None = None,
+                 fsync: Callable[[int], None] = os.fsync,
+                 run_in_thread: RunInThread | None = None) -> None:
+        self.queue_path = queue_path
+        self.queue_name = queue_name
+        self.archive_path = archive_path
+        self._clock = clock
+        self._policy = sync_policy
+        self._fsync = fsync
+        self._run_in_thread = run_in_thread
+        self._writer: PeriodicSyncFile | _NotOpen = _NotOpen()
+        self._reader: _Reader | None = None
+        self._reader_file: str | None = None
+        self._replay_file: str | None = None
+        self._replay_pos = 0
+        self._closing: list[Deferred[None]] = []
+        self.size = 0
+        self.archived_size = 0
+        self.checkpoint: Checkpoint | None = None
+        self.removes_since_read_behind = 0
+        self.closed = False
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def is_replaying(self) -> bool:
+        """Whether L{replay} is running."""
+        return self._replay_file is not None
+
+    @property
+    def in_read_behind(self) -> bool:
+        """Whether the read-behind reader is open."""
+        return self._reader is not None
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.queue_path, name)
+
+    def _now_ms(self) -> int:
+        return int(self._clock.seconds() * 1000)
+
+    # -- writes (the hot path) ---------------------------------------------
+
+    def add(self, item: QItem) -> Deferred[None]:
+        """Journal an add of C{item} (ADDX)."""
+        data = rec.encode_add(item.data, item.add_time_ms, item.expiry_ms)
+        self.size += len(data)
+        return self._writer.write(data)
+
+    def continue_(self, xid: int, item: QItem) -> Deferred[None]:
+        """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""
+        if self._reader is not None:
+            self.removes_since_read_behind += 1
+        data = rec.Continue(xid, item.data, item.add_time_ms, item.expiry_ms).encode()
+        self.size += len(data)
+        return self._writer.write(data)
+
+    def remove(self) -> Deferred[None]:
+        """Journal a remove of the head item (REMOVE)."""
+        if self._reader is not None:
+            self.removes_since_read_behind += 1
+        self.size += 1
+        return self._writer.write(rec.REMOVE_BYTES)
+
+    def remove_tentative(self, xid: int) -> Deferred[None]:
+        """Journal an open read of the head item under C{xid} (REMOVE_TENTATIVE_XID)."""
+        self.size += 5
+        return self._writer.write(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, xid))
+
+    def unremove(self, xid: int) -> Deferred[None]:
+        """Journal an aborted open read C{xid} (UNREMOVE)."""
+        self.size += 5
+        return self._writer.write(rec.encode_xid(rec.Opcode.UNREMOVE, xid))
+
+    def confirm_remove(self, xid: int) -> Deferred[None]:
+        """Journal a confirmed open read C{xid} (CONFIRM_REMOVE)."""
+        if self._reader is not None:
+            self.removes_since_read_behind += 1
+        self.size += 5
+        return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
+
+    def notify_remove_during_replay(self) -> None:
+        """Count a remove replayed while read-behind is on (Kestrel's notifyRemoveDuringReplay)."""
+        if self._reader is not None:
+            self.removes_since_read_behind += 1
+
+    # -- file listing and the pack rule ------------------------------------
+
+    def _list(self) -> list[str]:
+        try:
+            return os.listdir(self.queue_path)
+        except FileNotFoundError:
+            return []
+
+    def _timed_files(self, names: Iterable[str]) -> list[tuple[int, bool, str]]:
+        """Return C{(timestamp, is_pack, name)} of this queue's rotated and pack files, sorted."""
+        prefix = self.queue_name + "."
+        out = []
+        for name in names:
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix):]
+            is_pack = rest.endswith(_PACK_SUFFIX)
+            if is_pack:
+                rest = rest[:-len(_PACK_SUFFIX)]
+            if rest.isdigit() and rest.isascii():
+                out.append((int(rest), is_pack, name))
+        out.sort()
+        return out
+
+    def archived_files(self) -> list[str]:
+        """
+        Return this queue's rotated files in replay order, first applying the pack rule.
+
+        The pack rule: a C{<q>.<ms>.pack} file holds everything of the rotated
+        files with a timestamp up to C{ms}; those are disposed of and the
+        pack is renamed C{<q>.<ms>}.
+        """
+        while True:
+            timed = self._timed_files(self._list())
+            packs = [t for t in timed if t[1]]
+            if not packs:
+                return [name for _, _, name in timed]
+            ts, _, pack_name = packs[0]
+            doomed = [name for t, is_pack, name in timed if t <= ts and not is_pack]
+            self._log.info("Journal {queue}: pack {file} replaces {doomed}",
+                           queue=self.queue_name, file=pack_name, doomed=doomed)
+            self._dispose(doomed)
+            os.rename(self._path(pack_name), self._path(pack_name[:-len(_PACK_SUFFIX)]))
+            self._fsync_dir(self.queue_path)
+
+    def _all_files(self) -> list[str]:
+        return [*self.archived_files(), self.queue_name]
+
+    def _file_after(self, name: str) -> str | None:
+        files = self._all_files()
+        try:
+            return files[files.index(name) + 1]
+        except (ValueError, IndexError):
+            return None
+
+    def _compute_archived_size(self) -> None:
+        total = 0
+        for name in self.archived_files():
+            try:
+                total += os.path.getsize(self._path(name))
+            except FileNotFoundError:
+                pass
+        self.archived_size = total
+
+    def _unique_timestamp(self, directory: str, prefix: str) -> int:
+        """Return a timestamp from the clock, above every timestamp already used in C{directory}."""
+        ts = self._now_ms()
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            if name.startswith(prefix):
+                rest = name[len(prefix):].split(".", 1)[0].split("~", 1)[0]
+                if rest.isdigit() and rest.isascii():
+                    ts = max(ts, int(rest) + 1)
+        return ts
+
+    def _unique_rotated_name(self, suffix: str = "") -> str:
+        """Return a new C{<q>.<ms><suffix>} whose timestamp sorts after every existing file."""
+        ts = max(self._unique_timestamp(self.queue_path, self.queue_name + "."),
+                 self._unique_timestamp(self.queue_path, self.queue_name + _TEMP_INFIX))
+        while True:
+            name = f"{self.queue_name}.{ts}"
+            if not (os.path.lexists(self._path(name))
+                    or os.path.lexists(self._path(name + _PACK_SUFFIX))):
+                return name + suffix
+            ts += 1
+
+    # -- directories, disposal, archive ------------------------------------
+
+    def _fsync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _dispose(self, names: Sequence[str]) -> None:
+        """Delete dead files, or move them into the archive when one is set."""
+        if not names:
+            return
+        if self.archive_path is None:
+            for name in names:
+                try:
+                    os.unlink(self._path(name))
+                except FileNotFoundError:
+                    pass
+                self._log.info("Journal {queue}: deleted {file}", queue=self.queue_name,
+                               file=name)
+            self._fsync_dir(self.queue_path)
+        else:
+            for name in names:
+                self._archive(name)
+
+    def _archive(self, name: str) -> None:
+        """
+        Move file C{name} into the archive without ever losing it.
+
+        The current file C{<q>} is archived as C{<q>.<ms>}. A name that is
+        taken in the archive gets the next free timestamp. Same filesystem:
+        rename, then fsync both directories. Another filesystem: copy to a
+        C{~~} file, fsync it, rename it, fsync the archive, then delete the
+        original and fsync the queue directory.
+        """
+        archive = self.archive_path
+        assert archive is not None
+        os.makedirs(archive, exist_ok=True)
+        src = self._path(name)
+        prefix = self.queue_name + "."
+        if name.startswith(prefix):
+            ts = int(name[len(prefix):].split(".", 1)[0])
+        else:
+            ts = self._unique_timestamp(archive, prefix)
+        while os.path.lexists(os.path.join(archive, f"{prefix}{ts}")):
+            ts += 1
+        target = os.path.join(archive, f"{prefix}{ts}")
+        try:
+            os.rename(src, target)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            temp = target + _TEMP_INFIX + "copy"
+            with open(src, "rb") as fin, open(temp, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1024 * 1024)
+                fout.flush()
+                self._fsync(fout.fileno())
+            os.rename(temp, target)
+            self._fsync_dir(archive)
+            os.unlink(src)
+            self._fsync_dir(self.queue_path)
+        else:
+            self._fsync_dir(archive)
+            self._fsync_dir(self.queue_path)
+        self._log.info("Journal {queue}: archived {file} as {target}", queue=self.queue_name,
+                       file=name, target=target)
+
+    # -- replay ------------------------------------------------------------
+
+    def replay(self, apply: Callable[[rec.Record], None]) -> None:
+        """
+        Call C{apply} with every record of every file, oldest first, then open C{<q>}.
+
+        C{~~} files are deleted first and the pack rule is applied. A legacy
+        ADD is passed on as an L{rec.Add} whose add time is the time of
+        replay. A corrupt or truncated record is cut off in the file that
+        holds it (the file is truncated at the record's start and fsynced)
+        with a warning, and replay goes on with the next file.
+        """
+        os.makedirs(self.queue_path, exist_ok=True)
+        temps = [n for n in self._list() if n.startswith(self.queue_name + _TEMP_INFIX)]
+        for name in temps:
+            self._log.info("Journal {queue}: deleting unfinished {file}",
+                           queue=self.queue_name, file=name)
+            os.unlink(self._path(name))
+        if temps:
+            self._fsync_dir(self.queue_path)
+        try:
+            for name in self._all_files():
+                self._replay_one(name, apply)
+        finally:
+            self._replay_file = None
+        self._compute_archived_size()
+        self._writer = self._open_writer()
+        self.size = self._writer.position
+
+    def _open_writer(self) -> PeriodicSyncFile:
+        return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
+                                fsync=self._fsync, run_in_thread=self._run_in_thread)
+
+    def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            self._log.info("No journal file {file} for {queue}", queue=self.queue_name,
+                           file=name)
+            return
+        try:
+            length = os.fstat(fd).st_size
+            buf = mmap.mmap(fd, length, access=mmap.ACCESS_READ) if length else b""
+        finally:
+            os.close(fd)
+        self._replay_file = name
+        self._replay_pos = 0
+        self.size = 0
+        started = self._clock.seconds()
+        try:
+            end, problem = self._replay_records(buf, length, name, apply)
+        finally:
+            if isinstance(buf, mmap.mmap):
+                buf.close()
+        self.size = end
+        if problem is not None:
+            self._truncate(name, end, length, problem)
+        self._log.info("Replayed {queue} file {file}: {bytes} bytes in {seconds:.3f}s",
+                       queue=self.queue_name, file=name, bytes=end,
+                       seconds=self._clock.seconds() - started)
+
+    def _replay_records(self, buf: mmap.mmap | bytes, end: int, name: str,
+                        apply: Callable[[rec.Record], None]) -> tuple[int, str | None]:
+        """Apply every whole record of C{buf}; return where decoding stopped and why."""
+        pos = 0
+        next_report = PROGRESS_BYTES
+        read_record = rec.read_record
+        unpack_addx = _ADDX_BODY.unpack_from
+        add = rec.Add
+        legacy = rec.LegacyAdd
+        try:
+            while pos < end:
+                if buf[pos] == 2 and pos + 21 <= end:
+                    # Inline fast path for ADDX, the record nearly every byte belongs to.
+                    size, add_ms, exp_ms = unpack_addx(buf, pos + 1)
+                    nxt = pos + 5 + size
+                    if size < 16 or nxt > end:
+                        got = read_record(buf, pos)
+                        if got is None:
+                            return pos, "truncated record"
+                        record, nxt = got
+                    else:
+                        record = add(buf[pos + 21:nxt], add_ms, exp_ms)
+                else:
+                    got = read_record(buf, pos)
+                    if got is None:
+                        return pos, "truncated record"
+                    record, nxt = got
+                    if type(record) is legacy:
+                        record = add(record.data, self._now_ms(), record.expiry_s * 1000)
+                self._replay_pos = nxt
+                apply(record)
+                pos = nxt
+                if pos >= next_report:
+                    next_report = pos + PROGRESS_BYTES
+                    self._log.info("Replaying {queue} file {file}: {bytes} of {total} bytes",
+                                   queue=self.queue_name, file=name, bytes=pos, total=end)
+        except rec.CorruptRecord as e:
+            return pos, e.reason
+        return pos, None
+
+    def _truncate(self, name: str, offset: int, length: int, problem: str) -> None:
+        self._log.warn(
+            "Journal {queue} file {file}: {problem} at offset {offset}; cutting off "
+            "{dropped} bytes. DATA MAY HAVE BEEN LOST.",
+            queue=self.queue_name, file=name, offset=offset, dropped=length - offset,
+            problem=problem)
+        try:
+            fd = os.open(self._path(name), os.O_WRONLY)
+            try:
+                os.ftruncate(fd, offset)
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self._log.error("Journal {queue}: could not truncate {file}: {error}",
+                            queue=self.queue_name, file=name, error=e)
+
+    # -- rotation, rewrite, pack --------------------------------------------
+
+    def _close_writer(self) -> None:
+        """Close the writer (its final fsync runs inline) and remember the close."""
+        d = self._writer.close()
+        d.addErrback(_log_failure)
+        if not d.called:
+            self._closing.append(d)
+            d.addBoth(self._closed_one, d)
+
+    def _closed_one(self, result: object, d: Deferred[None]) -> object:
+        if d in self._closing:
+            self._closing.remove(d)
+        return result
+
+    def rotate(self, reserved_items: Iterable[QItem], set_checkpoint: bool) -> None:
+        """
+        Move C{<q>} to a new C{<q>.<ms>} and start a fresh C{<q>}.
+
+        The old file is fsynced before the rename and the directory after it.
+        A read-behind reader on C{<q>} follows the renamed file. With
+        C{set_checkpoint}, and no checkpoint pending, remember the rotated file
+        and C{reserved_items} (the open reads) as the checkpoint.
+        """
+        old_size = self._writer.position
+        self._close_writer()
+        rotated = self._unique_rotated_name()
+        os.rename(self._path(self.queue_name), self._path(rotated))
+        self._fsync_dir(self.queue_path)
+        self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
+                       file=rotated)
+        self.size = 0
+        self.archived_size += old_size
+        self._writer = self._open_writer()
+        if self._reader_file == self.queue_name:
+            self._reader_file = rotated
+        if set_checkpoint and self.checkpoint is None:
+            self.checkpoint = Checkpoint(rotated, tuple(reserved_items))
+
+    def _dump(self, xid_counter: int, reserved_items: Iterable[QItem],
+              open_items: Iterable[QItem], pent_up_deletes: int,
+              items: Iterable[QItem]) -> Iterator[bytes]:
+        """Yield the records of a compact journal, SAVE_XID first."""
+        encode_add = rec.encode_add
+        yield rec.SaveXid(xid_counter).encode()
+        for item in reserved_items:
+            yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
+            yield rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, item.xid)
+        for item in open_items:
+            yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
+        if pent_up_deletes > 0:
+            dummy = encode_add(b"", self._now_ms(), 0)
+            for _ in range(pent_up_deletes):
+                yield dummy
+        for item in items:
+            yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
+
+    def _write_temp(self, parts: Iterable[bytes]) -> tuple[str, int]:
+        """Write C{parts} to a new C{<q>~~<ms>} file and fsync it; return its name and size."""
+        ts = self._now_ms()
+        while True:
+            name = f"{self.queue_name}{_TEMP_INFIX}{ts}"
+            try:
+                f = open(self._path(name), "xb", buffering=1024 * 1024)
+            except FileExistsError:
+                ts += 1
+                continue
+            break
+        with f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            self._fsync(f.fileno())
+            return name, f.tell()
+
+    def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem],
+                xid_counter: int = 0) -> None:
+        """
+        Replace every journal file of the queue by one compact C{<q>}.
+
+        The new file holds SAVE_XID(C{xid_counter}), then ADDX +
+        REMOVE_TENTATIVE_XID for each open read in C{reserved_items} (in the
+        order given), then ADDX for each of C{items}. It is written to a
+        C{~~} file and fsynced before any rename. Without rotated files or an
+        archive it then replaces C{<q>} in one rename; otherwise C{<q>} is
+        rotated and the new file goes through the pack rule. The directory is
+        fsynced after every rename. Read-behind ends and any checkpoint is
+        dropped: the queue must then hold every item in memory.
+        """
+        temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), 0, items))
+        self._stop_reader()
+        self.checkpoint = None
+        self._close_writer()
+        current = self._path(self.queue_name)
+        if self.archive_path is None and not self.archived_files():
+            os.replace(self._path(temp), current)
+            self._fsync_dir(self.queue_path)
+        else:
+            if os.path.lexists(current):
+                os.rename(current, self._path(self._unique_rotated_name()))
+                self._fsync_dir(self.queue_path)
+            pack = self._unique_rotated_name(_PACK_SUFFIX)
+            os.rename(self._path(temp), self._path(pack))
+            self._fsync_dir(self.queue_path)
+            files = self.archived_files()
+            os.rename(self._path(files[-1]), current)
+            self._fsync_dir(self.queue_path)
+        self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
+        self._writer = self._open_writer()
+        self.size = self._writer.position
+        self._compute_archived_size()
+
+    def start_pack(self, checkpoint: Checkpoint, open_items: Iterable[QItem],
+                   queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
+        """
+        Pack every file up to C{checkpoint.filename} into one, now (synchronously).
+
+        As Kestrel's packer: the pack holds SAVE_XID(C{xid_counter}), the
+        checkpoint's open reads (ADDX + REMOVE_TENTATIVE_XID), ADDX of reads
+        opened since, one empty ADDX per remove journaled since read-behind
+        began that the later files will replay, and ADDX of C{queue_items}
+        (the items in memory). It is written to a C{~~} file and fsynced,
+        the current file is fsynced, then it is renamed
+        C{<checkpoint>.pack} (directory fsynced) and the pack rule puts it
+        in place.
+        """
+        open_items = list(open_items)
+        if not os.path.lexists(self._path(checkpoint.filename)):
+            self._log.warn("Journal {queue}: checkpoint file {file} is gone; not packing",
+                           queue=self.queue_name, file=checkpoint.filename)
+            if self.checkpoint is checkpoint:
+                self.checkpoint = None
+            return
+        known = {item.xid for item in checkpoint.reserved_items}
+        current = {item.xid for item in open_items}
+        newly_open = [item for item in open_items if item.xid not in known]
+        newly_closed = [item for item in checkpoint.reserved_items if item.xid not in current]
+        pent_up = self.removes_since_read_behind - len(newly_closed)
+        self._log.info("Journal {queue}: packing files up to {file}", queue=self.queue_name,
+                       file=checkpoint.filename)
+        temp, _ = self._write_temp(self._dump(xid_counter, checkpoint.reserved_items,
+                                              newly_open, pent_up, queue_items))
+        if isinstance(self._writer, PeriodicSyncFile) and not self._writer.closed:
+            self._fsync(self._writer.fileno())
+        os.rename(self._path(temp), self._path(checkpoint.filename + _PACK_SUFFIX))
+        self._fsync_dir(self.queue_path)
+        self._compute_archived_size()
+        if self.checkpoint is checkpoint:
+            self.checkpoint = None
+
+    # -- read-behind ---------------------------------------------------------
+
+    def start_read_behind(self) -> None:
+        """
+        Open the read-behind reader where the writer (or, during replay, the replayer) is.
+
+        Outside replay the current file is fsynced first, as Kestrel does.
+        """
+        if self._replay_file is not None:
+            name, pos = self._replay_file, self._replay_pos
+        else:
+            self._writer.sync().addErrback(_log_failure)
+            name, pos = self.queue_name, self._writer.position
+        self._stop_reader()
+        self._reader = _Reader(self._path(name), pos)
+        self._reader_file = name
+        self.removes_since_read_behind = 0
+        self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
+                        queue=self.queue_name, file=name, offset=pos)
+
+    def _stop_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = None
+        self._reader_file = None
+
+    def fill_read_behind(self, got_item: Callable[[QItem], None],
+                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
+        """
+        Read forward one record from the read-behind reader, as Kestrel's C{fillReadBehind}.
+
+        An add calls C{got_item}; a remove, confirm or continue counts down
+        C{removes_since_read_behind} (a continue also calls C{got_item}).
+        At the end of a rotated file the reader moves to the next file (and
+        calls C{got_checkpoint} if it just left the checkpoint file), then
+        reads again. At the end of the current file it fsyncs and retries
+        once. When the reader reaches the writer, read-behind ends.
+        """
+        reader = self._reader
+        if reader is None:
+            return
+        if self._replay_file is not None:
+            name, pos = self._replay_file, self._replay_pos
+        else:
+            name, pos = self.queue_name, self._writer.position
+        reader_file = self._reader_file
+        if reader.position == pos and reader_file == name:
+            self._stop_reader()
+            return
+        record = self._read_one(reader, reader_file)
+        if record is None and reader_file == self.queue_name and self._replay_file is None:
+            self._writer.sync().addErrback(_log_failure)
+            record = self._read_one(reader, reader_file)
+        if record is None:
+            self._next_reader_file(got_item, got_checkpoint)
+            return
+        if isinstance(record, (rec.Add, rec.AddXid)):
+            got_item(QItem(record.data, record.add_time_ms, record.expiry_ms))
+        elif isinstance(record, (rec.Remove, rec.ConfirmRemove)):
+            self.removes_since_read_behind -= 1
+        elif isinstance(record, rec.Continue):
+            self.removes_since_read_behind -= 1
+            got_item(QItem(record.data, record.add_time_ms, record.expiry_ms))
+        elif isinstance(record, rec.LegacyAdd):
+            got_item(QItem(record.data, self._now_ms(), record.expiry_s * 1000))
+
+    def _read_one(self, reader: _Reader, name: str | None) -> rec.Record | None:
+        try:
+            return reader.read()
+        except rec.CorruptRecord as e:
+            self._log.warn("Journal {queue} file {file}: read-behind found {problem} at "
+                           "offset {offset}; skipping the rest of the file",
+                           queue=self.queue_name, file=name, problem=e.reason,
+                           offset=reader.position)
+            return None
+
+    def _next_reader_file(self, got_item: Callable[[QItem], None],
+                          got_checkpoint: Callable[[Checkpoint], None]) -> None:
+        old = self._reader_file
+        assert old is not None
+        following = self._file_after(old)
+        if following is None:
+            self._log.warn("Journal {queue}: read-behind reached the end of {file} with no "
+                           "file after it; leaving read-behind", queue=self.queue_name,
+                           file=old)
+            self._stop_reader()
+            return
+        self._stop_reader()
+        self._reader = _Reader(self._path(following), 0)
+        self._reader_file = following
+        self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
+                       queue=self.queue_name, old=old, file=following)
+        checkpoint = self.checkpoint
+        if checkpoint is not None and checkpoint.filename == old:
+            got_checkpoint(checkpoint)
+        self.fill_read_behind(got_item, got_checkpoint)
+
+    # -- close, erase, discovery --------------------------------------------
+
+    def close(self) -> Deferred[None]:
+        """Stop read-behind, fsync and close the current file; fires when every file is closed."""
+        if self.closed:
+            return succeed(None)
+        self.closed = True
+        self._stop_reader()
+        self._close_writer()
+        pending = list(self._closing)
+        if not pending:
+            return succeed(None)
+        return gatherResults(pending, consumeErrors=True).addCallback(lambda _: None)
+
+    def erase(self) -> None:
+        """Close the journal and delete (or archive) every file of the queue."""
+        self.close()
+        names = self._list()
+        temps = [n for n in names if n.startswith(self.queue_name + _TEMP_INFIX)]
+        for name in temps:
+            os.unlink(self._path(name))
+        files = [name for _, _, name in self._timed_files(names)]
+        if self.queue_name in names:
+            files.append(self.queue_name)
+        self._dispose(files)
+        if temps and not files:
+            self._fsync_dir(self.queue_path)
+        self.size = 0
+        self.archived_size = 0
+        self.checkpoint = None
+
+    @staticmethod
+    def queue_names_in(path: str) -> set[str]:
+        """
+        Return the names of the queues with journal files in C{path}.
+
+        Every regular file whose name has no C{~~} names a queue: the text
+        before its first C{.}.
+        """
+        names: set[str] = set()
+        try:
+            entries = list(os.scandir(path))
+        except FileNotFoundError:
+            return names
+        for entry in entries:
+            if _TEMP_INFIX in entry.name or not entry.is_file(follow_symlinks=False):
+                continue
+            name = entry.name.split(".", 1)[0]
+            if name:
+                names.add(name)
+        return names

@@ -1,0 +1,222 @@
+"""
+Latency and size distributions ("metrics" in Ostrich's terms), cheap enough for the hot path.
+
+A L{Histogram} records an integer in O(1) with no allocation: one bucket
+index computed from the value's bit length, four additions. Buckets are
+log-linear (8 per power of two, exact below 16), so any percentile is
+within about 6% of the true value. Reports compute percentiles by walking
+the 500 buckets, which only the admin endpoints do.
+
+L{Metrics} holds the server-wide histograms by name, plus one
+L{QueueMetrics} per queue (Ostrich's C{q/<name>/...} metrics). The names are
+Kestrel's (reference section 8.3). Nothing here reads a clock: callers
+measure with their injected clock and record the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+_SUB_BITS = 3
+_SUB = 1 << _SUB_BITS
+_EXACT = 2 * _SUB
+#: Enough buckets for any non-negative 64-bit value.
+BUCKETS = (64 - _SUB_BITS) * _SUB + _SUB
+
+#: The percentiles reported for every histogram, as (label, fraction).
+PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99),
+               ("p999", 0.999), ("p9999", 0.9999))
+
+
+def bucket_index(value: int) -> int:
+    """Return the bucket holding C{value} (negative values count as 0)."""
+    if value < _EXACT:
+        return value if value > 0 else 0
+    shift = value.bit_length() - _SUB_BITS - 1
+    return (shift + 1) * _SUB + (value >> shift) - _SUB
+
+
+def bucket_bounds(index: int) -> tuple[int, int]:
+    """Return the smallest and largest value that fall in bucket C{index}."""
+    if index < _EXACT:
+        return index, index
+    shift = index // _SUB - 1
+    mantissa = index % _SUB + _SUB
+    return mantissa << shift, ((mantissa + 1) << shift) - 1
+
+
+class Histogram:
+    """
+    A distribution of non-negative integers: count, sum, min, max and bucketed counts.
+
+    L{add} is the only method meant for the hot path.
+    """
+
+    __slots__ = ("count", "total", "minimum", "maximum", "buckets")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        self.minimum = 0
+        self.maximum = 0
+        self.buckets = [0] * BUCKETS
+
+    def add(self, value: int | float) -> None:
+        """Record one value (floats are truncated, negatives count as 0)."""
+        v = int(value)
+        if v < 0:
+            v = 0
+        if v < _EXACT:
+            self.buckets[v] += 1
+        else:
+            shift = v.bit_length() - _SUB_BITS - 1
+            self.buckets[(shift + 1) * _SUB + (v >> shift) - _SUB] += 1
+        if self.count == 0 or v < self.minimum:
+            self.minimum = v
+        if v > self.maximum:
+            self.maximum = v
+        self.count += 1
+        self.total += v
+
+    def clear(self) -> None:
+        """Forget every recorded value."""
+        self.count = self.total = self.minimum = self.maximum = 0
+        self.buckets = [0] * BUCKETS
+
+    @property
+    def average(self) -> float:
+        """The mean of the recorded values (0 when empty)."""
+        return self.total / self.count if self.count else 0.0
+
+    def percentile(self, fraction: float) -> int:
+        """
+        Return a value at or near the C{fraction} quantile (0 when empty).
+
+        The answer is the midpoint of the bucket holding that rank, clamped to
+        the observed minimum and maximum; the top rank is the maximum itself.
+        """
+        if self.count == 0:
+            return 0
+        rank = max(1, int(fraction * self.count + 0.5))
+        if rank >= self.count:
+            return self.maximum
+        seen = 0
+        for index, n in enumerate(self.buckets):
+            if n:
+                seen += n
+                if seen >= rank:
+                    low, high = bucket_bounds(index)
+                    return min(max((low + high) // 2, self.minimum), self.maximum)
+        return self.maximum
+
+    def summary(self) -> dict[str, int | float]:
+        """Return Ostrich's report: count, minimum, maximum, average, then the percentiles."""
+        report: dict[str, int | float] = {
+            "count": self.count, "minimum": self.minimum, "maximum": self.maximum,
+            "average": round(self.average, 3),
+        }
+        for label, fraction in PERCENTILES:
+            report[label] = self.percentile(fraction)
+        return report
+
+    def cumulative(self, bounds: tuple[int, ...]) -> list[int]:
+        """
+        Return, for each upper bound in ascending C{bounds}, how many values are at most it.
+
+        Counts are by bucket, so a bucket straddling a bound counts wholly below
+        it only if its midpoint is; this is the Prometheus C{le} view.
+        """
+        out = []
+        index = 0
+        running = 0
+        for bound in bounds:
+            while index < BUCKETS:
+                low, high = bucket_bounds(index)
+                if (low + high) // 2 > bound:
+                    break
+                running += self.buckets[index]
+                index += 1
+            out.append(running)
+        return out
+
+
+#: Server-wide metric names (reference section 8.3).
+GLOBAL_METRICS = (
+    "set_latency_usec", "get_timeout_msec", "delivery_latency_msec", "get_hit_latency_usec",
+    "get_miss_latency_usec", "item_fsync_delay_usec", "fsync_delay_usec",
+)
+
+#: Per-queue metric names (reference section 8.3).
+QUEUE_METRICS = (
+    "journal_rewrite_usec", "journal_rotation_usec", "set_latency_usec", "get_timeout_msec",
+    "delivery_latency_msec", "get_hit_latency_usec", "get_miss_latency_usec",
+    "fill_readbehind_usec", "tx_map_size", "tx_expire_list_size", "queue_size",
+    "request_size",
+)
+
+
+class QueueMetrics:
+    """The histograms of one queue, one attribute per name in L{QUEUE_METRICS}."""
+
+    __slots__ = QUEUE_METRICS
+
+    def __init__(self) -> None:
+        for name in QUEUE_METRICS:
+            setattr(self, name, Histogram())
+
+    def items(self) -> Iterator[tuple[str, Histogram]]:
+        """Yield C{(name, histogram)} in L{QUEUE_METRICS} order."""
+        for name in QUEUE_METRICS:
+            yield name, getattr(self, name)
+
+
+class Metrics:
+    """
+    Every histogram of one server: the global ones as attributes, per-queue ones by name.
+
+    Call sites keep the object and write, for example,
+    C{metrics.set_latency_usec.add(usec)} and
+    C{metrics.queue(name).set_latency_usec.add(usec)}.
+    """
+
+    def __init__(self) -> None:
+        for name in GLOBAL_METRICS:
+            setattr(self, name, Histogram())
+        self._queues: dict[str, QueueMetrics] = {}
+
+    # Declared for type checkers; set in __init__.
+    set_latency_usec: Histogram
+    get_timeout_msec: Histogram
+    delivery_latency_msec: Histogram
+    get_hit_latency_usec: Histogram
+    get_miss_latency_usec: Histogram
+    item_fsync_delay_usec: Histogram
+    fsync_delay_usec: Histogram
+
+    def queue(self, name: str) -> QueueMetrics:
+        """Return the histograms of queue C{name}, creating them on first use."""
+        metrics = self._queues.get(name)
+        if metrics is None:
+            metrics = self._queues[name] = QueueMetrics()
+        return metrics
+
+    def remove_queue(self, name: str) -> None:
+        """Forget queue C{name}'s histograms (Kestrel drops C{q/<name>/*} on delete)."""
+        self._queues.pop(name, None)
+
+    def queue_names(self) -> list[str]:
+        """The queues that have histograms, sorted."""
+        return sorted(self._queues)
+
+    def global_items(self) -> Iterator[tuple[str, Histogram]]:
+        """Yield C{(name, histogram)} for the server-wide metrics in L{GLOBAL_METRICS} order."""
+        for name in GLOBAL_METRICS:
+            yield name, getattr(self, name)
+
+    def report(self) -> dict[str, dict[str, int | float]]:
+        """Return every metric's summary by its Ostrich name (C{q/<queue>/<metric>} per queue)."""
+        out = {name: h.summary() for name, h in self.global_items()}
+        for queue in self.queue_names():
+            for name, h in self._queues[queue].items():
+                out[f"q/{queue}/{name}"] = h.summary()
+        return out

@@ -1,0 +1,1 @@
+../../thrift/kestrel.thrift

@@ -1,0 +1,512 @@
+"""
+Kestrel's memcache protocol: bytes in, L{ClientSession} calls, reply bytes out.
+
+L{MemcacheProtocol} frames requests itself from one buffer (no per-line
+callbacks): pipelined requests that arrive in one TCP read are parsed and
+answered in one pass, and their replies leave in one C{write}. Requests on a
+connection are answered strictly in order: while one waits (a C{get q/t=...},
+a C{monitor} stream, a durable C{set}), later requests stay in the buffer, and
+reading is paused if that backlog grows past L{MemcacheProtocol.BACKLOG_LIMIT}.
+
+Replies follow Kestrel 2.4 byte for byte (reference §1), with the deviations
+of C{../shared/spec/decisions.md}: where Kestrel closed a connection silently
+we first send C{CLIENT_ERROR <reason>}. Nothing raised while serving a request
+escapes C{dataReceived}: unexpected failures are logged and answered with
+C{SERVER_ERROR} before the connection is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.errors import (
+    AvailabilityError,
+    ConfigError,
+    ForbiddenStatus,
+    InvalidQueueName,
+    KestrelError,
+    ShuttingDown,
+    TooManyOpenReads,
+    UnknownStatus,
+)
+from kestrel.item import memcache_expiry_ms
+from kestrel.protocols.memcache_parser import (
+    Command,
+    ConfirmRequest,
+    GetRequest,
+    MemcacheParseError,
+    MonitorRequest,
+    QueueCommand,
+    SetRequest,
+    parse_line,
+)
+from kestrel.stats import format_dump_stats, format_stats, stat_entries
+
+if TYPE_CHECKING:
+    from kestrel.item import QItem
+    from kestrel.server import KestrelServer
+    from kestrel.session import ClientSession
+
+__all__ = ["MemcacheFactory", "MemcacheProtocol"]
+
+_END = b"END\r\n"
+_STORED = b"STORED\r\n"
+_NOT_STORED = b"NOT_STORED\r\n"
+_DELETED = b"DELETED\r\n"
+
+#: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
+Reply = bytes | Deferred[bytes]
+
+
+def _encode(text: str) -> bytes:
+    """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
+    return text.encode("latin-1", "backslashreplace")
+
+
+def value_reply(item: QItem | None, key: bytes) -> bytes:
+    """The reply to a fetch: C{VALUE <key> 0 <len>} block with C{END}, or C{END} alone."""
+    if item is None:
+        return _END
+    data = item.data
+    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data)
+
+
+def _config_value(value: object) -> str:
+    """Render one resolved config value for C{dump_config}: None as C{null}, bools lower-case."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class _CloseAfterReplyError(Exception):
+    """Raised inside a handler to send C{reply} and then close the connection."""
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__(reply)
+        self.reply = reply
+
+
+class MemcacheProtocol(Protocol):
+    """
+    One memcache connection over one L{ClientSession}.
+
+    The session is created in C{connectionMade} and finished (open reads
+    aborted, waits cancelled) in C{connectionLost}.
+    """
+
+    _log = Logger()
+
+    #: Unanswered input (bytes) kept while a request waits before reading pauses.
+    BACKLOG_LIMIT = 1024 * 1024
+
+    def __init__(self, server: KestrelServer) -> None:
+        self.server = server
+        self.clock = server.clock
+        self.stats = server.stats
+        self.max_request_size: int = server.config.max_request_size
+        self.session: ClientSession | None = None
+        self._buf = b""
+        self._out: list[bytes] = []
+        self._pending_set: SetRequest | None = None
+        self._waiting = False
+        self._in_process = False
+        self._closing = False
+        self._finished = False
+        self._paused = False
+        self._idle_call: IDelayedCall | None = None
+        self._last_active = 0.0
+        self._dispatch: dict[type, Callable[[Any], Reply]] = {
+            GetRequest: self._get,
+            SetRequest: self._set,
+            QueueCommand: self._queue_command,
+            ConfirmRequest: self._confirm,
+            MonitorRequest: self._monitor,
+            Command: self._command,
+        }
+
+    # -- connection life -------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Open the session and start the idle timer when C{client_timeout} is set."""
+        self.session = self.server.new_session(self)
+        timeout = self.server.config.client_timeout
+        if timeout:
+            self._last_active = self.clock.seconds()
+            self._idle_call = self.clock.callLater(timeout, self._idle_check)
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        """Finish the session: its open reads go back to their queues, waits are cancelled."""
+        self._closing = True
+        self.finish_session()
+
+    def finish_session(self) -> None:
+        """Finish the session once (idempotent); also used by a stopping server."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.cancel()
+        self._idle_call = None
+        if self.session is not None:
+            try:
+                self.session.finish()
+            except Exception:
+                self._log.failure("Finishing a memcache session failed")
+
+    def _idle_check(self) -> None:
+        """Close the connection if it was idle (and not waiting) for C{client_timeout}."""
+        self._idle_call = None
+        timeout = self.server.config.client_timeout
+        if self._closing or not timeout:
+            return
+        idle = self.clock.seconds() - self._last_active
+        if idle >= timeout and not self._waiting:
+            self._log.info("Closing memcache connection idle for {idle:.1f}s", idle=idle)
+            self._closing = True
+            self.transport.loseConnection()
+            return
+        self._idle_call = self.clock.callLater(max(timeout - idle, 0.001), self._idle_check)
+
+    # -- input -----------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Buffer C{data} and serve every complete request it holds, in order."""
+        self.stats.bytes_read += len(data)
+        if self._idle_call is not None:
+            self._last_active = self.clock.seconds()
+        if self._closing:
+            return
+        self._buf = self._buf + data if self._buf else data
+        if self._waiting:
+            if not self._paused and len(self._buf) > self.BACKLOG_LIMIT:
+                self._paused = True
+                self.transport.pauseProducing()
+            return
+        self._process()
+
+    def _process(self) -> None:
+        """Serve buffered requests until the buffer runs dry or one must wait."""
+        self._in_process = True
+        buf = self._buf
+        pos = 0
+        try:
+            while not self._waiting and not self._closing:
+                pending = self._pending_set
+                if pending is not None:
+                    end = pos + pending.length
+                    if len(buf) < end + 2:
+                        break
+                    data = buf[pos:end]
+                    pos = end + 2
+                    self._pending_set = None
+                    self._serve(pending, data)
+                    continue
+                nl = buf.find(b"\n", pos)
+                if nl < 0:
+                    if len(buf) - pos > self.max_request_size:
+                        self._fail(b"CLIENT_ERROR request line too long\r\n")
+                    break
+                if nl - pos > self.max_request_size:
+                    self._fail(b"CLIENT_ERROR request line too long\r\n")
+                    break
+                line = buf[pos:nl - 1] if nl > pos and buf[nl - 1] == 13 else buf[pos:nl]
+                pos = nl + 1
+                try:
+                    request = parse_line(line)
+                except MemcacheParseError as err:
+                    if err.disconnect:
+                        self._fail(b"CLIENT_ERROR %s\r\n" % _encode(err.reason))
+                    else:
+                        self._out.append(b"CLIENT_ERROR %s\r\n" % _encode(err.reason))
+                    continue
+                if request.__class__ is SetRequest:
+                    if request.length > self.max_request_size:
+                        self._fail(b"CLIENT_ERROR item of %d bytes is larger than "
+                                   b"max_request_size (%d)\r\n"
+                                   % (request.length, self.max_request_size))
+                        break
+                    self._pending_set = request
+                    continue
+                self._serve(request, None)
+        finally:
+            self._buf = buf[pos:] if pos else buf
+            self._in_process = False
+            self._flush()
+        if self._paused and not self._waiting and not self._closing:
+            self._paused = False
+            self.transport.resumeProducing()
+
+    def _serve(self, request: Any, data: bytes | None) -> None:
+        """Run one request's handler, queueing its reply or waiting for it."""
+        try:
+            if data is not None:
+                reply = self._set(request, data)
+            else:
+                reply = self._dispatch[request.__class__](request)
+        except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
+            self._error(Failure(exc))
+            return
+        if reply.__class__ is bytes:
+            if reply:
+                self._out.append(reply)
+            return
+        self._waiting = True
+        reply.addCallbacks(self._async_reply, self._error)  # type: ignore[union-attr]
+
+    def _async_reply(self, reply: bytes) -> None:
+        """A waiting request finished: queue its reply and carry on with the buffer."""
+        if self._closing:
+            return
+        self._waiting = False
+        if reply:
+            self._out.append(reply)
+        if not self._in_process:
+            self._flush()
+            if self._buf or self._pending_set is not None:
+                self._process()
+            elif self._paused:
+                self._paused = False
+                self.transport.resumeProducing()
+
+    def _flush(self) -> None:
+        """Write every queued reply in one C{write}."""
+        out = self._out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            self.stats.bytes_written += len(data)
+            self.transport.write(data)
+
+    def _fail(self, reply: bytes) -> None:
+        """Send C{reply} after every reply queued before it, then close the connection."""
+        if reply:
+            self._out.append(reply)
+        self._closing = True
+        self._flush()
+        self.transport.loseConnection()
+
+    def _error(self, failure: Failure) -> None:
+        """Map a failed request to its reply (and a close, where Kestrel closes)."""
+        self._waiting = False
+        if self._closing:
+            if not failure.check(CancelledError, KestrelError):
+                self._log.failure("Memcache request failed after close", failure)
+            return
+        exc = failure.value
+        if isinstance(exc, _CloseAfterReplyError):
+            self._fail(exc.reply)
+        elif isinstance(exc, AvailabilityError):
+            self._fail(b"SERVER_ERROR %s\r\n" % _encode(str(exc)))
+        elif isinstance(exc, ShuttingDown):
+            self._fail(b"SERVER_ERROR server is shutting down\r\n")
+        elif isinstance(exc, TooManyOpenReads):
+            self._fail(b"ERROR too many open reads\r\n")
+        elif isinstance(exc, InvalidQueueName):
+            self._fail(b"CLIENT_ERROR bad queue name: %s\r\n" % _encode(str(exc)))
+        elif isinstance(exc, (UnknownStatus, ForbiddenStatus)):
+            self._fail(b"CLIENT_ERROR %s\r\n" % _encode(str(exc)))
+        elif isinstance(exc, CancelledError):
+            self._fail(b"SERVER_ERROR request cancelled\r\n")
+        else:
+            self._log.failure("Memcache request failed", failure)
+            self._fail(b"SERVER_ERROR internal error\r\n")
+
+    # -- requests --------------------------------------------------------
+
+    def _get(self, req: GetRequest) -> Reply:
+        session = self.session
+        assert session is not None
+        name = req.name
+        if req.aborting:
+            session.abort_read(name)
+            return _END
+        if req.closing:
+            session.close_read(name)
+            if not req.opening:
+                return _END
+        elif not req.opening and not req.peeking and session.count_pending_reads(name) > 0:
+            raise _CloseAfterReplyError(
+                b"ERROR a read is open on this queue: use /close, /open or /abort\r\n")
+        timeout_ms = req.timeout_ms
+        deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
+        d = session.get_item(name, deadline, req.opening, req.peeking)
+        return d.addCallback(value_reply, req.key)
+
+    def _set(self, req: SetRequest, data: bytes) -> Reply:
+        if req.flags_error is not None:
+            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.flags_error)
+        session = self.session
+        assert session is not None
+        expiry_ms = 0
+        if req.exptime:
+            expiry_ms = memcache_expiry_ms(req.exptime, int(self.clock.seconds() * 1000))
+        d = session.set_item(req.name, data, expiry_ms)
+        if req.noreply:
+            return d.addCallback(lambda _: b"")
+        return d.addCallback(lambda ok: _STORED if ok else _NOT_STORED)
+
+    def _queue_command(self, req: QueueCommand) -> Reply:
+        session = self.session
+        assert session is not None
+        word = req.word
+        if word == "delete":
+            reply = _DELETED
+            result = session.delete(req.name)
+        elif word == "flush":
+            reply = _END
+            result = session.flush(req.name)
+        else:
+            result = session.flush_expired(req.name)
+            return self._after(result, lambda n: b"%d\r\n" % n)
+        if req.noreply:
+            reply = b""
+        return self._after(result, lambda _: reply)
+
+    @staticmethod
+    def _after(result: object, render: Callable[[Any], bytes]) -> Reply:
+        """Render C{result} now, or when it fires if it is a Deferred."""
+        if isinstance(result, Deferred):
+            return result.addCallback(render)
+        return render(result)
+
+    def _confirm(self, req: ConfirmRequest) -> Reply:
+        session = self.session
+        assert session is not None
+        if req.count <= 0 or not session.close_reads(req.name, req.count):
+            return b"ERROR\r\n"
+        return _END
+
+    def _monitor(self, req: MonitorRequest) -> Reply:
+        session = self.session
+        assert session is not None
+        max_items = req.max_items
+        if max_items is None:
+            max_items = self.server.config.max_open_transactions
+        key = req.key
+
+        def got_item(item: QItem) -> None:
+            if not self._closing:
+                self._out.append(value_reply(item, key))
+                if not self._in_process:
+                    self._flush()
+
+        deadline = self.clock.seconds() + req.seconds
+        done = session.monitor_until(req.name, deadline, max_items, True, got_item)
+        return done.addCallback(lambda _: _END)
+
+    def _command(self, req: Command) -> Reply:
+        word = req.word
+        session = self.session
+        assert session is not None
+        if word == "stats":
+            entries = stat_entries(self.stats, now=self.clock.seconds(),
+                                   version=self.server.version, source=self.server.collection)
+            return _encode(format_stats(entries))
+        if word == "dump_stats":
+            return _encode(format_dump_stats(self.server.collection, req.args))
+        if word == "version":
+            return b"VERSION %s\r\n" % _encode(self.server.version)
+        if word == "flush_all":
+            result = session.flush_all()
+            reply = b"" if req.noreply else b"Flushed all queues.\r\n"
+            return self._after(result, lambda _: reply)
+        if word == "flush_all_expired":
+            return self._after(session.flush_all_expired(), lambda n: b"%d\r\n" % n)
+        if word == "status":
+            return self._status(req.args)
+        if word == "reload":
+            return maybeDeferred(self.server.reload).addCallbacks(
+                lambda _: b"Reloaded config.\r\n", self._reload_failed)
+        if word == "dump_config":
+            return self._dump_config(req.args)
+        if word == "shutdown":
+            self._log.info("Shutdown requested over memcache")
+            self.server.request_shutdown()
+            raise _CloseAfterReplyError(b"")
+        # quit
+        raise _CloseAfterReplyError(b"")
+
+    def _reload_failed(self, failure: Failure) -> bytes:
+        """A reload that failed keeps the old config; the reply names the problem."""
+        exc = failure.value
+        if isinstance(exc, ConfigError):
+            return b"ERROR reload failed: %s\r\n" % _encode(str(exc).replace("\n", " "))
+        if isinstance(exc, (OSError, KestrelError)):
+            return b"ERROR reload failed: %s\r\n" % _encode(str(exc).replace("\n", " "))
+        return failure  # type: ignore[return-value]
+
+    def _status(self, args: tuple[str, ...]) -> bytes:
+        session = self.session
+        assert session is not None
+        if not args:
+            return _encode(str(session.current_status()).upper()) + b"\r\n"
+        try:
+            session.set_status(args[0])
+        except (UnknownStatus, ForbiddenStatus):
+            raise
+        except KestrelError as exc:
+            # A stricter change still in its grace period: refused, connection kept.
+            return b"ERROR %s\r\n" % _encode(str(exc))
+        return _END
+
+    def _dump_config(self, names: tuple[str, ...]) -> bytes:
+        config = self.server.config
+        lines: list[str] = []
+        for name in names or self.server.collection.queue_names(include_aliases=False):
+            resolved = config.queue_config(name)
+            lines.append(f"queue '{name}' {{")
+            lines.extend(f"  {a.name}={_config_value(getattr(resolved, a.name))}"
+                         for a in attrs.fields(type(resolved)))
+            lines.append("}")
+        return _encode("\r\n".join(lines) + "\r\nEND\r\n")
+
+
+class MemcacheFactory(Factory):
+    """
+    Builds a L{MemcacheProtocol} per connection over one L{KestrelServer}.
+
+    It tracks live connections so a stopping server can close them all
+    (L{disconnect_all}) before the journals close.
+    """
+
+    def __init__(self, server: KestrelServer) -> None:
+        self.server = server
+        self.connections: set[MemcacheProtocol] = set()
+
+    def buildProtocol(self, addr: object) -> MemcacheProtocol:
+        """Return a new protocol for one connection, tracked until it is lost."""
+        proto = _TrackedMemcacheProtocol(self.server)
+        proto.factory = self
+        return proto
+
+    def disconnect_all(self) -> None:
+        """Finish every live session now (open reads return to their queues) and drop them."""
+        for proto in list(self.connections):
+            proto.finish_session()
+            if proto.transport is not None:
+                proto.transport.abortConnection()
+        self.connections.clear()
+
+
+class _TrackedMemcacheProtocol(MemcacheProtocol):
+    """A L{MemcacheProtocol} that registers itself with its L{MemcacheFactory}."""
+
+    factory: MemcacheFactory
+
+    def connectionMade(self) -> None:
+        self.factory.connections.add(self)
+        super().connectionMade()
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.factory.connections.discard(self)
+        super().connectionLost(reason)

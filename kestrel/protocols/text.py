@@ -1,0 +1,463 @@
+"""
+Kestrel's text protocol (port 2222): one command per line, usable by hand.
+
+Requests are lines ending in C{\\n} (a C{\\r} before it is dropped); tokens
+are separated by spaces. A line ending in C{:} is followed by data lines, one
+item each, up to an empty line (at most 1024 items: the line arriving when
+1024 are buffered is consumed and discarded, and the request runs). Replies
+are single lines: C{+<n>} a count, C{-<message>} an error, C{:<data>} an item
+or a string, C{*} no item.
+
+Each connection gets one L{kestrel.session.ClientSession}. Requests run one at
+a time, in order: while a C{get} waits or a C{monitor} streams, later lines
+stay buffered. Every bad line gets a C{-} error and the connection stays open;
+only a line longer than C{max_request_size} closes it (after an error line).
+See docs/protocols.md for every command and reply.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.errors import (
+    ForbiddenStatus,
+    KestrelError,
+    TooManyOpenReads,
+    UnknownStatus,
+)
+from kestrel.item import relative_expiry_ms
+
+#: Most data lines one request may carry (Kestrel's C{MAX_PUT_BUFFER}).
+MAX_PUT_BUFFER = 1024
+
+_NO_ITEM = b"*\n"
+_INT = re.compile(rb"[+-]?[0-9]{1,10}\Z")
+_INT_MIN = -(2**31)
+_INT_MAX = 2**31 - 1
+
+
+class BadRequest(Exception):  # noqa: N818 - a reply, not a failure
+    """A request line the protocol answers with C{-<message>}."""
+
+
+def parse_int(token: bytes, what: str) -> int:
+    """
+    Parse a decimal 32-bit int as Java's C{Integer.parseInt} would.
+
+    @raise BadRequest: C{-Error parsing <what>.} for anything else.
+    """
+    if _INT.match(token):
+        value = int(token)
+        if _INT_MIN <= value <= _INT_MAX:
+            return value
+    raise BadRequest(f"Error parsing {what}.")
+
+
+def split_tokens(line: bytes) -> list[bytes]:
+    """Split a request line on spaces; runs of spaces count as one separator."""
+    return [token for token in line.split(b" ") if token]
+
+
+def item_reply(data: bytes | None) -> bytes:
+    """C{:<data>} for an item, C{*} for none."""
+    if data is None:
+        return _NO_ITEM
+    return b":" + data + b"\n"
+
+
+def count_reply(count: int) -> bytes:
+    """C{+<count>}."""
+    return b"+%d\n" % count
+
+
+def error_reply(message: str) -> bytes:
+    """C{-<message>} on one line."""
+    one_line = " ".join(message.splitlines())
+    return b"-" + one_line.encode("latin-1", "replace") + b"\n"
+
+
+def string_reply(text: str) -> bytes:
+    """C{:<text>}."""
+    return b":" + text.encode("latin-1", "replace") + b"\n"
+
+
+class TextProtocol(Protocol):
+    """One text-protocol connection over its own session."""
+
+    _log = Logger()
+
+    #: Longest line (command or data) accepted; set from C{max_request_size}.
+    MAX_LENGTH = 64 * 1024 * 1024
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+        self._clock = server.clock
+        self.MAX_LENGTH = server.config.max_request_size
+        self._buffer = bytearray()
+        self._scan_from = 0
+        self._put_header: list[bytes] | None = None
+        self._put_items: list[bytes] = []
+        self._waiting = False
+        self._processing = False
+        self._closed = False
+        self._session: Any = None
+        self._commands: dict[bytes, Callable[[list[bytes], list[bytes]], Any]] = {
+            b"put": self._put,
+            b"get": self._get,
+            b"peek": self._peek,
+            b"monitor": self._monitor,
+            b"confirm": self._confirm,
+            b"flush": self._flush,
+            b"flush_all": self._flush_all,
+            b"delete": self._delete,
+            b"status": self._status,
+            b"version": self._version,
+            b"reload": self._reload,
+            b"shutdown": self._shutdown,
+            b"quit": self._quit,
+        }
+
+    # -- connection -------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Open this connection's session."""
+        factory = getattr(self, "factory", None)
+        if factory is not None:
+            factory.connections.add(self)
+        self._session = self._server.new_session("text")
+        self._stats = self._server.stats
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        """End the session: its open reads go back to their queues."""
+        self.end_session()
+
+    def end_session(self) -> None:
+        """Stop answering and finish the session (safe to call twice)."""
+        self._closed = True
+        self._buffer.clear()
+        factory = getattr(self, "factory", None)
+        if factory is not None:
+            factory.connections.discard(self)
+        if self._session is not None:
+            self._session.finish()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Buffer bytes and run the complete lines, in order."""
+        self._stats.bytes_read += len(data)
+        self._buffer += data
+        if not self._waiting and not self._processing:
+            self._process_lines()
+
+    def _process_lines(self) -> None:
+        """Run buffered lines until one has to wait or the buffer holds no full line."""
+        self._processing = True
+        buf = self._buffer
+        pos = 0
+        limit = self.MAX_LENGTH
+        try:
+            while not self._waiting and not self._closed:
+                newline = buf.find(b"\n", max(pos, self._scan_from))
+                if newline < 0:
+                    if len(buf) - pos > limit + 1:
+                        self.lineLengthExceeded(len(buf) - pos)
+                        return
+                    self._scan_from = len(buf)
+                    break
+                self._scan_from = 0
+                end = newline
+                if end > pos and buf[end - 1] == 13:  # "\r"
+                    end -= 1
+                if end - pos > limit:
+                    self.lineLengthExceeded(end - pos)
+                    return
+                line = bytes(buf[pos:end])
+                pos = newline + 1
+                self._line_received(line)
+        finally:
+            if pos and not self._closed:
+                del buf[:pos]
+                self._scan_from = max(0, self._scan_from - pos)
+            self._processing = False
+
+    def lineLengthExceeded(self, length: int) -> None:
+        """Answer a line over C{max_request_size} with an error, then close."""
+        self._write(error_reply(f"Line too long (limit {self.MAX_LENGTH} bytes)."))
+        self._buffer.clear()
+        self._scan_from = 0
+        self.transport.loseConnection()
+        self._closed = True
+
+    def _line_received(self, line: bytes) -> None:
+        """One line: a data line of a pending C{put}, a C{:}-header, or a command."""
+        if self._put_header is not None:
+            if line and len(self._put_items) < MAX_PUT_BUFFER:
+                self._put_items.append(line)
+                return
+            header, items = self._put_header, self._put_items
+            self._put_header, self._put_items = None, []
+            self._run(header, items)
+        elif line.endswith(b":"):
+            self._put_header = split_tokens(line[:-1])
+            self._put_items = []
+        else:
+            self._run(split_tokens(line), [])
+
+    # -- dispatch ---------------------------------------------------------
+
+    def _run(self, tokens: list[bytes], items: list[bytes]) -> None:
+        """Run one request; if it has to wait, hold further lines until it replies."""
+        command = tokens[0].lower() if tokens else b""
+        handler = self._commands.get(command)
+        if handler is None:
+            self._write(error_reply(f"Unknown command: {command.decode('latin-1')}"))
+            return
+        try:
+            outcome = handler(tokens[1:], items)
+        except Exception as e:
+            self._write(self._error_for(Failure(e)))
+            return
+        if isinstance(outcome, Deferred):
+            box: list[Any] = []
+            outcome.addBoth(box.append)
+            if not box:
+                self._waiting = True
+                self.transport.pauseProducing()
+                outcome.addCallback(lambda _: self._finish_waiting(box[0]))
+                return
+            outcome = box[0]
+        self._reply(outcome)
+
+    def _finish_waiting(self, outcome: Any) -> None:
+        """A waiting request has its outcome: reply, then go on with the next lines."""
+        self._reply(outcome)
+        self._waiting = False
+        if self._closed:
+            return
+        self.transport.resumeProducing()
+        if not self._processing:
+            self._process_lines()
+
+    def _reply(self, outcome: Any) -> None:
+        """Write a request's reply bytes, or the error line for its failure."""
+        if isinstance(outcome, Failure):
+            if self._closed and outcome.check(CancelledError):
+                return
+            outcome = self._error_for(outcome)
+        if outcome:
+            self._write(outcome)
+
+    def _error_for(self, failure: Failure) -> bytes:
+        """The C{-} line answering a failed request."""
+        error = failure.value
+        if isinstance(error, BadRequest):
+            return error_reply(str(error))
+        if isinstance(error, TooManyOpenReads):
+            limit = self._server.max_open_transactions
+            return error_reply(f"Too many open transactions; limit={limit}")
+        if isinstance(error, UnknownStatus):
+            return error_reply("Unknown status.")
+        if isinstance(error, ForbiddenStatus):
+            return error_reply("Status forbidden.")
+        if isinstance(error, KestrelError):
+            return error_reply(str(error) or type(error).__name__)
+        self._log.failure("Text request failed", failure)
+        return error_reply(f"Internal error: {type(error).__name__}: {error}")
+
+    def _write(self, data: bytes) -> None:
+        """Send bytes unless the connection is gone."""
+        if not self._closed:
+            self._stats.bytes_written += len(data)
+            self.transport.write(data)
+
+    # -- commands ---------------------------------------------------------
+
+    @staticmethod
+    def _queue_name(args: list[bytes]) -> str:
+        """The queue-name argument, or C{-Queue name required.}."""
+        if not args:
+            raise BadRequest("Queue name required.")
+        return args[0].decode("latin-1")
+
+    def _deadline(self, args: list[bytes], index: int) -> float | None:
+        """The optional timeout (ms) at C{args[index]} as a clock deadline, None if absent."""
+        if len(args) <= index:
+            return None
+        timeout_ms = parse_int(args[index], "timeout")
+        return self._clock.seconds() + timeout_ms / 1000.0
+
+    def _put(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{put <q> [expiry_ms]:} + items: C{+<n>} items stored (refused ones are skipped)."""
+        name = self._queue_name(args)
+        expiry_msec = parse_int(args[1], "expiration time") if len(args) > 1 else 0
+        expiry_ms = relative_expiry_ms(expiry_msec, int(self._clock.seconds() * 1000))
+        set_item = self._session.set_item
+        outcomes: list[list[Any]] = []
+        waits: list[Deferred[Any]] = []
+        for data in items:
+            try:
+                d = set_item(name, data, expiry_ms)
+            except KestrelError:
+                if not outcomes:
+                    raise
+                break
+            box: list[Any] = []
+            d.addBoth(box.append)
+            outcomes.append(box)
+            if not box:
+                waits.append(d)
+        if not waits:
+            return self._stored(name, outcomes)
+        return _all_done(waits).addCallback(lambda _: self._stored(name, outcomes))
+
+    def _stored(self, name: str, outcomes: list[list[Any]]) -> bytes:
+        """C{+<n>}, n counting the items the queue accepted."""
+        count = 0
+        for box in outcomes:
+            if box[0] is True:
+                count += 1
+            elif isinstance(box[0], Failure):
+                self._log.warn("put to {queue}: an item failed: {error}",
+                               queue=name, error=box[0].getErrorMessage())
+        return count_reply(count)
+
+    def _get(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{get <q> [timeout_ms]}: confirm this connection's reads on q, then open the next."""
+        name = self._queue_name(args)
+        deadline = self._deadline(args, 1)
+        self._session.close_all_reads(name)
+        return self._session.get_item(name, deadline, True, False).addCallback(_item_data)
+
+    def _peek(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{peek <q> [timeout_ms]}: confirm this connection's reads on q, then peek."""
+        name = self._queue_name(args)
+        deadline = self._deadline(args, 1)
+        self._session.close_all_reads(name)
+        return self._session.get_item(name, deadline, False, True).addCallback(_item_data)
+
+    def _monitor(self, args: list[bytes], items: list[bytes]) -> Any:
+        """
+        C{monitor <q> <timeout_ms>}: confirm this connection's reads on q, then
+        stream C{:<data>} per item (each an open read) and C{*} at the end.
+        """
+        if len(args) < 2:
+            raise BadRequest("Queue name & timeout required.")
+        name = args[0].decode("latin-1")
+        deadline = self._deadline(args, 1)
+        self._session.close_all_reads(name)
+
+        def got_item(item: Any) -> None:
+            self._write(item_reply(item.data))
+
+        done = self._session.monitor_until(
+            name, deadline, self._server.max_open_transactions, True, got_item)
+        return done.addCallback(lambda _: _NO_ITEM)
+
+    def _confirm(self, args: list[bytes], items: list[bytes]) -> bytes:
+        """
+        C{confirm <q> <count>}: confirm the C{count} oldest open reads on q; if
+        fewer are open (or count < 1) nothing is confirmed.
+        """
+        if len(args) < 2:
+            raise BadRequest("Queue name & count required.")
+        name = args[0].decode("latin-1")
+        count = parse_int(args[1], "count")
+        if not self._session.close_reads(name, count):
+            raise BadRequest("Not that many transactions open.")
+        return count_reply(count)
+
+    def _flush(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{flush <q>}: C{+0}."""
+        return _then(self._session.flush(self._queue_name(args)), b"+0\n")
+
+    def _flush_all(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{flush_all}: flush every queue, C{+0}."""
+        return _then(self._session.flush_all(), b"+0\n")
+
+    def _delete(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{delete <q>}: C{+0}."""
+        return _then(self._session.delete(self._queue_name(args)), b"+0\n")
+
+    def _status(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{status}: C{:UP} etc.; C{status <name>}: C{+0} once changed."""
+        if not args:
+            return string_reply(str(self._session.current_status()).upper())
+        return _then(self._session.set_status(args[0].decode("latin-1")), b"+0\n")
+
+    def _version(self, args: list[bytes], items: list[bytes]) -> bytes:
+        """C{version}: C{:<version>}."""
+        return string_reply(self._server.version)
+
+    def _reload(self, args: list[bytes], items: list[bytes]) -> Any:
+        """C{reload}: reread the config file; C{+0}, or C{-<problem>} keeping the old config."""
+        return _then(self._server.reload(), b"+0\n")
+
+    def _shutdown(self, args: list[bytes], items: list[bytes]) -> bytes:
+        """C{shutdown}: C{+0}, then the server stops cleanly."""
+        self._write(b"+0\n")
+        self._server.request_shutdown()
+        return b""
+
+    def _quit(self, args: list[bytes], items: list[bytes]) -> bytes:
+        """C{quit}: close the connection, no reply."""
+        self.transport.loseConnection()
+        self._closed = True
+        return b""
+
+
+def _item_data(item: Any) -> bytes:
+    """The reply to a get/peek outcome."""
+    return item_reply(None if item is None else item.data)
+
+
+def _then(outcome: Any, reply: bytes) -> Any:
+    """C{reply} once C{outcome} (a value or a Deferred) is done."""
+    if isinstance(outcome, Deferred):
+        return outcome.addCallback(lambda _: reply)
+    return reply
+
+
+def _all_done(waits: list[Deferred[Any]]) -> Deferred[None]:
+    """A Deferred firing once every one of C{waits} has fired (they never fail)."""
+    done: Deferred[None] = Deferred()
+    remaining = [len(waits)]
+
+    def one_done(_: object) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            done.callback(None)
+
+    for d in waits:
+        d.addBoth(one_done)
+    return done
+
+
+class TextFactory(Factory):
+    """
+    Builds a L{TextProtocol} per connection over one C{KestrelServer}, and
+    tracks the live ones so a stopping server can end them (L{disconnect_all}).
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.connections: set[TextProtocol] = set()
+
+    def buildProtocol(self, addr: Any) -> TextProtocol:
+        """A new connection's protocol."""
+        protocol = TextProtocol(self.server)
+        protocol.factory = self
+        return protocol
+
+    def disconnect_all(self) -> None:
+        """End every live session now (open reads return to their queues) and drop them."""
+        for protocol in list(self.connections):
+            protocol.end_session()
+            if protocol.transport is not None:
+                protocol.transport.abortConnection()
+        self.connections.clear()

@@ -1,0 +1,790 @@
+"""
+PersistentQueue: one durable FIFO queue, mirroring Kestrel 2.4's C{PersistentQueue}.
+
+The queue holds its items in memory (up to C{max_memory_size} payload bytes;
+the rest stays in the journal and is read back, "read-behind"), tracks open
+reads (tentative removes) by xid, applies the limits and expiry rules of its
+L{QueueConfig}, journals every change, and wakes blocked readers. It knows
+nothing of sockets: time comes from the injected clock, and the journal is
+any object with the journal interface (C{FileJournal} or C{MemoryJournal}).
+
+Where Kestrel and C{../shared/spec/decisions.md} differ, the decisions win:
+expired items are discarded before the fullness check and are never handed
+to a client, C{open_transaction_timeout} is enforced by a timer, and C{age}
+is how long the last fetched item waited.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.config import QueueConfig
+from kestrel.item import QItem
+from kestrel.journal import records as rec
+from kestrel.waiters import ReadWaiters
+
+#: Xids are signed 32-bit in the journal; the counter wraps to 1 after this.
+MAX_XID = 0x7FFFFFFF
+
+
+class PersistentQueue:
+    """
+    A named queue with journaled adds, removes and open reads.
+
+    Promises: an item whose add was acknowledged stays in the queue (or the
+    journal) until it is removed, confirmed, expired, discarded by
+    C{discard_old_when_full} or flushed; each item is handed to at most one
+    reader at a time; aborted reads go back to the head.
+
+    Stats are plain attributes, read without cost: C{length}, C{bytes},
+    C{memory_bytes}, C{total_items}, C{expired_items}, C{discarded},
+    C{transactions}, C{canceled_transactions}, C{total_flushes},
+    C{journal_rewrites}, C{journal_rotations}, C{put_items}, C{put_bytes},
+    C{get_items_hit}, C{get_items_miss}, C{create_time} (clock seconds);
+    C{memory_length}, C{waiter_count}, C{open_transaction_count} and C{age}
+    are cheap properties.
+
+    @ivar expire_to: called with every item that expires, when the
+        collection wires C{expire_to_queue}; C{None} drops expired items.
+    @ivar is_fanout_master: whether C{fanout_only} makes this queue store
+        nothing (Kestrel: every queue whose name has no C{+}). The collection
+        may set it.
+    """
+
+    _log = Logger()
+
+    def __init__(self, name: str, config: QueueConfig, journal: Any,
+                 clock: IReactorTime) -> None:
+        self.name = name
+        self.journal = journal
+        self._clock = clock
+        self._config = config
+        self._items: deque[QItem] = deque()
+        self._open: dict[int, QItem] = {}
+        #: open xid -> clock seconds when it was opened, in opening order
+        self._open_since: dict[int, float] = {}
+        self._xid_counter = 0
+        self._waiters = ReadWaiters(clock)
+        self._closed = False
+        self._replaying = False
+        self._allow_rewrites = True
+        self._rewrite_timer: IDelayedCall | None = None
+        self._txn_timer: IDelayedCall | None = None
+        self._last_wait_ms = 0
+        self._notify_remove: Callable[[], None] = _nothing
+        self.expire_to: Callable[[QItem], object] | None = None
+        self.is_fanout_master = "+" not in name
+        self.create_time = clock.seconds()
+
+        self.length = 0
+        self.bytes = 0
+        self.memory_bytes = 0
+        self.total_items = 0
+        self.put_items = 0
+        self.put_bytes = 0
+        self.get_items_hit = 0
+        self.get_items_miss = 0
+        self.expired_items = 0
+        self.discarded = 0
+        self.transactions = 0
+        self.canceled_transactions = 0
+        self.total_flushes = 0
+        self.journal_rewrites = 0
+        self.journal_rotations = 0
+
+    # ----- configuration and derived stats
+
+    @property
+    def config(self) -> QueueConfig:
+        """The queue's settings; assigning a new one takes effect at once."""
+        return self._config
+
+    @config.setter
+    def config(self, config: QueueConfig) -> None:
+        self._config = config
+        self._schedule_txn_timer(reschedule=True)
+
+    @property
+    def memory_length(self) -> int:
+        """How many items are held in memory (the rest are read-behind on disk)."""
+        return len(self._items)
+
+    @property
+    def waiter_count(self) -> int:
+        """How many blocked reads wait on this queue."""
+        return len(self._waiters)
+
+    @property
+    def open_transaction_count(self) -> int:
+        """How many reads are open (removed tentatively, not yet confirmed or aborted)."""
+        return len(self._open)
+
+    @property
+    def age(self) -> int:
+        """Milliseconds the last fetched item waited in the queue; 0 when the queue is empty."""
+        return self._last_wait_ms if self.length else 0
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether L{close} ran: the queue refuses adds and returns no items."""
+        return self._closed
+
+    @property
+    def in_read_behind(self) -> bool:
+        """Whether some of the queue's items are only on disk."""
+        return bool(self.journal.in_read_behind)
+
+    @property
+    def xid_counter(self) -> int:
+        """The last xid handed out (or replayed)."""
+        return self._xid_counter
+
+    def open_items(self) -> list[QItem]:
+        """Return the open reads' items, most recently opened xid first (descending xid)."""
+        return [self._open[x] for x in sorted(self._open, reverse=True)]
+
+    def dump_stats(self) -> list[tuple[str, str]]:
+        """Return the per-queue stats in the order of Kestrel's C{STATS} (without C{children})."""
+        return [
+            ("items", str(self.length)),
+            ("bytes", str(self.bytes)),
+            ("total_items", str(self.total_items)),
+            ("logsize", str(self.journal.size)),
+            ("expired_items", str(self.expired_items)),
+            ("mem_items", str(len(self._items))),
+            ("mem_bytes", str(self.memory_bytes)),
+            ("age", str(self.age)),
+            ("discarded", str(self.discarded)),
+            ("waiters", str(len(self._waiters))),
+            ("open_transactions", str(len(self._open))),
+            ("transactions", str(self.transactions)),
+            ("canceled_transactions", str(self.canceled_transactions)),
+            ("total_flushes", str(self.total_flushes)),
+            ("journal_rewrites", str(self.journal_rewrites)),
+            ("journal_rotations", str(self.journal_rotations)),
+        ]
+
+    def is_ready_for_expiration(self) -> bool:
+        """Whether C{max_queue_age} says the sweep may delete this queue (empty and old enough)."""
+        max_queue_age = self._config.max_queue_age
+        return (max_queue_age is not None and not self._items
+                and self._clock.seconds() > self.create_time + max_queue_age)
+
+    def _now_ms(self) -> int:
+        return int(self._clock.seconds() * 1000)
+
+    # ----- setup / replay
+
+    def setup(self) -> None:
+        """
+        Load the queue from its journal.
+
+        Every record is applied in order; afterwards every read still open is
+        aborted (UNREMOVE journaled, descending xid) so that the open items
+        stand at the head in ascending-xid order. With C{keep_journal: false}
+        the journal is erased instead.
+        """
+        self.length = 0
+        self.bytes = 0
+        if not self._config.keep_journal:
+            self.journal.erase()
+            return
+        self._log.info("Replaying transaction journal for {queue}", queue=self.name)
+        self._xid_counter = 0
+        self._notify_remove = getattr(self.journal, "notify_remove_during_replay", _nothing)
+        self._replaying = True
+        try:
+            self.journal.replay(self._apply)
+        finally:
+            self._replaying = False
+        for xid in sorted(self._open, reverse=True):
+            self._journal_write(self.journal.unremove, xid)
+            self._return_to_head(xid)
+        self._log.info(
+            "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
+            queue=self.name, items=self.length, bytes=self.bytes, xid=self._xid_counter)
+
+    def _apply(self, record: rec.Record) -> None:
+        """Apply one replayed journal record to the in-memory state."""
+        cls = type(record)
+        if cls is rec.Add or cls is rec.AddXid:
+            self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
+        elif cls is rec.Remove:
+            self._pop_head()
+            self._notify_remove()
+        elif cls is rec.RemoveTentativeXid:
+            self._replay_open(record.xid)
+            self._xid_counter = record.xid
+        elif cls is rec.ConfirmRemove:
+            self._open.pop(record.xid, None)
+            self._notify_remove()
+        elif cls is rec.Unremove:
+            self._return_to_head(record.xid)
+        elif cls is rec.SaveXid:
+            self._xid_counter = record.xid
+        elif cls is rec.Continue:
+            self._open.pop(record.xid, None)
+            self._notify_remove()
+            self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
+        elif cls is rec.LegacyAdd:
+            expiry = record.expiry_s * 1000 if record.expiry_s else 0
+            self._replay_add(QItem(record.data, self._now_ms(), expiry))
+        elif cls is rec.RemoveTentative:
+            # Kestrel 1.x numbered xid-less opens implicitly with the counter.
+            self._replay_open(self._next_xid())
+        else:  # pragma: no cover - the codec yields nothing else
+            self._log.error("Unexpected journal record {record!r} in {queue}",
+                            record=record, queue=self.name)
+
+    def _replay_add(self, item: QItem) -> None:
+        self._store(item)
+        if not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size:
+            self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
+                           queue=self.name, bytes=self.bytes)
+            self.journal.start_read_behind()
+
+    def _replay_open(self, xid: int) -> None:
+        item = self._pop_head()
+        if item is None:
+            self._log.warn("Journal of {queue} opens xid {xid} on an empty queue; ignored",
+                           queue=self.name, xid=xid)
+            return
+        item.xid = xid
+        self._open[xid] = item
+
+    # ----- adding
+
+    def add(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
+            add_time_ms: int | None = None) -> Deferred[bool]:
+        """
+        Append an item; the Deferred fires C{True} if it was stored, C{False} if refused.
+
+        Refused: the queue is closed, the item is larger than
+        C{max_item_size}, or the queue is full (C{max_items}/C{max_size},
+        counted after the expired head items are discarded) and
+        C{discard_old_when_full} is off. A C{fanout_only} master reports
+        success and stores nothing. With C{xid}, open read C{xid} is
+        confirmed in the same journal record (CONTINUE).
+
+        The Deferred fires at once, except with C{durable_acks}, where it
+        fires after the fsync covering the journal write (and fails if that
+        fsync fails). A journal write that fails at once stores nothing and
+        fails the Deferred.
+
+        @param expiry_ms: absolute epoch ms, 0 for never; capped by C{max_age}.
+        @param add_time_ms: the item's add time (default: now).
+        """
+        cfg = self._config
+        size = len(data)
+        if self._closed or (cfg.max_item_size is not None and size > cfg.max_item_size):
+            return succeed(False)
+        if cfg.fanout_only and self.is_fanout_master:
+            return succeed(True)
+        if self._items:
+            self._sweep(None)
+        max_items = cfg.max_items
+        max_size = cfg.max_size
+        while ((max_items is not None and self.length >= max_items)
+               or (max_size is not None and self.bytes >= max_size)):
+            if not cfg.discard_old_when_full or not self._items:
+                return succeed(False)
+            self._pop_head()
+            self.discarded += 1
+            self._journal_write(self.journal.remove)
+            self._fill_read_behind()
+            self._sweep(None)
+        now_ms = self._now_ms()
+        if cfg.max_age is not None:
+            cap = now_ms + int(cfg.max_age * 1000)
+            if not expiry_ms or cap < expiry_ms:
+                expiry_ms = cap
+        item = QItem(data, now_ms if add_time_ms is None else add_time_ms, expiry_ms)
+        journal = self.journal
+        if cfg.keep_journal:
+            self._check_rotate_journal()
+            if not journal.in_read_behind and self.bytes >= cfg.max_memory_size:
+                self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
+                               queue=self.name, bytes=self.bytes)
+                journal.start_read_behind()
+        try:
+            d = journal.add(item) if xid is None else journal.continue_(xid, item)
+        except Exception:
+            self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
+            return fail()
+        if d.called and isinstance(d.result, Failure):
+            failure = d.result
+            d.addErrback(lambda _: None)
+            self._log.failure("Journal write failed for {queue}; item refused",
+                              failure=failure, queue=self.name)
+            return fail(failure)
+        if xid is not None and self._open.pop(xid, None) is not None:
+            self._open_since.pop(xid, None)
+        self._store(item)
+        self._waiters.trigger()
+        if cfg.durable_acks:
+            acked: Deferred[bool] = Deferred()
+            d.addCallbacks(lambda _: acked.callback(True), acked.errback)
+            return acked
+        if not d.called:
+            d.addErrback(self._write_failed)
+        return succeed(True)
+
+    def _store(self, item: QItem) -> None:
+        size = len(item.data)
+        if not self.journal.in_read_behind:
+            self._items.append(item)
+            self.memory_bytes += size
+        self.total_items += 1
+        self.put_items += 1
+        self.put_bytes += size
+        self.bytes += size
+        self.length += 1
+
+    # ----- reading
+
+    def peek(self) -> QItem | None:
+        """Return the head item without removing it (expired items are discarded first)."""
+        if self._closed or not self.length:
+            return None
+        self._sweep(None)
+        return self._items[0] if self._items else None
+
+    def remove(self, transaction: bool = False) -> QItem | None:
+        """
+        Remove and return the head item, or C{None} when there is none.
+
+        Expired head items are discarded first, so the item returned is
+        live. With C{transaction}, the item is opened under a fresh xid
+        (C{item.xid}) and stays owed to the queue until L{confirm_remove} or
+        L{unremove}. Open reads older than C{open_transaction_timeout} are
+        aborted before the item is chosen.
+        """
+        if self._closed or not self.length:
+            return None
+        if transaction:
+            self.transactions += 1
+        if self._open_since and self._config.open_transaction_timeout is not None:
+            self._time_out_open_reads()
+        self._sweep(None)
+        item = self._pop_head()
+        if item is None:
+            return None
+        self._last_wait_ms = max(0, self._now_ms() - item.add_time_ms)
+        journal = self.journal
+        if transaction:
+            xid = self._next_xid()
+            item.xid = xid
+            self._open[xid] = item
+            self._open_since[xid] = self._clock.seconds()
+            if self._txn_timer is None and self._config.open_transaction_timeout is not None:
+                self._schedule_txn_timer()
+            self._journal_write(journal.remove_tentative, xid)
+        else:
+            self._journal_write(journal.remove)
+        if self._config.keep_journal:
+            if journal.in_read_behind:
+                self._fill_read_behind()
+            self._check_rotate_journal()
+        return item
+
+    def _pop_head(self) -> QItem | None:
+        items = self._items
+        if not items:
+            return None
+        item = items.popleft()
+        size = len(item.data)
+        self.bytes -= size
+        self.memory_bytes -= size
+        self.length -= 1
+        if self._replaying:
+            self._fill_read_behind()
+        return item
+
+    def _next_xid(self) -> int:
+        xid = self._xid_counter
+        while True:
+            xid = xid + 1 if xid < MAX_XID else 1
+            if xid not in self._open:
+                self._xid_counter = xid
+                return xid
+
+    def wait_remove(self, deadline: float | None,
+                    transaction: bool = False) -> Deferred[QItem | None]:
+        """
+        Remove the head item, waiting for one until C{deadline} if the queue is empty.
+
+        @param deadline: absolute clock seconds, or C{None} not to wait.
+        @return: a Deferred firing with the item, or C{None} at the deadline
+            (or when the queue closes or evicts its waiters). Waiters are
+            served first come, first served, one item each. Cancelling the
+            Deferred leaves the line; no item is taken for it.
+        """
+        return self._wait(lambda: self.remove(transaction), deadline, False)
+
+    def wait_peek(self, deadline: float | None) -> Deferred[QItem | None]:
+        """
+        Peek at the head item, waiting for one until C{deadline} if the queue is empty.
+
+        A woken peeker leaves the item in place and passes the wake-up on, so
+        a reader behind it is woken for the same item.
+        """
+        return self._wait(self.peek, deadline, True)
+
+    def _wait(self, op: Callable[[], QItem | None], deadline: float | None,
+              passes_wake: bool) -> Deferred[QItem | None]:
+        item = op()
+        if (item is not None or deadline is None or self._closed
+                or deadline <= self._clock.seconds()):
+            if item is None:
+                self.get_items_miss += 1
+            else:
+                self.get_items_hit += 1
+            return succeed(item)
+        return _PendingRead(self, op, deadline, passes_wake).result
+
+    def evict_waiters(self) -> None:
+        """Answer every blocked read with "no item" now."""
+        self._waiters.evict_all()
+
+    # ----- open reads
+
+    def unremove(self, xid: int) -> None:
+        """
+        Abort open read C{xid}: its item goes back to the head and one waiter is woken.
+
+        An unknown xid is logged and ignored.
+        """
+        if self._closed:
+            return
+        if xid in self._open:
+            self._return_to_head(xid)
+            self._open_since.pop(xid, None)
+            self._journal_write(self.journal.unremove, xid)
+            self.canceled_transactions += 1
+        else:
+            self._log.warn("{queue}: abort of xid {xid}, which is not open",
+                           queue=self.name, xid=xid)
+        self._waiters.trigger()
+
+    def _return_to_head(self, xid: int) -> None:
+        item = self._open.pop(xid, None)
+        if item is None:
+            return
+        size = len(item.data)
+        self._items.appendleft(item)
+        self.memory_bytes += size
+        self.bytes += size
+        self.length += 1
+
+    def confirm_remove(self, xid: int) -> None:
+        """Confirm open read C{xid}: its item is gone for good. An unknown xid is logged."""
+        if self._closed:
+            return
+        if self._open.pop(xid, None) is not None:
+            self._open_since.pop(xid, None)
+            self._journal_write(self.journal.confirm_remove, xid)
+        else:
+            self._log.warn("{queue}: confirm of xid {xid}, which is not open",
+                           queue=self.name, xid=xid)
+
+    def _time_out_open_reads(self) -> None:
+        """Abort every open read older than the timeout; the oldest ends up at the head."""
+        timeout = self._config.open_transaction_timeout
+        if timeout is None:
+            return
+        limit = self._clock.seconds() - timeout
+        stale = []
+        for xid, since in self._open_since.items():
+            if since > limit:
+                break
+            stale.append(xid)
+        for xid in reversed(stale):
+            self._log.info("{queue}: open read {xid} timed out; returned to the head",
+                           queue=self.name, xid=xid)
+            self.unremove(xid)
+
+    def _schedule_txn_timer(self, reschedule: bool = False) -> None:
+        if self._txn_timer is not None:
+            if not reschedule:
+                return
+            if self._txn_timer.active():
+                self._txn_timer.cancel()
+            self._txn_timer = None
+        timeout = self._config.open_transaction_timeout
+        if timeout is None or not self._open_since or self._closed:
+            return
+        oldest = next(iter(self._open_since.values()))
+        delay = oldest + timeout - self._clock.seconds()
+        self._txn_timer = self._clock.callLater(max(0.0, delay), self._txn_timer_fired)
+
+    def _txn_timer_fired(self) -> None:
+        self._txn_timer = None
+        if self._closed:
+            return
+        self._time_out_open_reads()
+        self._schedule_txn_timer()
+
+    # ----- expiry
+
+    def discard_expired(self, limit: int | None = None) -> int:
+        """
+        Discard expired items from the head; return how many.
+
+        At most C{limit} items (default C{max_expire_sweep}; C{None} there
+        means no limit). An item is expired when its expiry, capped by the
+        I{current} C{max_age} from its add time, is strictly before now.
+        Each expired item is journaled as a REMOVE, counted in
+        C{expired_items} and handed to C{expire_to}.
+        """
+        if limit is None:
+            limit = self._config.max_expire_sweep
+        return self._sweep(limit)
+
+    def _sweep(self, limit: int | None) -> int:
+        items = self._items
+        if self._replaying or not items:
+            return 0
+        max_age = self._config.max_age
+        head = items[0]
+        if not head.expiry_ms and max_age is None:
+            return 0
+        now_ms = self._now_ms()
+        max_age_ms = None if max_age is None else int(max_age * 1000)
+        expired: list[QItem] = []
+        keep_journal = self._config.keep_journal
+        while items and (limit is None or len(expired) < limit):
+            head = items[0]
+            expiry = head.expiry_ms
+            if max_age_ms is not None:
+                cap = head.add_time_ms + max_age_ms
+                if not expiry or cap < expiry:
+                    expiry = cap
+            if not expiry or expiry >= now_ms:
+                break
+            self._pop_head()
+            self.expired_items += 1
+            self._journal_write(self.journal.remove)
+            expired.append(head)
+            if not items and keep_journal:
+                self._fill_read_behind()
+        if not expired:
+            return 0
+        if keep_journal:
+            self._fill_read_behind()
+        expire_to = self.expire_to
+        if expire_to is not None:
+            for item in expired:
+                try:
+                    expire_to(item)
+                except Exception:
+                    self._log.failure("expire_to failed for {queue}", queue=self.name)
+        return len(expired)
+
+    # ----- whole-queue operations
+
+    def flush(self) -> None:
+        """Remove every item (also those read-behind on disk); open reads are untouched."""
+        while self.remove(False) is not None:
+            pass
+        self.total_flushes += 1
+
+    def close(self, graceful: bool = False) -> Deferred[None]:
+        """
+        Close the queue: refuse further work, answer every waiter, close the journal.
+
+        With C{graceful}, an empty queue's journal is first rewritten (only
+        open reads remain in it). The Deferred fires when the journal is closed.
+        """
+        if self._closed:
+            return succeed(None)
+        if graceful and self.length == 0 and self._config.keep_journal:
+            self._log.info("Rewriting journal of {queue} at graceful shutdown", queue=self.name)
+            self._rewrite_journal()
+        self._closed = True
+        for timer in (self._rewrite_timer, self._txn_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._rewrite_timer = self._txn_timer = None
+        self._waiters.trigger_all()
+        return self.journal.close()
+
+    def destroy_journal(self) -> None:
+        """Erase (or archive) every journal file of this queue."""
+        self.journal.erase()
+
+    # ----- journal maintenance
+
+    def _journal_write(self, write: Callable[..., Deferred[None]], *args: object) -> None:
+        """Write a record whose durability nobody waits for; log any failure."""
+        try:
+            d = write(*args)
+        except Exception:
+            self._log.failure("Journal write failed for {queue}", queue=self.name)
+            return
+        d.addErrback(self._write_failed)
+
+    def _write_failed(self, failure: Failure) -> None:
+        if failure.check(CancelledError) is None:
+            self._log.failure("Journal write failed for {queue}", failure=failure,
+                              queue=self.name)
+
+    def _fill_read_behind(self) -> None:
+        journal = self.journal
+        limit = self._config.max_memory_size
+        while journal.in_read_behind and self.memory_bytes < limit:
+            journal.fill_read_behind(self._got_item, self._got_checkpoint)
+            if not journal.in_read_behind:
+                self._log.info("Coming out of read-behind for {queue}", queue=self.name)
+
+    def _got_item(self, item: QItem) -> None:
+        self._items.append(item)
+        self.memory_bytes += len(item.data)
+
+    def _got_checkpoint(self, checkpoint: object) -> None:
+        self._log.info("Packing journal of {queue} from checkpoint", queue=self.name)
+        self.journal.start_pack(checkpoint, list(self._open.values()), list(self._items),
+                                xid_counter=self._xid_counter)
+
+    def _rewrite_journal(self) -> None:
+        if len(self._items) != self.length:
+            # Some items are only on disk (read-behind): a rewrite from memory would lose them.
+            self._log.warn("Not rewriting journal of {queue}: {missing} items are not in memory",
+                           queue=self.name, missing=self.length - len(self._items))
+            return
+        self.journal.rewrite(self.open_items(), list(self._items),
+                             xid_counter=self._xid_counter)
+        self.journal_rewrites += 1
+
+    def _rotate_journal(self, set_checkpoint: bool) -> None:
+        self.journal.rotate(self.open_items(), set_checkpoint)
+        self.journal_rotations += 1
+
+    def _disallow_rewrites_for_delay(self) -> None:
+        delay = self._config.min_journal_compact_delay
+        if delay is None:
+            return
+        self._allow_rewrites = False
+        if self._rewrite_timer is not None and self._rewrite_timer.active():
+            self._rewrite_timer.cancel()
+        self._rewrite_timer = self._clock.callLater(delay, self._allow_rewrites_again)
+
+    def _allow_rewrites_again(self) -> None:
+        self._rewrite_timer = None
+        self._allow_rewrites = True
+
+    def _check_rotate_journal(self) -> None:
+        """Rewrite or rotate the journal when it has grown (Kestrel's checkRotateJournal)."""
+        cfg = self._config
+        journal = self.journal
+        size = journal.size
+        if (size < cfg.default_journal_size and size <= cfg.max_memory_size
+                and size + journal.archived_size <= cfg.max_journal_size):
+            return
+        if not cfg.disable_aggressive_rewrites:
+            if size >= cfg.default_journal_size and self.length == 0:
+                self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
+                self._rewrite_journal()
+            elif (self._allow_rewrites
+                  and size + journal.archived_size > cfg.max_journal_size
+                  and self.bytes < cfg.max_memory_size):
+                self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
+                               queue=self.name, bytes=self.bytes)
+                self._rewrite_journal()
+                self._disallow_rewrites_for_delay()
+            elif size > cfg.max_memory_size:
+                self._log.info("Rotating journal of {queue}", queue=self.name)
+                self._rotate_journal(size + journal.archived_size > cfg.max_journal_size)
+            return
+        if self._allow_rewrites and size >= cfg.default_journal_size and self.length == 0:
+            self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
+            self._rewrite_journal()
+            if journal.size >= cfg.default_journal_size // 2:
+                self._disallow_rewrites_for_delay()
+        elif (self._allow_rewrites
+              and size + journal.archived_size > cfg.max_journal_size
+              and self.bytes < cfg.max_memory_size):
+            self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
+                           queue=self.name, bytes=self.bytes)
+            self._rewrite_journal()
+            self._disallow_rewrites_for_delay()
+        elif size > cfg.max_memory_size:
+            if self.length == 0:
+                self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
+                self._rewrite_journal()
+            if journal.size > cfg.max_memory_size:
+                self._log.info("Rotating journal of {queue}", queue=self.name)
+                self._rotate_journal(
+                    journal.size + journal.archived_size > cfg.max_journal_size)
+
+
+class _PendingRead:
+    """
+    One blocked read: retries C{op} each time it is woken, until the deadline.
+
+    The result Deferred fires once, with the item or C{None}. Cancelling it
+    leaves the line. A woken read whose result already fired passes the
+    wake-up on; a woken peek that saw an item passes it on too, as the item
+    is still there for the next reader.
+    """
+
+    __slots__ = ("_queue", "_op", "_deadline", "_passes_wake", "_inner", "result")
+
+    def __init__(self, queue: PersistentQueue, op: Callable[[], QItem | None],
+                 deadline: float, passes_wake: bool) -> None:
+        self._queue = queue
+        self._op = op
+        self._deadline = deadline
+        self._passes_wake = passes_wake
+        self._inner: Deferred[bool] | None = None
+        self.result: Deferred[QItem | None] = Deferred(self._cancel)
+        self._join(front=False)
+
+    def _join(self, front: bool) -> None:
+        inner = self._queue._waiters.wait(self._deadline, front)
+        self._inner = inner
+        inner.addCallbacks(self._woken, _ignore_cancel)
+
+    def _cancel(self, _: Deferred[QItem | None]) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.cancel()
+
+    def _woken(self, woken: bool) -> None:
+        self._inner = None
+        queue = self._queue
+        if self.result.called:
+            if woken:
+                queue._waiters.trigger()
+            return
+        if not woken:
+            self._finish(None)
+            return
+        item = self._op()
+        if item is None and not queue.is_closed and self._deadline > queue._clock.seconds():
+            self._join(front=True)
+            return
+        self._finish(item)
+        if item is not None and self._passes_wake:
+            queue._waiters.trigger()
+
+    def _finish(self, item: QItem | None) -> None:
+        if item is None:
+            self._queue.get_items_miss += 1
+        else:
+            self._queue.get_items_hit += 1
+        self.result.callback(item)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _ignore_cancel(failure: Failure) -> None:
+    failure.trap(CancelledError)

@@ -1,0 +1,148 @@
+"""
+KestrelServer: the protocol-independent context every protocol factory gets.
+
+It holds the config, the clock, the queue collection, the server status,
+the global stats and the version, counts sessions (for the connection
+limits), owns thrift's process-wide table of open reads, and offers the
+server-wide commands (C{reload}, C{shutdown}). It knows nothing of sockets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from kestrel import __version__
+from kestrel.collection import QueueCollection, RunInThread
+from kestrel.config import ServerConfig, load_config
+from kestrel.errors import ConfigError
+from kestrel.session import ClientSession, ExternalReads
+from kestrel.stats import ServerStats
+from kestrel.status import ServerStatus
+
+
+class KestrelServer:
+    """
+    The shared state of one server, handed to every protocol factory.
+
+    Server-level settings (C{max_open_transactions}, connection limits) are
+    read once at construction: as in Kestrel, a reload changes only the
+    queues, the defaults and the aliases.
+
+    @ivar config: the config in force; a successful L{reload} replaces its
+        C{default}, C{queues} and C{aliases} only.
+    @ivar shutdown_callback: set by the service layer; L{request_shutdown} calls it.
+    """
+
+    _log = Logger()
+
+    def __init__(self, config: ServerConfig, clock: IReactorTime,
+                 collection: QueueCollection, status: ServerStatus, *,
+                 config_path: str | os.PathLike[str] | None = None,
+                 version: str = __version__) -> None:
+        self.config = config
+        self.clock = clock
+        self.collection = collection
+        self.status = status
+        self.stats: ServerStats = collection.stats
+        self.version = version
+        self.config_path = config_path
+        self.max_open_transactions: int = config.max_open_transactions
+        self.connection_limit_refuse_writes: int | None = config.connection_limit_refuse_writes
+        self.connection_limit_refuse_reads: int | None = config.connection_limit_refuse_reads
+        self.external_reads = ExternalReads(collection, clock)
+        self.shutdown_callback: Callable[[], object] | None = None
+        self._next_session_id = 0
+        if collection.status is None:
+            collection.status = status
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, clock: IReactorTime, *,
+                    config_path: str | os.PathLike[str] | None = None,
+                    run_in_thread: RunInThread | None = None,
+                    version: str = __version__) -> KestrelServer:
+        """
+        Build the collection and the status of C{config}, and the server over them.
+
+        The collection is not started: the service layer starts it (replay).
+        """
+        status = ServerStatus(clock, config.status_file, config.default_status,
+                              config.status_change_grace_period or 0.0)
+        collection = QueueCollection(config, clock, run_in_thread=run_in_thread,
+                                     status=status)
+        return cls(config, clock, collection, status, config_path=config_path, version=version)
+
+    # -- sessions ----------------------------------------------------------
+
+    def new_session(self, protocol: object = "memcache") -> ClientSession:
+        """
+        Open the session of a new connection.
+
+        C{protocol} names the wire protocol (a string) or is the protocol
+        instance itself; it serves only for logging.
+        """
+        name = protocol if isinstance(protocol, str) else type(protocol).__name__
+        return ClientSession(self, name)
+
+    def session_opened(self) -> tuple[int, bool, bool]:
+        """
+        Count a new session; return its id and whether it must refuse writes
+        and reads (the live session count, itself included, exceeds a limit).
+        """
+        self._next_session_id += 1
+        stats = self.stats
+        stats.curr_connections += 1
+        stats.total_connections += 1
+        count = stats.curr_connections
+        writes = self.connection_limit_refuse_writes
+        reads = self.connection_limit_refuse_reads
+        return (self._next_session_id,
+                writes is not None and count > writes,
+                reads is not None and count > reads)
+
+    def session_closed(self) -> None:
+        """Count the end of a session."""
+        self.stats.curr_connections -= 1
+
+    # -- server-wide commands ----------------------------------------------
+
+    def reload(self) -> None:
+        """
+        Reread the config file (if the server has one) and apply its
+        C{default}, C{queues} and C{aliases} to the collection; C{config}
+        then holds the new queue part and the old server-level settings.
+
+        A broken or unreadable file raises L{ConfigError} naming the problem;
+        the config in force is kept.
+        """
+        if self.config_path is None:
+            config = self.config
+        else:
+            try:
+                config = load_config(self.config_path)
+            except ConfigError as e:
+                self._log.error("Reload of {path} failed; config kept: {problems}",
+                                path=os.fspath(self.config_path), problems=str(e))
+                raise
+            except (OSError, ValueError) as e:
+                self._log.error("Reload of {path} failed; config kept: {error}",
+                                path=os.fspath(self.config_path), error=str(e))
+                raise ConfigError([f"{os.fspath(self.config_path)}: {e}"]) from e
+        # Only the queue part changes; server-level settings need a restart.
+        config = attrs.evolve(self.config, default=config.default, queues=config.queues,
+                              aliases=config.aliases)
+        self.collection.reload(config)
+        self.config = config
+        self._log.info("Config reloaded")
+
+    def request_shutdown(self) -> None:
+        """Ask the service layer to stop the server (through C{shutdown_callback})."""
+        self._log.info("Shutdown requested")
+        if self.shutdown_callback is None:
+            self._log.warn("No shutdown callback set; shutdown request ignored")
+            return
+        self.shutdown_callback()

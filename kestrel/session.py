@@ -1,0 +1,502 @@
+"""
+ClientSession: what one connection may do, whatever its wire protocol.
+
+It mirrors Kestrel's C{KestrelHandler} (plus its C{SimplePendingReads} and
+C{ThriftPendingReads} traits): open reads per queue as a FIFO of xids, the
+per-queue limit C{max_open_transactions}, the server status checks, blocking
+reads that disconnects cancel, and thrift's process-wide external ids with
+auto-abort timers (L{ExternalReads}).
+
+Protocols translate bytes into calls here and results back into bytes; this
+module knows nothing of sockets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.errors import AvailabilityError, TooManyOpenReads
+from kestrel.item import QItem
+from kestrel.status import Status
+
+if TYPE_CHECKING:
+    from kestrel.collection import QueueCollection
+    from kestrel.server import KestrelServer
+
+_NOT_FIRED = object()
+
+
+def _result_now(d: Deferred) -> object:
+    """
+    The result of C{d} if it has fired (a L{Failure} included), else L{_NOT_FIRED}.
+
+    A fired result is taken out of C{d}; an unfired C{d} is left untouched.
+    """
+    if not d.called or d.paused:
+        return _NOT_FIRED
+    box: list[object] = []
+    d.addBoth(box.append)
+    return box[0]
+
+
+class _ExternalRead:
+    """One thrift open read: its queue, its queue xid, its opener, its auto-abort timer."""
+
+    __slots__ = ("name", "xid", "session", "timer")
+
+    def __init__(self, name: str, xid: int, session: ClientSession) -> None:
+        self.name = name
+        self.xid = xid
+        self.session = session
+        self.timer: IDelayedCall | None = None
+
+
+class ExternalReads:
+    """
+    Thrift's process-wide table of open reads, keyed by external id.
+
+    Ids start at 1 and are never reused in the process; any connection may
+    confirm or abort any id (Kestrel's C{ThriftPendingReads}). An id stays
+    open after its connection ends, until confirmed, aborted, or its
+    auto-abort timer fires.
+    """
+
+    _log = Logger()
+
+    def __init__(self, collection: QueueCollection, clock: IReactorTime) -> None:
+        self._collection = collection
+        self._clock = clock
+        self._reads: dict[int, _ExternalRead] = {}
+        self._next_id = 1
+
+    def __len__(self) -> int:
+        return len(self._reads)
+
+    def __contains__(self, external_id: object) -> bool:
+        return external_id in self._reads
+
+    def open(self, name: str, xid: int, session: ClientSession) -> int:
+        """Record open read C{xid} of queue C{name}; return its new external id."""
+        external_id = self._next_id
+        self._next_id += 1
+        self._reads[external_id] = _ExternalRead(name, xid, session)
+        return external_id
+
+    def set_timer(self, external_id: int, seconds: float) -> None:
+        """Abort C{external_id} after C{seconds} unless it is closed first."""
+        read = self._reads.get(external_id)
+        if read is not None:
+            read.timer = self._clock.callLater(seconds, self._auto_abort, external_id)
+
+    def _auto_abort(self, external_id: int) -> None:
+        read = self._reads.get(external_id)
+        if read is not None:
+            read.timer = None
+            self._log.debug("Auto-abort of read {id} on {queue}", id=external_id, queue=read.name)
+            self.close(external_id, confirm=False)
+
+    def close(self, external_id: int, confirm: bool) -> bool:
+        """
+        Confirm (or abort) C{external_id} on the queue it was opened on.
+
+        Returns whether the id was open; an unknown id is ignored.
+        """
+        read = self._reads.pop(external_id, None)
+        if read is None:
+            return False
+        if read.timer is not None and read.timer.active():
+            read.timer.cancel()
+        read.session._external_closed(read.name)
+        if confirm:
+            self._collection.confirm_remove(read.name, read.xid)
+        else:
+            self._collection.unremove(read.name, read.xid)
+        return True
+
+
+class ClientSession:
+    """
+    One connection's view of the server (Kestrel's C{KestrelHandler}).
+
+    Memcache and text open reads live in a per-queue FIFO of xids: C{close}
+    and C{abort} act on the oldest, and L{finish} aborts them all. Thrift
+    open reads (L{get_items}) live in the server's L{ExternalReads} and
+    survive the connection.
+
+    A session opened while the server already had more connections than
+    C{connection_limit_refuse_writes} (or C{_reads}) refuses writes (or
+    reads) for its whole life.
+
+    Blocking reads that L{finish} cancels fail with L{CancelledError}.
+    """
+
+    _log = Logger()
+
+    def __init__(self, server: KestrelServer, protocol_name: str = "memcache") -> None:
+        self.server = server
+        self.protocol_name = protocol_name
+        self._collection = server.collection
+        self._stats = server.stats
+        self._status = server.status
+        self._max_open = server.max_open_transactions
+        self.session_id, self.refuse_writes, self.refuse_reads = server.session_opened()
+        self._open_reads: dict[str, deque[int]] = {}
+        self._external_counts: dict[str, int] = {}
+        self._waiters: set[Deferred] = set()
+        self.finished = False
+
+    # -- checks ------------------------------------------------------------
+
+    def _check_reads(self, op: str) -> None:
+        if self.refuse_reads or self._status.blocks_reads:
+            self._log.debug("Blocking {op} (session {sid})", op=op, sid=self.session_id)
+            raise AvailabilityError(op)
+
+    def _check_writes(self, op: str) -> None:
+        if self.refuse_writes or self._status.blocks_writes:
+            self._log.debug("Blocking {op} (session {sid})", op=op, sid=self.session_id)
+            raise AvailabilityError(op)
+
+    # -- open reads --------------------------------------------------------
+
+    def count_pending_reads(self, name: str) -> int:
+        """Open reads this session holds on queue C{name} (thrift ones included)."""
+        fifo = self._open_reads.get(name)
+        return (len(fifo) if fifo else 0) + self._external_counts.get(name, 0)
+
+    def open_read_xids(self, name: str) -> list[int]:
+        """The xids of this session's memcache/text open reads on C{name}, oldest first."""
+        return list(self._open_reads.get(name, ()))
+
+    def _add_open_read(self, name: str, xid: int) -> None:
+        fifo = self._open_reads.get(name)
+        if fifo is None:
+            fifo = self._open_reads[name] = deque()
+        fifo.append(xid)
+        if self.finished:
+            self._stats.finished_but_add += 1
+            self._abort_all_open_reads()
+
+    def abort_read(self, name: str) -> bool:
+        """Return the oldest open read on C{name} to the head of its queue; whether one existed."""
+        fifo = self._open_reads.get(name)
+        if not fifo:
+            self._log.debug("No open read to abort on {queue} (session {sid})",
+                            queue=name, sid=self.session_id)
+            return False
+        self._collection.unremove(name, fifo.popleft())
+        return True
+
+    def close_read(self, name: str) -> bool:
+        """Confirm the oldest open read on C{name}; whether one existed."""
+        fifo = self._open_reads.get(name)
+        if not fifo:
+            return False
+        self._collection.confirm_remove(name, fifo.popleft())
+        return True
+
+    def close_reads(self, name: str, count: int) -> bool:
+        """
+        Confirm the C{count} oldest open reads on C{name}, all or nothing.
+
+        Returns false (confirming nothing) if fewer than C{count} are open or
+        C{count} is not positive.
+        """
+        fifo = self._open_reads.get(name)
+        if count <= 0 or not fifo or len(fifo) < count:
+            return False
+        for _ in range(count):
+            self._collection.confirm_remove(name, fifo.popleft())
+        return True
+
+    def close_all_reads(self, name: str) -> int:
+        """Confirm every open read on C{name}; return how many."""
+        fifo = self._open_reads.pop(name, None)
+        if not fifo:
+            return 0
+        for xid in fifo:
+            self._collection.confirm_remove(name, xid)
+        return len(fifo)
+
+    def _abort_all_open_reads(self) -> int:
+        """
+        Abort every memcache/text open read; return how many.
+
+        Per queue the newest goes back first, so that the one opened first
+        ends at the head and is delivered first (decisions.md).
+        """
+        reads, self._open_reads = self._open_reads, {}
+        count = 0
+        for name, fifo in reads.items():
+            count += len(fifo)
+            while fifo:
+                self._collection.unremove(name, fifo.pop())
+        self._stats.cmd_get_open_dropped += count
+        return count
+
+    # -- waiters -----------------------------------------------------------
+
+    def _add_waiter(self, d: Deferred) -> None:
+        self._waiters.add(d)
+        if self.finished:
+            self._abort_waiters()
+
+    def _abort_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, set()
+        for d in waiters:
+            self._stats.cmd_get_timeout_dropped += 1
+            self._stats.waiters_aborted += 1
+            d.cancel()
+
+    # -- reads -------------------------------------------------------------
+
+    def get_item(self, name: str, deadline: float | None, opening: bool,
+                 peeking: bool) -> Deferred[QItem | None]:
+        """
+        Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}.
+
+        With C{opening} the item becomes an open read of this session. Raises
+        L{AvailabilityError} when reads are blocked and L{TooManyOpenReads}
+        when this session already holds C{max_open_transactions} open reads on
+        the queue. Counts C{cmd_get} or C{cmd_peek}.
+        """
+        self._check_reads("getItem")
+        if opening and self.count_pending_reads(name) >= self._max_open:
+            self._log.warn("Too many open reads on {queue} (session {sid})",
+                           queue=name, sid=self.session_id)
+            raise TooManyOpenReads(name)
+        if peeking:
+            self._stats.cmd_peek += 1
+        else:
+            self._stats.cmd_get += 1
+        d = self._collection.remove(name, deadline, opening, peeking)
+        if not d.called:
+            self._add_waiter(d)
+            d.addBoth(self._forget_waiter, d)
+        if opening:
+            d.addCallback(self._got_open_item, name)
+        return d
+
+    def _got_open_item(self, item: QItem | None, name: str) -> QItem | None:
+        if item is not None:
+            self._add_open_read(name, item.xid)
+        return item
+
+    def _forget_waiter(self, result: object, d: Deferred) -> object:
+        self._waiters.discard(d)
+        return result
+
+    def monitor_until(self, name: str, deadline: float | None, max_items: int, opening: bool,
+                      got_item: Callable[[QItem], None]) -> Deferred[None]:
+        """
+        Hand items of C{name} to C{got_item} until C{max_items} were given, the
+        deadline passes, the queue stays empty, or this session holds
+        C{max_open_transactions} open reads on it; then fire.
+
+        With C{opening} every item is an open read. Raises L{AvailabilityError}
+        if reads are blocked now; if they become blocked mid-stream the stream
+        just ends. Cancelled by L{finish}, it fires with C{None} too; it fails
+        if the queue fails or C{got_item} raises (the item stays an open read).
+        """
+        self._check_reads("monitorUntil")
+        self._stats.cmd_monitor += 1
+        record = self._add_open_read if opening else None
+        return self._monitor(name, deadline, max_items, opening,
+                             lambda item, _external: got_item(item), record)
+
+    def _monitor(self, name: str, deadline: float | None, max_items: int, opening: bool,
+                 got_item: Callable[[QItem, int], None],
+                 record: Callable[[str, int], int | None] | None) -> Deferred[None]:
+        done: Deferred[None] = Deferred()
+        clock = self.server.clock
+
+        def step(remaining: int) -> None:
+            while True:
+                if (self._status.blocks_reads or remaining == 0
+                        or (deadline is not None and deadline <= clock.seconds())
+                        or self.count_pending_reads(name) >= self._max_open):
+                    done.callback(None)
+                    return
+                self._stats.cmd_monitor_get += 1
+                d = self._collection.remove(name, deadline, opening, False)
+                result = _result_now(d)
+                if result is _NOT_FIRED:
+                    self._add_waiter(d)
+                    d.addBoth(resume, d, remaining)
+                    return
+                if not handle(result):
+                    return
+                remaining -= 1
+
+        def handle(result: object) -> bool:
+            if isinstance(result, Failure):
+                if result.check(CancelledError):
+                    done.callback(None)
+                else:
+                    self._log.failure("Monitor on {queue} failed", result, queue=name)
+                    done.errback(result)
+                return False
+            if result is None:
+                done.callback(None)
+                return False
+            item: QItem = result  # type: ignore[assignment]
+            external = record(name, item.xid) if record is not None else None
+            try:
+                got_item(item, external or 0)
+            except Exception:
+                failure = Failure()
+                self._log.failure("Monitor consumer on {queue} failed", failure, queue=name)
+                done.errback(failure)
+                return False
+            return True
+
+        def resume(result: object, d: Deferred, remaining: int) -> None:
+            self._waiters.discard(d)
+            if handle(result):
+                step(remaining - 1)
+
+        step(max_items)
+        return done
+
+    def get_items(self, name: str, max_items: int, deadline: float | None,
+                  auto_abort_ms: int) -> Deferred[list[tuple[int, QItem]]]:
+        """
+        Thrift C{get}: collect up to C{max_items} items of C{name}, waiting
+        until C{deadline} for more; fire with C{(external_id, item)} pairs.
+
+        With C{auto_abort_ms > 0} every item is an open read with a new
+        process-wide external id, aborted after C{auto_abort_ms} unless
+        confirmed or aborted first (from any connection); otherwise items are
+        removed for good and their id is 0. C{max_items == 0} gives [].
+        """
+        self._check_reads("monitorUntil")
+        if max_items == 0:
+            return succeed([])
+        self._stats.cmd_monitor += 1
+        opening = auto_abort_ms > 0
+        items: list[tuple[int, QItem]] = []
+        d = self._monitor(name, deadline, max_items, opening,
+                          lambda item, external: items.append((external, item)),
+                          self._add_external_read if opening else None)
+
+        def finished(_: object) -> list[tuple[int, QItem]]:
+            if opening:
+                table = self.server.external_reads
+                for external, _item in items:
+                    table.set_timer(external, auto_abort_ms / 1000.0)
+            return items
+        return d.addCallback(finished)
+
+    def _add_external_read(self, name: str, xid: int) -> int:
+        self._external_counts[name] = self._external_counts.get(name, 0) + 1
+        return self.server.external_reads.open(name, xid, self)
+
+    def _external_closed(self, name: str) -> None:
+        count = self._external_counts.get(name, 0)
+        if count > 1:
+            self._external_counts[name] = count - 1
+        else:
+            self._external_counts.pop(name, None)
+
+    def confirm_ids(self, name: str, ids: Iterable[int]) -> int:
+        """
+        Thrift C{confirm}: confirm every open external id of C{ids}; return how many.
+
+        Each id is confirmed on the queue it was opened on, whoever opened it;
+        C{name} is not used to find it. Unknown ids are ignored.
+        """
+        table = self.server.external_reads
+        return sum(1 for external_id in set(ids) if table.close(external_id, confirm=True))
+
+    def abort_ids(self, name: str, ids: Iterable[int]) -> int:
+        """
+        Thrift C{abort}: like L{confirm_ids}, but the items go back to their queue's head.
+
+        Higher ids go back first, so that of the items aborted together the one
+        handed out first is delivered first again.
+        """
+        table = self.server.external_reads
+        return sum(1 for external_id in sorted(set(ids), reverse=True)
+                   if table.close(external_id, confirm=False))
+
+    # -- writes ------------------------------------------------------------
+
+    def set_item(self, name: str, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
+        """
+        Add C{data} to C{name} (absolute expiry in epoch ms, 0: never); fire with
+        whether it was stored. Raises L{AvailabilityError} when writes are blocked.
+        """
+        if self.refuse_writes or self._status.blocks_writes:
+            raise AvailabilityError("setItem")
+        self._stats.cmd_set += 1
+        return self._collection.add(name, data, expiry_ms)
+
+    def flush(self, name: str) -> None:
+        """Empty queue C{name} (writes must be allowed)."""
+        self._check_writes("flush")
+        self._collection.flush(name)
+
+    def delete(self, name: str) -> None:
+        """Delete queue C{name} and its journal (writes must be allowed)."""
+        self._check_writes("delete")
+        self._collection.delete(name)
+
+    def flush_expired(self, name: str) -> int:
+        """Discard expired items of C{name}; return how many (writes must be allowed)."""
+        self._check_writes("flushExpired")
+        return self._collection.flush_expired(name)
+
+    def flush_all(self) -> None:
+        """Empty every queue (writes must be allowed)."""
+        self._check_writes("flushAll")
+        self._collection.flush_all()
+
+    def flush_all_expired(self) -> int:
+        """
+        Discard expired items of every queue; return how many.
+
+        Unlike Kestrel, writes must be allowed (decisions.md).
+        """
+        self._check_writes("flushAllExpired")
+        return self._collection.flush_all_expired()
+
+    # -- status ------------------------------------------------------------
+
+    def current_status(self) -> Status:
+        """The reported server status; its C{str} is Kestrel's name (C{Up}, C{ReadOnly}, ...)."""
+        return self._status.status
+
+    def set_status(self, name: str) -> None:
+        """
+        Ask for status C{name}; raises L{kestrel.errors.UnknownStatus} or
+        L{kestrel.errors.ForbiddenStatus} as the status object decides.
+        """
+        self._status.set_status(name)
+
+    # -- end ---------------------------------------------------------------
+
+    def finish(self) -> None:
+        """
+        End the session (the connection is gone); safe to call twice.
+
+        Every memcache/text open read is aborted (C{cmd_get_open_dropped});
+        every pending wait is cancelled (C{waiters_aborted},
+        C{cmd_get_timeout_dropped}); thrift open reads stay open.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        # Waits first: an aborted read would otherwise wake this session's own waiter.
+        self._abort_waiters()
+        aborted = self._abort_all_open_reads()
+        self._external_counts.clear()
+        self.server.session_closed()
+        self._log.debug("End of {protocol} session {sid} ({aborted} open reads aborted)",
+                        protocol=self.protocol_name, sid=self.session_id, aborted=aborted)

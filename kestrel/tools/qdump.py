@@ -1,0 +1,217 @@
+"""
+C{kestrel-qdump}: describe the contents of Kestrel journal files, as Kestrel's C{qdump.sh}.
+
+Output on stdout matches Kestrel 2.4's C{QDumper} byte for byte; the
+"Reading journal" progress of C{-q} goes to stderr instead, so that stdout
+stays clean when redirected. Item data is printed as raw bytes (Kestrel
+printed it as ISO-8859-1, which is the same bytes). See C{docs/tools.md}.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import BinaryIO
+
+from kestrel.journal import records as rec
+from kestrel.tools.journal_file import (
+    JournalReadError,
+    bytes_to_human,
+    duration_to_text,
+    iter_journal,
+)
+
+USAGE = """\
+
+usage: qdump.sh <journal-files...>
+    describe the contents of a kestrel journal file
+
+options:
+    -q      quiet: don't describe every line, just the summary
+    -d      dump contents of added items
+    -A      dump only the raw contents of added items
+    -Q      dump only the raw queue state (data for items actually in the queue)
+
+"""
+
+#: Progress is shown every time this many more bytes have been read (quiet mode).
+PROGRESS_EVERY = 1024 * 1024
+
+
+class QueueDumper:
+    """
+    Replays one journal file into an in-memory model and describes each operation.
+
+    Only the named file is read: a file that starts after a rotation may remove
+    items it never saw added; such operations are described and otherwise
+    ignored (Kestrel's tool crashed on them).
+    """
+
+    def __init__(self, out: BinaryIO, err: BinaryIO, *, quiet: bool = False,
+                 dump: bool = False, dump_raw: bool = False, dump_queue: bool = False,
+                 now_ms: int | None = None) -> None:
+        self.out = out
+        self.err = err
+        self.quiet = quiet or dump_raw or dump_queue
+        self.dump = dump
+        self.dump_raw = dump_raw
+        self.dump_queue = dump_queue
+        self.now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self.offset = 0
+        self.operations = 0
+        self.current_xid = 0
+        self.queue: deque[bytes] = deque()
+        self.open_transactions: dict[int, bytes | None] = {}
+
+    def _verbose(self, text: str) -> None:
+        if not self.quiet:
+            self.out.write(text.encode("latin-1"))
+
+    def dump_file(self, path: str) -> bool:
+        """
+        Describe the journal at C{path}; return whether it was read to its end.
+
+        Problems are reported on stderr with Kestrel's messages.
+        """
+        try:
+            stream = open(path, "rb")
+        except OSError:
+            self.err.write(f"Can't open journal file: {path}\n".encode())
+            return False
+        last_display = 0
+        shown_progress = False
+        try:
+            with stream:
+                for _offset, record, size in iter_journal(stream):
+                    self.operations += 1
+                    self._describe(record)
+                    self.offset += size
+                    if (self.quiet and not self.dump_raw
+                            and self.offset - last_display > PROGRESS_EVERY):
+                        progress = f"\rReading journal: {bytes_to_human(self.offset):<6}"
+                        self.err.write(progress.encode())
+                        self.err.flush()
+                        shown_progress = True
+                        last_display = self.offset
+        except (JournalReadError, OSError) as e:
+            self.out.flush()
+            if shown_progress:
+                self.err.write(b"\n")
+            self.err.write(f"Exception reading journal file: {path}\n".encode())
+            self.err.write(f"    {type(e).__name__}: {e}\n".encode())
+            return False
+        if shown_progress:
+            self.err.write(b"\r" + b" " * 30 + b"\r")
+        if not self.dump_raw:
+            self.out.write(b"\r" + b" " * 30 + b"\n")
+            total_items = len(self.queue) + len(self.open_transactions)
+            total_bytes = (sum(len(d) for d in self.queue)
+                           + sum(len(d) for d in self.open_transactions.values() if d))
+            self.out.write(f"Journal size: {self.offset} bytes, with {self.operations} "
+                           f"operations.\n".encode())
+            self.out.write(f"{total_items} items totalling {total_bytes} bytes.\n".encode())
+        if self.dump_queue:
+            for data in self.queue:
+                self.out.write(data + b"\n")
+        return True
+
+    def _describe_add(self, word: str, data: bytes, expiry_ms: int, xid: int) -> None:
+        if not self.quiet:
+            line = f"{word} {len(data):<6d}"
+            if xid > 0:
+                line += f" xid={xid}"
+            if expiry_ms:
+                left = expiry_ms - self.now_ms
+                line += " expired" if left < 0 else f" exp={duration_to_text(left)}"
+            self._verbose(line + "\n")
+        if self.dump:
+            self.out.write(b"    " + data + b"\n")
+        elif self.dump_raw:
+            self.out.write(data)
+
+    def _describe(self, record: rec.Record) -> None:
+        self._verbose(f"{self.offset & 0xFFFFFFFF:08x}  ")
+        if isinstance(record, rec.Add):
+            self._describe_add("ADD", record.data, record.expiry_ms, 0)
+            self.queue.append(record.data)
+        elif isinstance(record, rec.Remove):
+            self._verbose("REM\n")
+            if self.queue:
+                self.queue.popleft()
+        elif isinstance(record, rec.RemoveTentativeXid | rec.RemoveTentative):
+            xid = getattr(record, "xid", 0)
+            if xid == 0:
+                self.current_xid += 1
+                while self.current_xid in self.open_transactions or self.current_xid == 0:
+                    self.current_xid += 1
+                xid = self.current_xid
+            self.open_transactions[xid] = self.queue.popleft() if self.queue else None
+            self._verbose(f"RSV {xid}\n")
+        elif isinstance(record, rec.SaveXid):
+            self._verbose(f"XID {record.xid}\n")
+            self.current_xid = record.xid
+        elif isinstance(record, rec.Unremove):
+            data = self.open_transactions.pop(record.xid, None)
+            if data is not None:
+                self.queue.appendleft(data)
+            self._verbose(f"CAN {record.xid}\n")
+        elif isinstance(record, rec.ConfirmRemove):
+            self._verbose(f"ACK {record.xid}\n")
+            self.open_transactions.pop(record.xid, None)
+        elif isinstance(record, rec.Continue):
+            self._describe_add("CON", record.data, record.expiry_ms, 0)
+            self.open_transactions.pop(record.xid, None)
+            self.queue.append(record.data)
+        elif isinstance(record, rec.AddXid):
+            self._describe_add("ADD", record.data, record.expiry_ms, record.xid)
+            self.queue.append(record.data)
+        elif isinstance(record, rec.LegacyAdd):
+            self._describe_add("ADD", record.data, record.expiry_s * 1000, 0)
+            self.queue.append(record.data)
+
+
+def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,
+         stderr: BinaryIO | None = None, now_ms: int | None = None) -> int:
+    """
+    Run C{kestrel-qdump} with C{argv} (default: the command line); return the exit status.
+
+    0 when every file was read to its end (or for usage), 1 otherwise.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = stdout if stdout is not None else sys.stdout.buffer
+    err = stderr if stderr is not None else sys.stderr.buffer
+    quiet = dump = dump_raw = dump_queue = False
+    filenames: list[str] = []
+    for arg in args:
+        if arg == "--help":
+            out.write(USAGE.encode())
+            return 0
+        if arg == "-q":
+            quiet = True
+        elif arg == "-d":
+            dump = True
+        elif arg == "-A":
+            dump_raw = quiet = True
+        elif arg == "-Q":
+            dump_queue = quiet = True
+        else:
+            filenames.append(arg)
+    if not filenames:
+        out.write(USAGE.encode())
+        return 0
+    status = 0
+    for filename in filenames:
+        if not quiet:
+            out.write(f"Queue: {filename}\n".encode())
+        dumper = QueueDumper(out, err, quiet=quiet, dump=dump, dump_raw=dump_raw,
+                             dump_queue=dump_queue, now_ms=now_ms)
+        if not dumper.dump_file(filename):
+            status = 1
+        out.flush()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

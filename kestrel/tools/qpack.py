@@ -1,0 +1,270 @@
+"""
+C{kestrel-qpack}: pack journal files into one compact journal, as Kestrel's C{qpack.sh}.
+
+The given files are replayed in order with two cursors (Kestrel's
+C{JournalPacker}): a remover that walks every operation and an adder that
+yields the added items only when a removal or the final write needs them, so
+memory holds only open transactions and unremoved items, never the queue.
+
+The new journal holds C{SAVE_XID} first, then C{ADDX} + C{REMOVE_TENTATIVE_XID}
+for each transaction still open (ascending xid), then C{ADDX} for every item
+still queued, in queue order. Unlike Kestrel's tool, C{CONTINUE} records are
+understood. The file is written beside the target under a C{~~} name, fsynced
+and renamed into place, so an interrupted run never leaves half a journal.
+Stdout matches Kestrel's tool; the "Packing:" progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+from kestrel.journal import records as rec
+from kestrel.tools.journal_file import JournalReadError, bytes_to_human, iter_journal
+
+USAGE = """\
+
+usage: qpack.sh <journal-files...>
+    pack one or more kestrel journal file into a single new one
+
+options:
+    -f filename     new packed journal file
+
+"""
+
+#: Progress is reported each time a cursor has moved this many more bytes.
+PROGRESS_EVERY = 1024 * 1024
+
+#: An item as the packer keeps it: (data, add time ms, expiry ms).
+PackItem = tuple[bytes, int, int]
+
+
+class PackError(Exception):
+    """The journals cannot be packed: a file is missing, corrupt, or inconsistent."""
+
+
+class _Cursor:
+    """One pass over the records of several journal files, in order."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = paths
+        self.offset = 0
+        self._iter = self._walk()
+
+    def _walk(self) -> Iterator[tuple[rec.Record, int]]:
+        for path in self.paths:
+            try:
+                stream = open(path, "rb")
+            except OSError as e:
+                raise PackError(f"Can't open journal file: {path}") from e
+            with stream:
+                try:
+                    for _offset, record, size in iter_journal(stream):
+                        yield record, size
+                except (JournalReadError, OSError) as e:
+                    raise PackError(f"Exception reading journal file: {path}\n"
+                                    f"    {type(e).__name__}: {e}") from e
+
+    def __iter__(self) -> Iterator[tuple[rec.Record, int]]:
+        return self
+
+    def __next__(self) -> tuple[rec.Record, int]:
+        record, size = next(self._iter)
+        self.offset += size
+        return record, size
+
+
+class JournalPacker:
+    """
+    Computes the queue state at the end of a sequence of journal files and writes it compactly.
+
+    C{progress(remover_bytes, adder_bytes)} is called every megabyte of either
+    cursor, and once with C{(0, 0)} when writing starts.
+    """
+
+    def __init__(self, paths: Sequence[str], new_path: str, *, now_ms: int | None = None,
+                 progress: Callable[[int, int], None] | None = None,
+                 fsync: Callable[[int], None] = os.fsync) -> None:
+        self.paths = list(paths)
+        self.new_path = new_path
+        self.now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self.progress = progress or (lambda a, b: None)
+        self.fsync = fsync
+        self._adder = _Cursor(self.paths)
+        self._adder_stack: deque[PackItem] = deque()
+        self._last_adder_update = 0
+        self.open_transactions: dict[int, PackItem] = {}
+        self.current_xid = 0
+        self.highest_xid = 0
+        self._remover_offset = 0
+
+    def _item_of(self, record: rec.Record) -> PackItem | None:
+        if isinstance(record, rec.Add | rec.AddXid | rec.Continue):
+            return record.data, record.add_time_ms, record.expiry_ms
+        if isinstance(record, rec.LegacyAdd):
+            return record.data, self.now_ms, record.expiry_s * 1000
+        return None
+
+    def _advance_adder(self) -> PackItem | None:
+        if self._adder_stack:
+            return self._adder_stack.popleft()
+        for record, _size in self._adder:
+            if self._adder.offset - self._last_adder_update > PROGRESS_EVERY:
+                self.progress(self._remover_offset, self._adder.offset)
+                self._last_adder_update = self._adder.offset
+            item = self._item_of(record)
+            if item is not None:
+                return item
+        return None
+
+    def _take(self, what: str) -> PackItem:
+        item = self._advance_adder()
+        if item is None:
+            raise PackError(f"Inconsistent journal: {what} with no item in the queue "
+                            f"(at byte {self._remover_offset} of the journals)")
+        return item
+
+    def _replay(self) -> None:
+        remover = _Cursor(self.paths)
+        last_update = 0
+        for record, _size in remover:
+            if isinstance(record, rec.Remove):
+                self._take("REMOVE")
+            elif isinstance(record, rec.RemoveTentativeXid | rec.RemoveTentative):
+                xid = getattr(record, "xid", 0)
+                if xid == 0:
+                    self.current_xid += 1
+                    while self.current_xid in self.open_transactions or self.current_xid == 0:
+                        self.current_xid += 1
+                    xid = self.current_xid
+                self.highest_xid = max(self.highest_xid, xid)
+                self.open_transactions[xid] = self._take(f"REMOVE_TENTATIVE {xid}")
+            elif isinstance(record, rec.SaveXid):
+                self.current_xid = record.xid
+                self.highest_xid = max(self.highest_xid, record.xid)
+            elif isinstance(record, rec.Unremove):
+                item = self.open_transactions.pop(record.xid, None)
+                if item is None:
+                    raise PackError(f"Inconsistent journal: UNREMOVE of unknown xid "
+                                    f"{record.xid}")
+                self._adder_stack.appendleft(item)
+            elif isinstance(record, rec.ConfirmRemove | rec.Continue):
+                # A CONTINUE's new item reaches the queue through the adder cursor.
+                self.open_transactions.pop(record.xid, None)
+            self._remover_offset = remover.offset
+            if remover.offset - last_update > PROGRESS_EVERY:
+                self.progress(remover.offset, self._adder.offset)
+                last_update = remover.offset
+
+    def pack(self) -> int:
+        """
+        Replay the journals and write the packed one; return its size in bytes.
+
+        @raise PackError: nothing is written to C{new_path} then.
+        """
+        self._replay()
+        self.progress(0, 0)
+        tmp_path = f"{self.new_path}~~{os.getpid()}"
+        size = 0
+        try:
+            with open(tmp_path, "wb") as out:
+                def write(chunk: bytes) -> None:
+                    nonlocal size
+                    out.write(chunk)
+                    size += len(chunk)
+
+                write(rec.SaveXid(max(self.current_xid, self.highest_xid)).encode())
+                for xid in sorted(self.open_transactions):
+                    data, add_ms, exp_ms = self.open_transactions[xid]
+                    write(rec.encode_add(data, add_ms, exp_ms))
+                    write(rec.RemoveTentativeXid(xid).encode())
+                while (item := self._advance_adder()) is not None:
+                    write(rec.encode_add(*item))
+                out.flush()
+                self.fsync(out.fileno())
+            os.replace(tmp_path, self.new_path)
+        except BaseException:
+            if os.path.exists(tmp_path):
+                os.unlink(tmp_path)
+            raise
+        _fsync_directory(os.path.dirname(os.path.abspath(self.new_path)), self.fsync)
+        return size
+
+
+def _fsync_directory(path: str, fsync: Callable[[int], None]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,
+         stderr: BinaryIO | None = None, now_ms: int | None = None) -> int:
+    """
+    Run C{kestrel-qpack} with C{argv} (default: the command line); return the exit status.
+
+    0 on success or usage, 1 when the journals could not be packed.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = stdout if stdout is not None else sys.stdout.buffer
+    err = stderr if stderr is not None else sys.stderr.buffer
+    filenames: list[str] = []
+    new_filename: str | None = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--help":
+            out.write(USAGE.encode())
+            return 0
+        if arg == "-q":
+            pass
+        elif arg == "-f" and i + 1 < len(args):
+            new_filename = args[i + 1]
+            i += 1
+        else:
+            filenames.append(arg)
+        i += 1
+    if not filenames or new_filename is None:
+        out.write(USAGE.encode())
+        return 0
+
+    out.write(b"Packing journals...\n")
+    out.flush()
+
+    shown_progress = False
+
+    def progress(remover_bytes: int, adder_bytes: int) -> None:
+        nonlocal shown_progress
+        if remover_bytes == 0 and adder_bytes == 0:
+            if shown_progress:
+                err.write(b"\r" + b" " * 40 + b"\r")
+                err.flush()
+            out.write(b"\rWriting new journal..." + b" " * 40 + b"\n")
+            out.flush()
+        else:
+            text = (f"\rPacking: {bytes_to_human(remover_bytes):<6} "
+                    f"{bytes_to_human(adder_bytes):<6}")
+            err.write(text.encode())
+            err.flush()
+            shown_progress = True
+
+    packer = JournalPacker(filenames, new_filename, now_ms=now_ms, progress=progress)
+    try:
+        size = packer.pack()
+    except (PackError, OSError) as e:
+        out.flush()
+        err.write(f"\n{e}\n".encode())
+        return 1
+    out.write(b"\r" + b" " * 40 + b"\n")
+    out.write(f"Done. New journal size: {size}\n".encode())
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""
+ReadWaiters: the clients blocked on an empty queue, woken one at a time.
+
+This is Kestrel's C{DeadlineWaitQueue} expressed with Deferreds: every waiter
+is a L{Deferred} that fires C{True} when it is woken and C{False} when its
+deadline passes first, never both. Cancelling the Deferred drops the waiter,
+so a later wake-up goes to the next one in line. Time comes from the injected
+clock only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+
+class ReadWaiters:
+    """
+    A FIFO of waiters, each with a deadline on C{clock}.
+
+    Promises: L{trigger} wakes exactly the oldest live waiter; each waiter's
+    Deferred fires exactly once (C{True} woken, C{False} timed out or
+    evicted) unless it is cancelled, in which case it is forgotten and fires
+    with L{twisted.internet.defer.CancelledError}.
+    """
+
+    __slots__ = ("_clock", "_waiters")
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._waiters: OrderedDict[Deferred[bool], IDelayedCall] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Return how many waiters are waiting."""
+        return len(self._waiters)
+
+    def wait(self, deadline: float, front: bool = False) -> Deferred[bool]:
+        """
+        Join the line until C{deadline} (absolute clock seconds).
+
+        @param front: join at the head of the line instead of the tail (a
+            woken waiter that found nothing keeps its place this way).
+        @return: a Deferred firing C{True} when woken, C{False} at the
+            deadline; cancelling it leaves the line.
+        """
+        d: Deferred[bool] = Deferred(self._cancel)
+        delay = deadline - self._clock.seconds()
+        call = self._clock.callLater(delay if delay > 0.0 else 0.0, self._expire, d)
+        self._waiters[d] = call
+        if front:
+            self._waiters.move_to_end(d, last=False)
+        return d
+
+    def trigger(self) -> bool:
+        """
+        Wake the oldest waiter, if any.
+
+        A waiter whose Deferred already fired (it can no longer take the
+        wake-up) is skipped and the wake-up passes to the next one.
+
+        @return: whether a waiter was woken.
+        """
+        waiters = self._waiters
+        while waiters:
+            d, call = waiters.popitem(last=False)
+            if call.active():
+                call.cancel()
+            if not d.called:
+                d.callback(True)
+                return True
+        return False
+
+    def trigger_all(self) -> None:
+        """Wake every waiter now (used when the queue closes)."""
+        self._fire_all(True)
+
+    def evict_all(self) -> None:
+        """Time out every waiter now: each one fires C{False}."""
+        self._fire_all(False)
+
+    def _fire_all(self, woken: bool) -> None:
+        waiting = list(self._waiters.items())
+        self._waiters.clear()
+        for _d, call in waiting:
+            if call.active():
+                call.cancel()
+        for d, _call in waiting:
+            if not d.called:
+                d.callback(woken)
+
+    def _expire(self, d: Deferred[bool]) -> None:
+        if self._waiters.pop(d, None) is not None and not d.called:
+            d.callback(False)
+
+    def _cancel(self, d: Deferred[bool]) -> None:
+        call = self._waiters.pop(d, None)
+        if call is not None and call.active():
+            call.cancel()

@@ -1,0 +1,200 @@
+"""The admin HTTP interface of a real server process, with a real HTTP client."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.task import Clock
+
+from kestrel.admin import prometheus_text, stats_report
+from kestrel.config import parse_config
+from kestrel.metrics import Metrics
+from kestrel.server import KestrelServer
+from tests.wire.conftest import KestrelProcess, LineClient
+
+PERCENTILE_KEYS = {"count", "minimum", "maximum", "average", "p50", "p90", "p95", "p99",
+                   "p999", "p9999"}
+
+
+def http(server: KestrelProcess, path: str, method: str = "GET",
+         data: bytes | None = None) -> tuple[int, bytes, str]:
+    url = f"http://{server.host}:{server.ports['admin']}{path}"
+    request = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read(), reply.headers.get("content-type", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers.get("content-type", "")
+
+
+def memcache(server: KestrelProcess, *commands: bytes) -> list[bytes]:
+    client = LineClient(server.connect())
+    replies = []
+    try:
+        for command in commands:
+            client.send(command)
+            replies.append(client.until(b"END\r\n") if command.startswith(b"get")
+                           else client.line())
+    finally:
+        client.close()
+    return replies
+
+
+@pytest.fixture(scope="module")
+def admin(kestrel_factory: Callable[..., KestrelProcess]) -> KestrelProcess:
+    server = kestrel_factory(protocols=("memcache", "admin"),
+                             config={"aliases": {"both": ["jobs"]}})
+    memcache(server, b"set jobs 0 0 5\r\nhello\r\n", b"set jobs 0 0 3\r\nabc\r\n",
+             b"set other 0 0 1\r\nx\r\n", b"get jobs\r\n", b"get empty\r\n",
+             b"set both 0 0 2\r\nhi\r\n")
+    return server
+
+
+def test_ping(admin: KestrelProcess) -> None:
+    """GET /ping answers pong."""
+    assert http(admin, "/ping")[:2] == (200, b"pong\n")
+
+
+def test_stats_json_has_ostrichs_shape(admin: KestrelProcess) -> None:
+    """/stats.json holds counters, gauges, labels and metrics, with per-queue q/<name>/ names."""
+    code, body, ctype = http(admin, "/stats.json")
+    assert code == 200 and ctype == "application/json"
+    doc = json.loads(body)
+    assert set(doc) == {"counters", "gauges", "labels", "metrics"}
+    counters, gauges = doc["counters"], doc["gauges"]
+    assert counters["cmd_set"] == 4
+    assert counters["get_hits"] == 1 and counters["get_misses"] == 1
+    assert counters["q/jobs/put_items"] == 3
+    assert counters["q/jobs/put_bytes"] == 10
+    assert counters["q/jobs/get_items_hit"] == 1
+    assert counters["q/both/put_items"] == 1  # the alias
+    assert gauges["q/jobs/items"] == 2 and gauges["q/jobs/bytes"] == 5
+    assert gauges["q/other/items"] == 1
+    assert gauges["q/jobs/max_items"] == 2**31 - 1
+    assert gauges["q/jobs/journal_size"] > 0
+    for name in ("mem_items", "mem_bytes", "age_msec", "waiters", "open_transactions",
+                 "create_time", "max_bytes"):
+        assert f"q/jobs/{name}" in gauges
+    assert gauges["items"] == 3 and gauges["status/readable"] == 1.0
+    assert doc["labels"]["status"] == "Up" and doc["labels"]["version"]
+    for name in ("set_latency_usec", "fsync_delay_usec", "delivery_latency_msec"):
+        assert set(doc["metrics"][name]) == PERCENTILE_KEYS
+
+
+def test_prometheus_metrics_parse(admin: KestrelProcess) -> None:
+    """/metrics is valid Prometheus text with per-queue series and an fsync histogram."""
+    code, body, ctype = http(admin, "/metrics")
+    assert code == 200 and ctype.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}
+    assert samples[("kestrel_queue_items", (("queue", "jobs"),))] == 2
+    assert samples[("kestrel_queue_bytes", (("queue", "jobs"),))] == 5
+    assert samples[("kestrel_queue_adds_total", (("queue", "jobs"),))] == 3
+    assert samples[("kestrel_queue_removes_total", (("queue", "jobs"),))] == 1
+    assert samples[("kestrel_queue_open_transactions", (("queue", "jobs"),))] == 0
+    assert samples[("kestrel_queue_expirations_total", (("queue", "other"),))] == 0
+    assert families["kestrel_fsync_delay_seconds"].type == "histogram"
+    assert ("kestrel_fsync_delay_seconds_bucket", (("le", "+Inf"),)) in samples
+    assert samples[("kestrel_status", (("status", "Up"),))] == 1
+
+
+def test_status_get_and_post(admin: KestrelProcess) -> None:
+    """POST /status sets the status (reads still work in ReadOnly, writes do not); GET reports."""
+    assert http(admin, "/status")[:2] == (200, b"UP\n")
+    assert http(admin, "/status", "POST", b"status=readonly")[:2] == (200, b"READONLY\n")
+    assert http(admin, "/status")[1] == b"READONLY\n"
+    assert memcache(admin, b"get other\r\n") == [b"VALUE other 0 1\r\nx\r\nEND\r\n"]
+    code, body, _ = http(admin, "/status", "POST", b"status=bogus")
+    assert code == 400 and b"bogus" in body
+    assert http(admin, "/status", "POST", b"status=down")[0] == 400
+    assert http(admin, "/status", "POST", b"")[0] == 400
+    assert http(admin, "/status?status=up", "POST", b"")[:2] == (200, b"UP\n")
+    assert memcache(admin, b"set other 0 0 1\r\ny\r\n") == [b"STORED\r\n"]
+
+
+def test_commands_are_post_only(admin: KestrelProcess) -> None:
+    """GET on a command path is refused with 405; unknown paths are 404."""
+    for path in ("/quiesce", "/reload", "/shutdown"):
+        assert http(admin, path)[0] == 405
+    assert http(admin, "/nope")[0] == 404
+
+
+def test_quiesce_and_reload(kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """POST /quiesce refuses reads and writes; /reload applies a good file, rejects a bad one."""
+    server = kestrel_factory(protocols=("memcache", "admin"))
+    assert http(server, "/quiesce", "POST", b"")[:2] == (200, b"QUIESCENT\n")
+    assert memcache(server, b"status\r\n") == [b"QUIESCENT\r\n"]
+    assert http(server, "/status", "POST", b"status=up")[0] == 200
+
+    server.write_config({"aliases": {"fresh": ["jobs"]}})
+    assert http(server, "/reload", "POST", b"")[:2] == (200, b"Reloaded config.\n")
+    assert memcache(server, b"set fresh 0 0 1\r\nz\r\n") == [b"STORED\r\n"]
+    assert json.loads(http(server, "/stats.json")[1])["counters"]["q/fresh/put_items"] == 1
+
+    server.config_path.write_text("default: {max_items: [not a number]}\n")
+    code, body, _ = http(server, "/reload", "POST", b"")
+    assert code == 400 and b"max_items" in body
+    assert http(server, "/ping")[1] == b"pong\n"  # and it lives on
+
+
+def test_shutdown_stops_the_server(kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """POST /shutdown answers, then the server exits cleanly."""
+    server = kestrel_factory(protocols=("memcache", "admin"))
+    memcache(server, b"set kept 0 0 4\r\nsafe\r\n")
+    assert http(server, "/shutdown", "POST", b"")[:2] == (200, b"Shutting down.\n")
+    assert server.wait_exit() == 0
+    server.start()
+    assert memcache(server, b"get kept\r\n") == [b"VALUE kept 0 4\r\nsafe\r\nEND\r\n"]
+
+
+# -- report builders on an in-process server with recorded latencies
+
+
+@pytest.fixture
+def live_server(tmp_path: Path) -> Any:
+    clock = Clock()
+    clock.advance(1_767_225_600)
+    config = parse_config(f"queue_path: {tmp_path / 'q'}\nstatus_file: {tmp_path / 'st'}\n")
+    server = KestrelServer.from_config(config, clock)
+    server.collection.startService()
+    server.metrics = Metrics()
+    yield server
+    server.collection.stopService()
+
+
+def test_reports_include_recorded_latencies(live_server: Any) -> None:
+    """Recorded fsync delays appear in /stats.json percentiles and the Prometheus histogram."""
+    metrics = live_server.metrics
+    for usec in (200, 400, 800, 3000, 120_000):
+        metrics.fsync_delay_usec.add(usec)
+    live_server.collection.add("jobs", b"abc")
+    metrics.queue("jobs").set_latency_usec.add(50)
+    metrics.queue("gone").set_latency_usec.add(50)
+
+    report = stats_report(live_server)
+    fsync = report["metrics"]["fsync_delay_usec"]
+    assert (fsync["count"], fsync["minimum"], fsync["maximum"]) == (5, 200, 120_000)
+    assert 700 <= fsync["p50"] <= 900
+    assert report["metrics"]["q/jobs/set_latency_usec"]["count"] == 1
+    assert "q/gone/set_latency_usec" not in report["metrics"]  # not a live queue
+
+    families = {f.name: f for f in
+                text_string_to_metric_families(prometheus_text(live_server).decode())}
+    buckets = {s.labels["le"]: s.value
+               for s in families["kestrel_fsync_delay_seconds"].samples
+               if s.name.endswith("_bucket")}
+    assert buckets["0.00025"] == 1
+    assert buckets["0.001"] == 3
+    assert buckets["0.005"] == 4
+    assert buckets["0.25"] == buckets["+Inf"] == 5
+    total = [s.value for s in families["kestrel_fsync_delay_seconds"].samples
+             if s.name.endswith("_sum")][0]
+    assert total == pytest.approx(0.1244)

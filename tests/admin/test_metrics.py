@@ -1,0 +1,102 @@
+"""The O(1) histogram behind the latency metrics."""
+
+from __future__ import annotations
+
+import timeit
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kestrel.metrics import (
+    BUCKETS,
+    GLOBAL_METRICS,
+    QUEUE_METRICS,
+    Histogram,
+    Metrics,
+    bucket_bounds,
+    bucket_index,
+)
+
+
+@given(st.integers(0, 2**63 - 1))
+def test_every_value_falls_inside_its_bucket(value: int) -> None:
+    """A value's bucket bounds contain it, and a bucket is at most 1/8 of its lower bound wide."""
+    index = bucket_index(value)
+    assert 0 <= index < BUCKETS
+    low, high = bucket_bounds(index)
+    assert low <= value <= high
+    assert high - low <= max(0, low // 8)
+
+
+def test_buckets_tile_the_integers() -> None:
+    """Consecutive buckets are adjacent: no gap, no overlap."""
+    for index in range(BUCKETS - 1):
+        assert bucket_bounds(index)[1] + 1 == bucket_bounds(index + 1)[0]
+
+
+@given(st.lists(st.integers(0, 10**7), min_size=1, max_size=300),
+       st.sampled_from([0.5, 0.9, 0.99, 0.999]))
+def test_percentiles_are_within_bucket_error(values: list[int], fraction: float) -> None:
+    """A percentile is within 1/8 of a value whose rank is the requested one."""
+    h = Histogram()
+    for v in values:
+        h.add(v)
+    ordered = sorted(values)
+    rank = max(1, int(fraction * len(values) + 0.5))
+    exact = ordered[rank - 1]
+    got = h.percentile(fraction)
+    assert abs(got - exact) <= exact / 8 + 1
+    assert h.minimum <= got <= h.maximum
+
+
+def test_summary_has_ostrichs_fields() -> None:
+    """The summary holds count, minimum, maximum, average and p50..p9999."""
+    h = Histogram()
+    for v in (10, 20, 30, 40, 1000):
+        h.add(v)
+    s = h.summary()
+    assert list(s) == ["count", "minimum", "maximum", "average", "p50", "p90", "p95", "p99",
+                       "p999", "p9999"]
+    assert (s["count"], s["minimum"], s["maximum"], s["average"]) == (5, 10, 1000, 220.0)
+    assert s["p50"] == 30
+    assert s["p9999"] == 1000
+    assert Histogram().summary()["p99"] == 0
+
+
+def test_negative_and_float_values() -> None:
+    """Negative durations (a clock step back) count as 0; floats are truncated."""
+    h = Histogram()
+    h.add(-5)
+    h.add(2.9)
+    assert (h.count, h.minimum, h.maximum, h.total) == (2, 0, 2, 2)
+
+
+def test_cumulative_counts_are_monotonic() -> None:
+    """cumulative() gives non-decreasing counts ending at most at the total."""
+    h = Histogram()
+    for v in (1, 5, 100, 1000, 5000, 10**6):
+        h.add(v)
+    counts = h.cumulative((0, 10, 1000, 10**5, 10**9))
+    assert counts == sorted(counts)
+    assert counts[0] == 0 and counts[1] == 2 and counts[-1] == 6
+
+
+def test_metrics_registry_names() -> None:
+    """Global and per-queue metrics carry Kestrel's names; deleted queues vanish."""
+    m = Metrics()
+    m.set_latency_usec.add(120)
+    m.queue("jobs").delivery_latency_msec.add(7)
+    report = m.report()
+    assert set(GLOBAL_METRICS) <= set(report)
+    assert {f"q/jobs/{n}" for n in QUEUE_METRICS} <= set(report)
+    assert report["set_latency_usec"]["count"] == 1
+    assert report["q/jobs/delivery_latency_msec"]["maximum"] == 7
+    m.remove_queue("jobs")
+    assert not any(k.startswith("q/") for k in m.report())
+
+
+def test_add_is_cheap() -> None:
+    """Recording stays in the low microseconds (it runs on every request)."""
+    h = Histogram()
+    per_call = min(timeit.repeat(lambda: h.add(12345), number=20000, repeat=3)) / 20000
+    assert per_call < 5e-6

@@ -1,0 +1,643 @@
+"""
+Tests for L{kestrel.journal.journal.FileJournal}: file naming, replay and
+corruption handling, rotation, rewrite and pack (including every crash window),
+read-behind, archiving, erase and queue discovery.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
+
+from kestrel.item import QItem
+from kestrel.journal import journal as journal_module
+from kestrel.journal import records as rec
+from kestrel.journal.journal import Checkpoint, FileJournal, JournalNotOpenError
+from tests.compat.model import queue_state
+
+
+class Crash(BaseException):
+    """Raised by a failing fsync to stop an operation dead, as a power cut would."""
+
+
+class Fsync:
+    """A real fsync that logs whether each call was on a directory, and can crash on call N."""
+
+    def __init__(self, crash_at: int | None = None) -> None:
+        self.calls: list[str] = []
+        self.crash_at = crash_at
+
+    def __call__(self, fd: int) -> None:
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        self.calls.append(kind)
+        if self.crash_at is not None and len(self.calls) == self.crash_at:
+            raise Crash()
+        os.fsync(fd)
+
+
+def open_journal(path: Path, clock: Clock, policy: float | None = None,
+                 **kwargs: Any) -> tuple[FileJournal, list[rec.Record]]:
+    j = FileJournal(str(path), "q", clock, policy, **kwargs)
+    got: list[rec.Record] = []
+    j.replay(got.append)
+    return j, got
+
+
+def replayed(path: Path, clock: Clock) -> list[rec.Record]:
+    j, got = open_journal(path, clock)
+    j.close()
+    return got
+
+
+def files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def item(n: int, size: int = 3) -> QItem:
+    return QItem(bytes([65 + n % 26]) * size, 1000 + n)
+
+
+def warnings_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("log_level") is not None
+            and e["log_level"].name == "warn"]
+
+
+SMALL = [rec.Add(b"one", 1, 0), rec.RemoveTentativeXid(1), rec.Add(b"", 2, 5),
+         rec.Continue(1, b"two", 3, 0), rec.Unremove(4), rec.ConfirmRemove(4), rec.Remove(),
+         rec.SaveXid(9), rec.AddXid(2, b"three", 4, 0)]
+
+
+# -- replay and corruption ---------------------------------------------------
+
+def test_replay_truncated_at_every_byte_offset(tmp_path: Path, clock: Clock) -> None:
+    """
+    A journal cut at any byte replays exactly its complete records, the file
+    is truncated to them with a warning naming queue, file, offset and bytes
+    dropped, and nothing raises; new writes then replay after them.
+    """
+    encoded = [r.encode() for r in SMALL]
+    raw = b"".join(encoded)
+    bounds = [0]
+    for e in encoded:
+        bounds.append(bounds[-1] + len(e))
+    for cut in range(len(raw) + 1):
+        d = tmp_path / f"cut{cut}"
+        d.mkdir()
+        (d / "q").write_bytes(raw[:cut])
+        whole = max(i for i, b in enumerate(bounds) if b <= cut)
+        with capturedLogs() as events:
+            j, got = open_journal(d, clock)
+        assert got == SMALL[:whole], cut
+        assert (d / "q").stat().st_size == bounds[whole]
+        assert j.size == bounds[whole]
+        warns = warnings_of(events)
+        if cut == bounds[whole]:
+            assert warns == []
+        else:
+            assert len(warns) == 1
+            w = warns[0]
+            assert (w["queue"], w["file"], w["offset"], w["dropped"]) == (
+                "q", "q", bounds[whole], cut - bounds[whole])
+        j.add(QItem(b"after", 7))
+        j.close()
+        assert replayed(d, clock) == [*SMALL[:whole], rec.Add(b"after", 7, 0)]
+
+
+def test_invalid_opcode_cuts_rest_of_file(tmp_path: Path, clock: Clock) -> None:
+    """An unknown opcode mid-file drops it and everything after it in that file."""
+    good = rec.Add(b"ok", 1, 0).encode()
+    (tmp_path / "q").write_bytes(good + b"\x42" + good)
+    with capturedLogs() as events:
+        j, got = open_journal(tmp_path, clock)
+    assert got == [rec.Add(b"ok", 1, 0)]
+    assert (tmp_path / "q").read_bytes() == good
+    (w,) = warnings_of(events)
+    assert w["offset"] == len(good) and w["dropped"] == len(good) + 1
+    j.close()
+
+
+def test_corruption_in_rotated_file_truncates_that_file(tmp_path: Path, clock: Clock) -> None:
+    """
+    A broken record in a rotated file truncates that file, not the current
+    one, and replay goes on with the next file.
+    """
+    a = rec.Add(b"a", 1, 0).encode()
+    b = rec.Add(b"b", 2, 0).encode()
+    c = rec.Add(b"c", 3, 0).encode()
+    (tmp_path / "q.100").write_bytes(a + b[:-1])
+    (tmp_path / "q.200").write_bytes(b)
+    (tmp_path / "q").write_bytes(c)
+    with capturedLogs() as events:
+        j, got = open_journal(tmp_path, clock)
+    assert got == [rec.Add(b"a", 1, 0), rec.Add(b"b", 2, 0), rec.Add(b"c", 3, 0)]
+    assert (tmp_path / "q.100").read_bytes() == a
+    assert (tmp_path / "q.200").read_bytes() == b
+    assert (tmp_path / "q").read_bytes() == c
+    (w,) = warnings_of(events)
+    assert (w["file"], w["offset"], w["dropped"]) == ("q.100", len(a), len(b) - 1)
+    assert j.archived_size == len(a) + len(b)
+    assert j.size == len(c)
+    j.close()
+
+
+def test_replay_order_and_temp_files(tmp_path: Path, clock: Clock) -> None:
+    """Rotated files replay by numeric timestamp, then <q>; ~~ files are deleted unread."""
+    for ts, data in [(1000, b"2"), (20, b"1"), (30000, b"3")]:
+        (tmp_path / f"q.{ts}").write_bytes(rec.Add(data, 0, 0).encode())
+    (tmp_path / "q").write_bytes(rec.Add(b"4", 0, 0).encode())
+    (tmp_path / "q~~5").write_bytes(rec.Add(b"junk", 0, 0).encode())
+    (tmp_path / "qq.1").write_bytes(rec.Add(b"other queue", 0, 0).encode())
+    got = replayed(tmp_path, clock)
+    assert [r.data for r in got] == [b"1", b"2", b"3", b"4"]  # type: ignore[union-attr]
+    assert "q~~5" not in files(tmp_path)
+
+
+def test_missing_files_replay_empty_and_create_current(tmp_path: Path, clock: Clock) -> None:
+    """A queue with no files replays nothing and then has an empty <q> to append to."""
+    d = tmp_path / "new"
+    j, got = open_journal(d, clock)
+    assert got == []
+    assert files(d) == ["q"]
+    j.close()
+
+
+def test_legacy_add_gets_replay_time(tmp_path: Path, clock: Clock) -> None:
+    """A legacy ADD replays as an add stamped with the replay time, expiry in ms."""
+    (tmp_path / "q").write_bytes(rec.LegacyAdd(b"old", 1234).encode())
+    got = replayed(tmp_path, clock)
+    assert got == [rec.Add(b"old", int(clock.seconds() * 1000), 1_234_000)]
+
+
+def test_write_before_replay_fails_clearly(tmp_path: Path, clock: Clock) -> None:
+    """A write before replay() opened the journal fails its Deferred and writes nothing."""
+    j = FileJournal(str(tmp_path), "q", clock, None)
+    errors: list[Any] = []
+    j.add(QItem(b"x", 1)).addErrback(errors.append)
+    assert errors[0].type is JournalNotOpenError
+    assert files(tmp_path) == []
+
+
+def test_sync_policy_applies_to_writes(tmp_path: Path, clock: Clock) -> None:
+    """With sync_policy 0 every write is fsynced before its Deferred fires."""
+    fsync = Fsync()
+    j, _ = open_journal(tmp_path, clock, 0.0, fsync=fsync)
+    fired: list[object] = []
+    j.add(QItem(b"x", 1)).addCallback(fired.append)
+    assert fired == [None]
+    assert fsync.calls == ["file"]
+    j.close()
+
+
+# -- rotation and names ---------------------------------------------------------
+
+def test_rotate_names_are_unique_and_ascending(tmp_path: Path, clock: Clock) -> None:
+    """Rotations at the same clock time, or after the clock went back, sort in order."""
+    j, _ = open_journal(tmp_path, clock)
+    now_ms = int(clock.seconds() * 1000)
+    for n in range(3):
+        j.add(item(n))
+        j.rotate([], False)
+    clock.advance(-60)
+    j.add(item(3))
+    j.rotate([], False)
+    assert files(tmp_path) == ["q", *(f"q.{now_ms + i}" for i in range(4))]
+    j.add(item(4))
+    j.close()
+    assert [r.data for r in replayed(tmp_path, clock)] == [  # type: ignore[union-attr]
+        item(n).data for n in range(5)]
+
+
+def test_rotate_sizes_and_directory_fsync(tmp_path: Path, clock: Clock) -> None:
+    """Rotation resets size, adds the old size to archived_size and fsyncs file then dir."""
+    fsync = Fsync()
+    j, _ = open_journal(tmp_path, clock, fsync=fsync)
+    j.add(QItem(b"hello kitty", 1))
+    assert j.size == 32
+    j.rotate([], False)
+    assert (j.size, j.archived_size) == (0, 32)
+    assert fsync.calls == ["file", "dir"]
+    j.close()
+
+
+def test_rotate_sets_checkpoint_once(tmp_path: Path, clock: Clock) -> None:
+    """A checkpoint names the rotated file and its open reads; a pending one is kept."""
+    j, _ = open_journal(tmp_path, clock)
+    j.rotate([], False)
+    assert j.checkpoint is None
+    open_read = QItem(b"r", 1, 0, 5)
+    j.rotate([open_read], True)
+    first = j.checkpoint
+    assert first is not None and first.reserved_items == (open_read,)
+    assert os.path.exists(tmp_path / first.filename)
+    j.rotate([], True)
+    assert j.checkpoint is first
+    j.close()
+
+
+# -- rewrite -----------------------------------------------------------------------
+
+def build_history(path: Path, clock: Clock, rotations: int, **kwargs: Any) -> FileJournal:
+    """Journal six adds, an open read (xid 3) and a remove, rotating along the way."""
+    j, _ = open_journal(path, clock, **kwargs)
+    for n in range(6):
+        j.add(item(n))
+        if n < rotations:
+            j.rotate([], False)
+    j.remove_tentative(3)
+    j.remove()
+    return j
+
+
+EXPECTED = ([item(n).data for n in range(2, 6)], {3: item(0).data})
+
+
+def rewrite_args() -> tuple[list[QItem], list[QItem]]:
+    return [QItem(item(0).data, 1000, 0, 3)], [item(n) for n in range(2, 6)]
+
+
+@pytest.mark.parametrize("rotations", [0, 3])
+def test_rewrite_writes_compact_journal(tmp_path: Path, clock: Clock, rotations: int) -> None:
+    """
+    A rewrite leaves one <q>: SAVE_XID, ADDX + REMOVE_TENTATIVE_XID per open
+    read, ADDX per item; rotated files are gone and writes go on after it.
+    """
+    j = build_history(tmp_path, clock, rotations)
+    assert queue_state(replayed(tmp_path, clock)) == EXPECTED
+    reserved, items = rewrite_args()
+    j.rewrite(reserved, items, 3)
+    assert files(tmp_path) == ["q"]
+    assert replayed(tmp_path, clock) == [
+        rec.SaveXid(3), rec.Add(item(0).data, 1000, 0), rec.RemoveTentativeXid(3),
+        *(rec.Add(i.data, i.add_time_ms, 0) for i in items)]
+    assert j.size == (tmp_path / "q").stat().st_size and j.archived_size == 0
+    j.confirm_remove(3)
+    j.close()
+    assert queue_state(replayed(tmp_path, clock)) == (EXPECTED[0], {})
+
+
+def test_rewrite_fsyncs_new_file_before_rename(tmp_path: Path, clock: Clock) -> None:
+    """Without rotated files: fsync the ~~ file, close the old file, rename, fsync the dir."""
+    fsync = Fsync()
+    j = build_history(tmp_path, clock, 0, fsync=fsync)
+    j.rewrite(*rewrite_args())
+    assert fsync.calls == ["file", "file", "dir"]
+    j.close()
+
+
+@pytest.mark.parametrize("rotations", [0, 3])
+@pytest.mark.parametrize("archive", [False, True])
+def test_rewrite_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock, rotations: int,
+                                               archive: bool) -> None:
+    """
+    A crash at any fsync of a rewrite (before the data or a rename is durable)
+    leaves files that replay to the same queue, with no ~~ or .pack left after.
+    """
+    n = 1
+    while True:
+        d = tmp_path / f"crash{n}"
+        kwargs: dict[str, Any] = {"archive_path": str(tmp_path / f"arch{n}")} if archive else {}
+        fsync = Fsync()
+        j = build_history(d, clock, rotations, fsync=fsync, **kwargs)
+        fsync.crash_at = len(fsync.calls) + n
+        try:
+            j.rewrite(*rewrite_args())
+        except Crash:
+            pass
+        else:
+            break
+        assert queue_state(replayed(d, clock)) == EXPECTED, (n, files(d))
+        assert not any("~~" in f or f.endswith(".pack") for f in files(d))
+        n += 1
+    assert n > 3
+
+
+@pytest.mark.parametrize("leftover", [
+    "temp",                # crash while writing ~~
+    "pack_with_all",       # .pack renamed, nothing disposed yet
+    "pack_with_some",      # crash while disposing of the packed files
+    "pack_alone",          # every packed file gone, pack not renamed yet
+    "packed_not_current",  # pack rule done, not yet renamed to <q>
+])
+def test_rewrite_leftover_files_recover(tmp_path: Path, clock: Clock, leftover: str) -> None:
+    """
+    Each set of files a rewrite can leave behind (built by hand) replays to
+    the queue the journal held.
+    """
+    j = build_history(tmp_path, clock, 3)
+    j.close()
+    rotated = [f for f in files(tmp_path) if f != "q"]
+    compact = b"".join(r.encode() for r in [
+        rec.SaveXid(3), rec.Add(item(0).data, 1000, 0), rec.RemoveTentativeXid(3),
+        *(rec.Add(i.data, i.add_time_ms, 0) for i in rewrite_args()[1])])
+    last_ts = max(int(f.split(".")[1]) for f in rotated)
+    if leftover == "temp":
+        (tmp_path / f"q~~{last_ts + 5}").write_bytes(compact[:-3])
+    else:
+        os.rename(tmp_path / "q", tmp_path / f"q.{last_ts + 1}")
+        rotated.append(f"q.{last_ts + 1}")
+        pack = tmp_path / f"q.{last_ts + 2}.pack"
+        pack.write_bytes(compact)
+        if leftover == "pack_with_some":
+            os.unlink(tmp_path / rotated[0])
+            os.unlink(tmp_path / rotated[2])
+        elif leftover in ("pack_alone", "packed_not_current"):
+            for f in rotated:
+                os.unlink(tmp_path / f)
+        if leftover == "packed_not_current":
+            os.rename(pack, tmp_path / f"q.{last_ts + 2}")
+    assert queue_state(replayed(tmp_path, clock)) == EXPECTED
+    assert not any("~~" in f or f.endswith(".pack") for f in files(tmp_path))
+
+
+# -- read-behind and packing ------------------------------------------------------
+
+class Queue:
+    """The least of a queue that drives read-behind the way PersistentQueue does."""
+
+    def __init__(self, journal: FileJournal) -> None:
+        self.journal = journal
+        self.memory: list[QItem] = []
+        self.checkpoints: list[Checkpoint] = []
+
+    def got_item(self, i: QItem) -> None:
+        self.memory.append(i)
+
+    def got_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.checkpoints.append(checkpoint)
+        self.journal.start_pack(checkpoint, [], list(self.memory), 0)
+
+    def remove(self) -> bytes:
+        head = self.memory.pop(0)
+        self.journal.remove()
+        while self.journal.in_read_behind and len(self.memory) < 2:
+            self.journal.fill_read_behind(self.got_item, self.got_checkpoint)
+        return head.data
+
+
+def test_read_behind_across_rotation_and_pack(tmp_path: Path, clock: Clock) -> None:
+    """
+    Read-behind follows a rotated file into the next one, reports the
+    checkpoint, the pack replaces the checkpointed file, replay still gives
+    the queue's contents, and read-behind ends when the reader meets the writer.
+    """
+    j, _ = open_journal(tmp_path, clock)
+    q = Queue(j)
+    for n in range(2):
+        j.add(item(n))
+        q.memory.append(item(n))
+    j.start_read_behind()
+    assert j.in_read_behind
+    j.add(item(2))
+    j.add(item(3))
+    j.rotate([], True)
+    checkpoint = j.checkpoint
+    assert checkpoint is not None
+    j.add(item(4))
+    assert q.remove() == item(0).data
+    assert q.remove() == item(1).data
+    assert [i.data for i in q.memory] == [item(2).data, item(3).data]
+    assert q.remove() == item(2).data  # reader leaves the rotated file: pack
+    assert q.checkpoints == [checkpoint]
+    assert j.checkpoint is None
+    assert f"{checkpoint.filename}.pack" not in files(tmp_path)
+    assert files(tmp_path) == sorted(["q", checkpoint.filename])
+    assert queue_state(replayed(tmp_path, clock))[0] == [item(3).data, item(4).data]
+    assert q.remove() == item(3).data
+    assert q.remove() == item(4).data
+    j.fill_read_behind(q.got_item, q.got_checkpoint)
+    assert not j.in_read_behind
+    j.close()
+    assert queue_state(replayed(tmp_path, clock))[0] == []
+
+
+def pack_scenario(path: Path, clock: Clock, fsync: Fsync) -> tuple[FileJournal, Checkpoint,
+                                                                    list[QItem]]:
+    """
+    Open a read (xid 9) on item 0, enter read-behind, rotate with a
+    checkpoint, then journal an add and two removes; return what start_pack
+    needs (the queue then holds item 3 in memory).
+    """
+    j, _ = open_journal(path, clock, fsync=fsync)
+    for n in range(2):
+        j.add(item(n))
+    j.remove_tentative(9)
+    j.start_read_behind()
+    for n in range(2, 4):
+        j.add(item(n))
+    j.rotate([OPEN], True)
+    j.add(item(4))
+    for _ in range(2):
+        j.remove()
+    checkpoint = j.checkpoint
+    assert checkpoint is not None
+    return j, checkpoint, [item(3)]
+
+
+OPEN = QItem(item(0).data, item(0).add_time_ms, 0, 9)
+PACK_EXPECTED = ([item(3).data, item(4).data], {9: item(0).data})
+
+
+def test_pack_writes_kestrel_layout(tmp_path: Path, clock: Clock) -> None:
+    """
+    The pack holds SAVE_XID, the checkpoint's open reads, one empty ADDX per
+    pent-up remove and the items in memory, and takes the checkpoint's name.
+    """
+    j, checkpoint, memory = pack_scenario(tmp_path, clock, Fsync())
+    assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
+    j.start_pack(checkpoint, [OPEN], memory, 9)
+    assert j.checkpoint is None
+    assert files(tmp_path) == sorted(["q", checkpoint.filename])
+    now_ms = int(clock.seconds() * 1000)
+    assert rec.decode_prefix((tmp_path / checkpoint.filename).read_bytes()).records == [
+        rec.SaveXid(9), rec.Add(OPEN.data, OPEN.add_time_ms, 0), rec.RemoveTentativeXid(9),
+        rec.Add(b"", now_ms, 0), rec.Add(b"", now_ms, 0),
+        rec.Add(item(3).data, item(3).add_time_ms, 0)]
+    assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
+    assert j.archived_size == (tmp_path / checkpoint.filename).stat().st_size
+    j.close()
+
+
+def test_pack_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock) -> None:
+    """A crash at any fsync of a pack leaves files that replay to the same queue."""
+    n = 1
+    while True:
+        d = tmp_path / f"crash{n}"
+        fsync = Fsync()
+        j, checkpoint, memory = pack_scenario(d, clock, fsync)
+        fsync.crash_at = len(fsync.calls) + n
+        try:
+            j.start_pack(checkpoint, [OPEN], memory, 9)
+        except Crash:
+            pass
+        else:
+            break
+        assert queue_state(replayed(d, clock)) == PACK_EXPECTED, (n, files(d))
+        n += 1
+    assert n > 3
+
+
+def test_pack_leftover_with_and_without_originals(tmp_path: Path, clock: Clock) -> None:
+    """A .pack left with all, some or none of the files it packs replays the same."""
+    for case in ("all", "none"):
+        d = tmp_path / case
+        j, checkpoint, memory = pack_scenario(d, clock, Fsync())
+        pack_bytes = b"".join(j._dump(0, checkpoint.reserved_items, [], 2, memory))
+        j.close()
+        (d / f"{checkpoint.filename}.pack").write_bytes(pack_bytes)
+        if case == "none":
+            os.unlink(d / checkpoint.filename)
+        assert queue_state(replayed(d, clock)) == PACK_EXPECTED
+        assert files(d) == sorted(["q", checkpoint.filename])
+
+
+def test_read_behind_started_during_replay(tmp_path: Path, clock: Clock) -> None:
+    """
+    start_read_behind() during replay starts at the replayer's position: items
+    after it are read back by fill_read_behind once replay is over.
+    """
+    (tmp_path / "q.5").write_bytes(b"".join(rec.Add(b"%d" % n, n, 0).encode()
+                                           for n in range(3)))
+    (tmp_path / "q").write_bytes(rec.Add(b"3", 3, 0).encode())
+    j = FileJournal(str(tmp_path), "q", clock, None)
+    seen: list[bytes] = []
+
+    def apply(r: rec.Record) -> None:
+        assert j.is_replaying
+        if not j.in_read_behind:
+            seen.append(r.data)  # type: ignore[union-attr]
+            if len(seen) == 2:
+                j.start_read_behind()
+
+    j.replay(apply)
+    assert not j.is_replaying and j.in_read_behind
+    got: list[QItem] = []
+    while j.in_read_behind:
+        j.fill_read_behind(got.append, lambda c: None)
+    assert seen + [i.data for i in got] == [b"0", b"1", b"2", b"3"]
+    j.close()
+
+
+# -- archive, erase, discovery ----------------------------------------------------
+
+def test_archive_path_receives_rewritten_files(tmp_path: Path, clock: Clock) -> None:
+    """With archive_path, the files a rewrite makes dead move there, whole."""
+    qdir, adir = tmp_path / "queues", tmp_path / "archive"
+    j = build_history(qdir, clock, 2, archive_path=str(adir))
+    before = {f: (qdir / f).read_bytes() for f in files(qdir)}
+    j.rewrite(*rewrite_args())
+    assert files(qdir) == ["q"]
+    archived = {f: (adir / f).read_bytes() for f in files(adir)}
+    assert len(archived) == 3
+    assert sorted(archived.values()) == sorted(before.values())
+    assert all(f.startswith("q.") for f in archived)
+    j.close()
+
+
+def test_erase_archives_everything_in_order(tmp_path: Path, clock: Clock) -> None:
+    """erase() with an archive moves every file there; <q> becomes the newest q.<ms>."""
+    qdir, adir = tmp_path / "queues", tmp_path / "archive"
+    j = build_history(qdir, clock, 2, archive_path=str(adir))
+    (adir).mkdir()
+    taken = f"q.{int(clock.seconds() * 1000)}"
+    (adir / taken).write_bytes(b"")  # an older archived file with the same name
+    j.erase()
+    assert files(qdir) == []
+    archived = files(adir)
+    assert len(archived) == 4
+    assert (adir / taken).read_bytes() == b""
+    got: list[rec.Record] = []
+    for f in sorted((a for a in archived if a != taken), key=lambda a: int(a.split(".")[1])):
+        got.extend(rec.decode_prefix((adir / f).read_bytes()).records)
+    assert queue_state(got) == EXPECTED
+
+
+def test_archive_across_filesystems_copies(tmp_path: Path, clock: Clock,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    When rename into the archive fails with EXDEV (another filesystem), the file
+    is copied, fsynced, renamed into place, then deleted from the queue dir.
+    """
+    qdir, adir = tmp_path / "queues", tmp_path / "archive"
+    j = build_history(qdir, clock, 1, archive_path=str(adir))
+    real_rename = os.rename
+
+    def rename(src: Any, dst: Any) -> None:
+        if str(dst).startswith(str(adir)) and not str(src).startswith(str(adir)):
+            raise OSError(errno.EXDEV, "cross-device link")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(journal_module.os, "rename", rename)
+    contents = sorted((qdir / f).read_bytes() for f in files(qdir))
+    j.erase()
+    assert files(qdir) == []
+    assert sorted((adir / f).read_bytes() for f in files(adir)) == contents
+    assert not any("~~" in f for f in files(adir))
+
+
+def test_erase_deletes_every_file(tmp_path: Path, clock: Clock) -> None:
+    """erase() without an archive removes <q>, rotated, ~~ and .pack files of the queue only."""
+    j = build_history(tmp_path, clock, 2)
+    (tmp_path / "q~~1").write_bytes(b"")
+    (tmp_path / "q.1.pack").write_bytes(b"")
+    (tmp_path / "other").write_bytes(b"")
+    j.erase()
+    assert files(tmp_path) == ["other"]
+    assert replayed(tmp_path, clock) == []
+
+
+def test_queue_names_in(tmp_path: Path) -> None:
+    """Queue discovery: regular files without ~~, named by the text before the first dot."""
+    for name in ["a", "a.123", "b~~5", "c.5.pack", "d+fan.77", ".hidden"]:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "e").mkdir()
+    assert FileJournal.queue_names_in(str(tmp_path)) == {"a", "c", "d+fan"}
+    assert FileJournal.queue_names_in(str(tmp_path / "missing")) == set()
+
+
+def test_close_is_idempotent_and_stops_writes(tmp_path: Path, clock: Clock) -> None:
+    """After close(), writes fail their Deferred; closing again is harmless."""
+    j, _ = open_journal(tmp_path, clock)
+    j.add(item(1))
+    closed: list[object] = []
+    j.close().addCallback(closed.append)
+    assert closed == [None]
+    errors: list[Any] = []
+    j.add(item(2)).addErrback(errors.append)
+    assert len(errors) == 1
+    j.close().addCallback(closed.append)
+    assert closed == [None, None]
+    assert len(replayed(tmp_path, clock)) == 1
+
+
+def test_group_commit_through_journal(tmp_path: Path, clock: Clock) -> None:
+    """With a thread runner, adds made during an fsync share the next one."""
+    jobs: list[tuple[Callable[[], Any], Deferred[Any]]] = []
+
+    def run_in_thread(f: Callable[[], Any]) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        jobs.append((f, d))
+        return d
+
+    fsync = Fsync()
+    j, _ = open_journal(tmp_path, clock, 0.0, fsync=fsync, run_in_thread=run_in_thread)
+    fired: list[int] = []
+    for n in range(5):
+        j.add(item(n)).addCallback(lambda _, n=n: fired.append(n))
+    assert len(jobs) == 1
+    f, d = jobs.pop(0)
+    d.callback(f())
+    assert fired == [0]
+    f, d = jobs.pop(0)
+    d.callback(f())
+    assert fired == [0, 1, 2, 3, 4]
+    assert fsync.calls == ["file", "file"]
+    j.close()

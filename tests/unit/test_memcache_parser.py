@@ -1,0 +1,200 @@
+"""Tests for kestrel.protocols.memcache_parser: command lines into request objects."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kestrel.protocols.memcache_parser import (
+    Command,
+    ConfirmRequest,
+    GetRequest,
+    MemcacheParseError,
+    MonitorRequest,
+    QueueCommand,
+    SetRequest,
+    parse_line,
+)
+
+names = st.binary(min_size=1, max_size=30).filter(
+    lambda b: not any(c in b for c in b" \t\n\r\x0b\x0c/")
+)
+blanks = st.sampled_from([b" ", b"  ", b"   "])
+options = st.sampled_from([b"open", b"close", b"abort", b"peek", b"t=0", b"t=250", b"xyz", b""])
+
+
+def test_plain_get() -> None:
+    """`get q` parses to a non-transactional get without a timeout."""
+    req = parse_line(b"get q")
+    assert isinstance(req, GetRequest)
+    assert (req.key, req.name, req.timeout_ms) == (b"q", "q", None)
+    assert not (req.opening or req.closing or req.aborting or req.peeking)
+
+
+def test_gets_any_case_and_extra_spaces() -> None:
+    """`GETS  Q` is a get of queue `Q`: command word in any case, names keep case."""
+    req = parse_line(b"GETS   Queue  other")
+    assert isinstance(req, GetRequest)
+    assert req.name == "Queue"
+
+
+def test_get_options_any_order() -> None:
+    """Options come in any order, repeat, and unknown ones are ignored."""
+    req = parse_line(b"get work/open/t=500/bogus/close/t=20")
+    assert isinstance(req, GetRequest)
+    assert req.name == "work"
+    assert req.opening and req.closing and not req.peeking and not req.aborting
+    assert req.timeout_ms == 20
+
+
+@pytest.mark.parametrize("line", [
+    b"get /open", b"get q/peek/open", b"get q/abort/close", b"get q/peek/abort",
+    b"get q/abort/open", b"get q/t=abc", b"get q/t=99999999999",
+])
+def test_get_validation_closes(line: bytes) -> None:
+    """Invalid get option combinations and bad timeouts are CLIENT_ERROR + close."""
+    with pytest.raises(MemcacheParseError) as err:
+        parse_line(line)
+    assert err.value.disconnect
+
+
+def test_get_without_key_keeps_connection() -> None:
+    """A `get` without a key is CLIENT_ERROR but the connection stays (as Kestrel)."""
+    with pytest.raises(MemcacheParseError) as err:
+        parse_line(b"get")
+    assert not err.value.disconnect
+
+
+def test_set_header() -> None:
+    """`set` takes name, any flags, exptime and the byte count; a trailing blank is fine."""
+    req = parse_line(b"SET q 4294967295 60 5 ")
+    assert isinstance(req, SetRequest)
+    assert (req.name, req.exptime, req.length, req.noreply, req.flags_error) == (
+        "q", 60, 5, False, None)
+
+
+def test_set_noreply() -> None:
+    """`noreply` as the last token of set is honoured."""
+    req = parse_line(b"set q 0 0 5 noreply")
+    assert isinstance(req, SetRequest) and req.noreply
+
+
+def test_set_bad_flags_reads_payload() -> None:
+    """Non-numeric flags are reported after the payload, connection kept."""
+    req = parse_line(b"set q x 0 5")
+    assert isinstance(req, SetRequest)
+    assert req.flags_error == "bad flags" and req.length == 5
+
+
+@pytest.mark.parametrize("line", [
+    b"set q 0 0", b"set q 0 0 -1", b"set q 0 0 abc", b"set q 0 zz 5", b"set q 0 0 1_0",
+])
+def test_set_malformed_closes(line: bytes) -> None:
+    """Short set lines, bad byte counts and bad exptimes are CLIENT_ERROR + close."""
+    with pytest.raises(MemcacheParseError) as err:
+        parse_line(line)
+    assert err.value.disconnect
+
+
+@pytest.mark.parametrize("line", [
+    b"", b"   ", b"add q 0 0 1", b"incr q 1", b"cas q 0 0 1 1", b"roll",
+])
+def test_unknown_commands_close(line: bytes) -> None:
+    """Empty lines and commands Kestrel does not serve are CLIENT_ERROR + close."""
+    with pytest.raises(MemcacheParseError) as err:
+        parse_line(line)
+    assert err.value.disconnect
+
+
+def test_queue_commands() -> None:
+    """delete/flush/flush_expired take one queue name; noreply honoured on delete."""
+    req = parse_line(b"delete q noreply")
+    assert isinstance(req, QueueCommand)
+    assert (req.word, req.name, req.noreply) == ("delete", "q", True)
+    req = parse_line(b"Flush_Expired q")
+    assert isinstance(req, QueueCommand)
+    assert (req.word, req.name, req.noreply) == ("flush_expired", "q", False)
+
+
+def test_queue_command_missing_name() -> None:
+    """delete without a name keeps the connection; flush_expired without one closes it."""
+    with pytest.raises(MemcacheParseError) as err:
+        parse_line(b"delete")
+    assert not err.value.disconnect
+    with pytest.raises(MemcacheParseError) as err:
+        parse_line(b"flush_expired")
+    assert err.value.disconnect
+
+
+def test_monitor_and_confirm() -> None:
+    """monitor takes seconds and optional max items; confirm takes a count."""
+    req = parse_line(b"monitor q 10 3")
+    assert isinstance(req, MonitorRequest)
+    assert (req.name, req.seconds, req.max_items) == ("q", 10, 3)
+    req = parse_line(b"monitor q 10")
+    assert isinstance(req, MonitorRequest) and req.max_items is None
+    req = parse_line(b"confirm q 2")
+    assert isinstance(req, ConfirmRequest) and (req.name, req.count) == ("q", 2)
+
+
+def test_monitor_confirm_errors() -> None:
+    """Bad monitor args close; confirm missing a token keeps, confirm non-int closes."""
+    for line, closes in [(b"monitor q", True), (b"monitor q x", True),
+                         (b"confirm q", False), (b"confirm q x", True)]:
+        with pytest.raises(MemcacheParseError) as err:
+            parse_line(line)
+        assert err.value.disconnect is closes, line
+
+
+def test_plain_commands() -> None:
+    """Other known commands keep their arguments."""
+    req = parse_line(b"dump_stats a b")
+    assert isinstance(req, Command) and (req.word, req.args) == ("dump_stats", ("a", "b"))
+    req = parse_line(b"flush_all noreply")
+    assert isinstance(req, Command) and req.noreply and req.args == ()
+    req = parse_line(b"STATUS readonly")
+    assert isinstance(req, Command) and req.args == ("readonly",)
+
+
+@given(names, st.lists(options, max_size=5), blanks, blanks)
+def test_get_roundtrip(name: bytes, opts: list[bytes], sep1: bytes, trail: bytes) -> None:
+    """Any get line parses to its name and the options it carries, or is refused as invalid."""
+    token = b"/".join([name, *opts])
+    line = b"get" + sep1 + token + trail
+    peek, abort = b"peek" in opts, b"abort" in opts
+    opening, closing = b"open" in opts, b"close" in opts
+    invalid = (peek or abort) and (opening or closing) or (peek and abort)
+    if invalid:
+        with pytest.raises(MemcacheParseError):
+            parse_line(line)
+        return
+    req = parse_line(line)
+    assert isinstance(req, GetRequest)
+    assert req.key == name
+    assert (req.peeking, req.aborting, req.opening, req.closing) == (peek, abort, opening, closing)
+    timeouts = [int(o[2:]) for o in opts if o.startswith(b"t=")]
+    assert req.timeout_ms == (timeouts[-1] if timeouts else None)
+
+
+@given(names, st.integers(0, 2**32), st.integers(-(2**31), 2**31 - 1),
+       st.integers(0, 2**31 - 1), blanks, st.booleans())
+def test_set_roundtrip(name: bytes, flags: int, exptime: int, length: int, sep: bytes,
+                       noreply: bool) -> None:
+    """Every well-formed set header parses back to its fields."""
+    parts = [b"set", name, str(flags).encode(), str(exptime).encode(), str(length).encode()]
+    if noreply:
+        parts.append(b"noreply")
+    req = parse_line(sep.join(parts) + sep)
+    assert isinstance(req, SetRequest)
+    assert (req.key, req.exptime, req.length, req.noreply, req.flags_error) == (
+        name, exptime, length, noreply, None)
+
+
+@given(st.binary(max_size=60))
+def test_never_crashes(line: bytes) -> None:
+    """Arbitrary bytes either parse or raise MemcacheParseError, never anything else."""
+    try:
+        parse_line(line)
+    except MemcacheParseError as err:
+        assert err.reason

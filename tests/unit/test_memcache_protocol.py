@@ -1,0 +1,479 @@
+"""
+Byte-exact tests of kestrel.protocols.memcache over StringTransport and a Clock.
+
+Each test runs a real KestrelServer (real collection, queues and journals in
+a temporary directory) driven by a `twisted.internet.task.Clock`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransportWithDisconnection
+
+from kestrel.config import DEFAULT_CONFIG
+from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
+from kestrel.server import KestrelServer
+
+EPOCH = 1_767_225_600.0
+
+
+def make_server(clock: Clock, path: Path, **overrides: Any) -> KestrelServer:
+    """A started server over a fresh queue directory (no status file)."""
+    config = attrs.evolve(DEFAULT_CONFIG, queue_path=str(path / "queues"), status_file=None,
+                          expiration_timer_frequency=None, **overrides)
+    server = KestrelServer.from_config(config, clock, config_path=None)
+    server.collection.startService()
+    return server
+
+
+class Conn:
+    """One client connection: a protocol on a StringTransportWithDisconnection."""
+
+    def __init__(self, factory: MemcacheFactory) -> None:
+        self.proto: MemcacheProtocol = factory.buildProtocol(None)
+        self.transport = StringTransportWithDisconnection()
+        self.transport.protocol = self.proto
+        self.proto.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> bytes:
+        """Feed C{data}; return (and clear) what the server wrote since the last call."""
+        self.proto.dataReceived(data)
+        return self.take()
+
+    def take(self) -> bytes:
+        """What the server wrote since the last call."""
+        out = self.transport.value()
+        self.transport.clear()
+        return out
+
+    @property
+    def open(self) -> bool:
+        """Whether the server has not closed the connection."""
+        return self.transport.connected
+
+    def drop(self) -> None:
+        """The client goes away."""
+        self.transport.loseConnection()
+
+
+@pytest.fixture
+def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
+    s = make_server(clock, tmp_path)
+    yield s
+    s.collection.stopService()
+
+
+@pytest.fixture
+def factory(server: KestrelServer) -> MemcacheFactory:
+    return MemcacheFactory(server)
+
+
+@pytest.fixture
+def conn(factory: MemcacheFactory) -> Conn:
+    return Conn(factory)
+
+
+def test_set_then_get(conn: Conn) -> None:
+    """A set is STORED and the next get returns it as a VALUE block with flags 0."""
+    assert conn.send(b"set q 99 0 5\r\nhello\r\n") == b"STORED\r\n"
+    assert conn.send(b"get q\r\n") == b"VALUE q 0 5\r\nhello\r\nEND\r\n"
+    assert conn.send(b"get q\r\n") == b"END\r\n"
+
+
+def test_pipelined_requests_one_write(conn: Conn) -> None:
+    """Pipelined requests in one read are answered in order in a single write."""
+    conn.proto.dataReceived(b"set q 0 0 1\r\na\r\nset q 0 0 2\r\nbb\r\nget q\r\nget q\r\nget q\r\n")
+    assert conn.transport.io.getvalue() == (
+        b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nVALUE q 0 2\r\nbb\r\nEND\r\nEND\r\n")
+
+
+def test_bare_newlines_and_case(conn: Conn) -> None:
+    """Bare \\n ends a line; command words match in any case; `gets` is `get`."""
+    assert conn.send(b"SET q 0 0 2 \nhi\r\nGETS   q\n") == b"STORED\r\nVALUE q 0 2\r\nhi\r\nEND\r\n"
+
+
+def test_get_timeout_waits_and_keeps_order(conn: Conn, factory: MemcacheFactory,
+                                            clock: Clock) -> None:
+    """A `get /t=` waits; requests behind it are answered after it, in order."""
+    assert conn.send(b"get q/t=500\r\nversion\r\n") == b""
+    clock.advance(0.4)
+    assert conn.take() == b""
+    other = Conn(factory)
+    assert other.send(b"set q 0 0 3\r\nabc\r\n") == b"STORED\r\n"
+    assert conn.take() == b"VALUE q 0 3\r\nabc\r\nEND\r\nVERSION 0.1.0\r\n"
+
+
+def test_get_timeout_expires(conn: Conn, clock: Clock) -> None:
+    """`get q/t=500` answers END once 0.5 s passed with the queue still empty."""
+    assert conn.send(b"get q/t=500\r\n") == b""
+    clock.advance(0.499)
+    assert conn.take() == b""
+    clock.advance(0.002)
+    assert conn.take() == b"END\r\n"
+
+
+def test_reliable_read_close(conn: Conn) -> None:
+    """`/open` hands out an item; `/close/open` confirms it and opens the next."""
+    conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q/close/open\r\n") == b"VALUE q 0 1\r\nb\r\nEND\r\n"
+    assert conn.send(b"get q/close\r\n") == b"END\r\n"
+    assert conn.send(b"get q\r\n") == b"END\r\n"
+
+
+def test_reliable_read_abort(conn: Conn) -> None:
+    """`/abort` returns the open item to the head of the queue."""
+    conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q/abort\r\n") == b"END\r\n"
+    assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+
+
+def test_disconnect_returns_open_read(conn: Conn, factory: MemcacheFactory) -> None:
+    """An open read of a connection that ends goes back to the head of the queue."""
+    conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    conn.drop()
+    other = Conn(factory)
+    assert other.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+
+
+def test_plain_get_with_open_read_is_error(conn: Conn) -> None:
+    """A plain get while a read is open on that queue is ERROR and a close."""
+    conn.send(b"set q 0 0 1\r\na\r\n")
+    conn.send(b"get q/open\r\n")
+    reply = conn.send(b"get q\r\n")
+    assert reply.startswith(b"ERROR") and reply.endswith(b"\r\n")
+    assert not conn.open
+
+
+def test_second_open_over_limit_is_error(conn: Conn) -> None:
+    """With max_open_transactions 1, a second /open on the queue is ERROR and a close."""
+    conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    conn.send(b"get q/open\r\n")
+    assert conn.send(b"get q/open\r\n") == b"ERROR too many open reads\r\n"
+    assert not conn.open
+
+
+def test_peek(conn: Conn) -> None:
+    """`/peek` shows the head without removing it."""
+    conn.send(b"set q 0 0 1\r\na\r\n")
+    assert conn.send(b"get q/peek\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+
+
+def test_queue_commands(conn: Conn) -> None:
+    """delete, flush, flush_all, flush_expired and flush_all_expired reply as Kestrel."""
+    conn.send(b"set q 0 0 1\r\na\r\n")
+    assert conn.send(b"flush q\r\n") == b"END\r\n"
+    assert conn.send(b"get q\r\n") == b"END\r\n"
+    assert conn.send(b"delete q\r\n") == b"DELETED\r\n"
+    assert conn.send(b"delete nothing\r\n") == b"DELETED\r\n"
+    assert conn.send(b"flush_all\r\n") == b"Flushed all queues.\r\n"
+    assert conn.send(b"flush_expired q\r\n") == b"0\r\n"
+    assert conn.send(b"flush_all_expired\r\n") == b"0\r\n"
+
+
+def test_expiry_and_flush_expired(conn: Conn, clock: Clock) -> None:
+    """An item set with exptime 1 is gone after a second; flush_expired counts it."""
+    conn.send(b"set q 0 1 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    clock.advance(1.5)
+    assert conn.send(b"flush_expired q\r\n") == b"1\r\n"
+    assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\nb\r\nEND\r\n"
+
+
+@pytest.fixture
+def roomy(clock: Clock, tmp_path: Path) -> Iterator[MemcacheFactory]:
+    """A factory over a server allowing 100 open reads per queue and connection."""
+    s = make_server(clock, tmp_path, max_open_transactions=100)
+    yield MemcacheFactory(s)
+    s.collection.stopService()
+
+
+def test_monitor_and_confirm(roomy: MemcacheFactory) -> None:
+    """`monitor q 10 3` streams three open items then END; `confirm q 3` confirms them."""
+    conn = Conn(roomy)
+    for word in (b"state shirt", b"homunculus", b"automaton", b"extra"):
+        conn.send(b"set test 0 0 %d\r\n%s\r\n" % (len(word), word))
+    assert conn.send(b"monitor test 100 3\r\n") == (
+        b"VALUE test 0 11\r\nstate shirt\r\nEND\r\nVALUE test 0 10\r\nhomunculus\r\nEND\r\n"
+        b"VALUE test 0 9\r\nautomaton\r\nEND\r\nEND\r\n")
+    assert conn.send(b"confirm test 4\r\n") == b"ERROR\r\n"
+    assert conn.send(b"confirm test 3\r\n") == b"END\r\n"
+    assert conn.send(b"get test\r\n") == b"VALUE test 0 5\r\nextra\r\nEND\r\n"
+
+
+def test_monitor_waits_for_items(roomy: MemcacheFactory, clock: Clock) -> None:
+    """A monitor streams items as they arrive and ends with END at its deadline."""
+    conn = Conn(roomy)
+    assert conn.send(b"monitor q 2 5\r\nversion\r\n") == b""
+    Conn(roomy).send(b"set q 0 0 1\r\nx\r\n")
+    assert conn.take() == b"VALUE q 0 1\r\nx\r\nEND\r\n"
+    clock.advance(2.1)
+    assert conn.take() == b"END\r\nVERSION 0.1.0\r\n"
+
+
+def test_monitor_stops_at_open_read_limit(conn: Conn) -> None:
+    """A monitor ends once the connection holds max_open_transactions open reads."""
+    conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    assert conn.send(b"monitor q 10 5\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\nEND\r\n"
+
+
+def test_stats_and_bytes_counters(conn: Conn, server: KestrelServer) -> None:
+    """STATS lists the global stats in Kestrel's order, per-queue ones, then END."""
+    conn.send(b"set q 0 0 5\r\nhello\r\n")
+    reply = conn.send(b"stats\r\n")
+    lines = reply.split(b"\r\n")
+    assert lines[0] == b"STAT uptime 0"
+    assert lines[2] == b"STAT version 0.1.0"
+    assert b"STAT curr_items 1" in lines
+    assert b"STAT queue_q_items 1" in lines
+    assert reply.endswith(b"\r\nEND\r\n")
+    assert server.stats.bytes_read == len(b"set q 0 0 5\r\nhello\r\nstats\r\n")
+    assert server.stats.bytes_written == len(b"STORED\r\n") + len(reply)
+
+
+def test_dump_stats(conn: Conn) -> None:
+    """DUMP_STATS prints one block per queue; an unknown name gives an empty block."""
+    conn.send(b"set q 0 0 5\r\nhello\r\n")
+    reply = conn.send(b"dump_stats q\r\n")
+    assert reply.startswith(b"queue 'q' {\r\n  items=1\r\n  bytes=5\r\n")
+    assert reply.endswith(b"}\r\nEND\r\n")
+    assert conn.send(b"dump_stats x\r\n") == b"queue 'x' {\r\n  \r\n}\r\nEND\r\n"
+
+
+def test_dump_config(conn: Conn) -> None:
+    """dump_config prints each queue's resolved config."""
+    conn.send(b"set q 0 0 1\r\na\r\n")
+    reply = conn.send(b"dump_config\r\n")
+    assert reply.startswith(b"queue 'q' {\r\n  max_items=null\r\n")
+    assert b"\r\n  keep_journal=true\r\n" in reply
+    assert reply.endswith(b"}\r\nEND\r\n")
+
+
+def test_version(conn: Conn) -> None:
+    """version replies VERSION and the package version."""
+    assert conn.send(b"version\r\n") == b"VERSION 0.1.0\r\n"
+
+
+def test_status_changes(conn: Conn, factory: MemcacheFactory) -> None:
+    """status reports and sets the server status; readonly blocks writes with SERVER_ERROR."""
+    assert conn.send(b"status\r\n") == b"UP\r\n"
+    assert conn.send(b"status readonly\r\n") == b"END\r\n"
+    assert conn.send(b"status\r\n") == b"READONLY\r\n"
+    assert conn.send(b"get q\r\n") == b"END\r\n"
+    reply = conn.send(b"set q 0 0 1\r\na\r\n")
+    assert reply.startswith(b"SERVER_ERROR") and not conn.open
+    other = Conn(factory)
+    assert other.send(b"status up\r\n") == b"END\r\n"
+    assert other.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
+
+
+@pytest.mark.parametrize("line", [b"status down\r\n", b"status sideways\r\n"])
+def test_status_bad_name(conn: Conn, line: bytes) -> None:
+    """An unknown or forbidden status is CLIENT_ERROR and a close."""
+    assert conn.send(line).startswith(b"CLIENT_ERROR ")
+    assert not conn.open
+
+
+def test_reload_without_file(conn: Conn) -> None:
+    """reload replies `Reloaded config.`."""
+    assert conn.send(b"reload\r\n") == b"Reloaded config.\r\n"
+
+
+def test_reload_broken_file(clock: Clock, tmp_path: Path) -> None:
+    """A reload of a broken config file keeps the connection and names the problem."""
+    path = tmp_path / "k.yaml"
+    path.write_text("default: {max_items: 5}\n")
+    server = make_server(clock, tmp_path)
+    server.config_path = str(path)
+    conn = Conn(MemcacheFactory(server))
+    assert conn.send(b"reload\r\n") == b"Reloaded config.\r\n"
+    path.write_text("bogus_key: 1\n")
+    reply = conn.send(b"reload\r\n")
+    assert reply.startswith(b"ERROR reload failed: ") and b"bogus_key" in reply
+    assert conn.open
+    server.collection.stopService()
+
+
+def test_shutdown_and_quit(conn: Conn, factory: MemcacheFactory) -> None:
+    """shutdown asks the server to stop and closes without a reply; quit just closes."""
+    calls: list[int] = []
+    conn.proto.server.shutdown_callback = lambda: calls.append(1)
+    assert conn.send(b"shutdown\r\n") == b""
+    assert calls == [1] and not conn.open
+    other = Conn(factory)
+    assert other.send(b"quit\r\nversion\r\n") == b""
+    assert not other.open
+
+
+@pytest.mark.parametrize("line, reply", [
+    (b"bogus\r\n", b"CLIENT_ERROR unknown command: bogus\r\n"),
+    (b"\r\n", b"CLIENT_ERROR empty request\r\n"),
+    (b"get a.b\r\n", b"CLIENT_ERROR bad queue name: "),
+    (b"get q/t=x\r\n", b"CLIENT_ERROR bad timeout\r\n"),
+    (b"get /open\r\n", b"CLIENT_ERROR empty queue name\r\n"),
+    (b"set q 0 x 1\r\na\r\n", b"CLIENT_ERROR bad exptime\r\n"),
+    (b"monitor q\r\n", b"CLIENT_ERROR malformed monitor"),
+])
+def test_bad_input_closes(conn: Conn, line: bytes, reply: bytes) -> None:
+    """Where Kestrel closes silently we send CLIENT_ERROR with a reason, then close."""
+    out = conn.send(line + b"version\r\n")
+    assert out.startswith(reply) and out.endswith(b"\r\n")
+    assert b"VERSION" not in out
+    assert not conn.open
+
+
+def test_missing_key_keeps_connection(conn: Conn) -> None:
+    """A get or delete without a key is CLIENT_ERROR, and the connection stays."""
+    assert conn.send(b"get\r\ndelete\r\nversion\r\n") == (
+        b"CLIENT_ERROR missing queue name\r\nCLIENT_ERROR missing queue name\r\n"
+        b"VERSION 0.1.0\r\n")
+    assert conn.open
+
+
+def test_bad_flags_keeps_connection(conn: Conn) -> None:
+    """Non-numeric flags: the payload is read, CLIENT_ERROR, connection kept."""
+    assert conn.send(b"set q zz 0 1\r\na\r\nget q\r\n") == b"CLIENT_ERROR bad flags\r\nEND\r\n"
+
+
+def test_noreply(conn: Conn) -> None:
+    """`noreply` on set and delete suppresses the reply."""
+    assert conn.send(b"set q 0 0 1 noreply\r\na\r\nget q\r\ndelete q noreply\r\n") == (
+        b"VALUE q 0 1\r\na\r\nEND\r\n")
+
+
+def test_oversized_set_refused_without_reading(clock: Clock, tmp_path: Path) -> None:
+    """A byte count over max_request_size is CLIENT_ERROR and a close, data unread."""
+    server = make_server(clock, tmp_path, max_request_size=100)
+    conn = Conn(MemcacheFactory(server))
+    assert conn.send(b"set q 0 0 101\r\n") == (
+        b"CLIENT_ERROR item of 101 bytes is larger than max_request_size (100)\r\n")
+    assert not conn.open
+    server.collection.stopService()
+
+
+def test_oversized_line_refused(clock: Clock, tmp_path: Path) -> None:
+    """A request line longer than max_request_size is CLIENT_ERROR and a close."""
+    server = make_server(clock, tmp_path, max_request_size=100)
+    conn = Conn(MemcacheFactory(server))
+    assert conn.send(b"get " + b"x" * 60) == b""
+    assert conn.send(b"x" * 60) == b"CLIENT_ERROR request line too long\r\n"
+    assert not conn.open
+    server.collection.stopService()
+
+
+def test_item_over_max_item_size_not_stored(clock: Clock, tmp_path: Path) -> None:
+    """An item over the queue's max_item_size is read, discarded and NOT_STORED."""
+    server = make_server(clock, tmp_path)
+    server.collection.reload(attrs.evolve(
+        server.config, default=attrs.evolve(server.config.default, max_item_size=3)))
+    conn = Conn(MemcacheFactory(server))
+    assert conn.send(b"set q 0 0 4\r\nabcd\r\nset q 0 0 3\r\nabc\r\nget q\r\n") == (
+        b"NOT_STORED\r\nSTORED\r\nVALUE q 0 3\r\nabc\r\nEND\r\n")
+    server.collection.stopService()
+
+
+def test_client_timeout(clock: Clock, tmp_path: Path) -> None:
+    """An idle connection is closed after client_timeout; activity postpones it."""
+    server = make_server(clock, tmp_path, client_timeout=10.0)
+    conn = Conn(MemcacheFactory(server))
+    clock.advance(6)
+    conn.send(b"version\r\n")
+    clock.advance(6)
+    assert conn.open
+    clock.advance(4.1)
+    assert not conn.open
+    server.collection.stopService()
+
+
+def test_client_timeout_spares_waiting_get(clock: Clock, tmp_path: Path) -> None:
+    """A connection blocked in a long `get /t=` is not idle."""
+    server = make_server(clock, tmp_path, client_timeout=1.0)
+    conn = Conn(MemcacheFactory(server))
+    conn.send(b"get q/t=5000\r\n")
+    clock.advance(4)
+    assert conn.open
+    clock.advance(1.1)
+    assert conn.take() == b"END\r\n"
+    clock.advance(1.1)
+    assert not conn.open
+    server.collection.stopService()
+
+
+def test_backlog_pauses_reading(conn: Conn, factory: MemcacheFactory) -> None:
+    """Input piling up behind a waiting get pauses reading until the get ends."""
+    conn.send(b"get q/t=10000\r\n")
+    conn.send(b"version\r\n" * (MemcacheProtocol.BACKLOG_LIMIT // 9 + 1))
+    assert conn.transport.producerState == "paused"
+    Conn(factory).send(b"set q 0 0 1\r\na\r\n")
+    out = conn.take()
+    assert out.startswith(b"VALUE q 0 1\r\na\r\nEND\r\nVERSION")
+    assert conn.transport.producerState == "producing"
+
+
+def test_waiting_get_cancelled_on_disconnect(conn: Conn, factory: MemcacheFactory) -> None:
+    """A get waiting when its connection drops does not swallow the next item."""
+    conn.send(b"get q/t=10000\r\n")
+    conn.drop()
+    other = Conn(factory)
+    other.send(b"set q 0 0 1\r\na\r\n")
+    assert other.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+
+
+def test_stopping_server_finishes_sessions(conn: Conn, factory: MemcacheFactory) -> None:
+    """disconnect_all returns open reads to their queue and drops the connections."""
+    conn.send(b"set q 0 0 1\r\na\r\n")
+    conn.send(b"get q/open\r\n")
+    factory.disconnect_all()
+    assert conn.proto.session.finished
+    assert Conn(factory).send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+
+
+# -- replies do not depend on TCP chunking -----------------------------------
+
+COMMANDS = [
+    b"set q 0 0 5\r\nhello\r\n", b"set r 7 0 0\r\n\r\n", b"get q\r\n", b"gets r\r\n",
+    b"get q/open\r\n", b"get q/close\r\n", b"get q/abort\r\n", b"get q/peek\r\n",
+    b"get q/t=100\r\n", b"delete r\r\n", b"flush q\r\n", b"version\r\n", b"confirm q 1\r\n",
+    b"set q 0 0 2 noreply\r\nab\r\n", b"status\r\n", b"dump_stats q\r\n", b"bogus\r\n",
+    b"flush_expired q\r\n", b"get\r\n",
+]
+
+
+def reply_to(chunks: list[bytes]) -> tuple[bytes, bool]:
+    """Feed C{chunks} to a fresh server; return everything written and whether it is open."""
+    clock = Clock()
+    clock.advance(EPOCH)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = make_server(clock, Path(tmp))
+        conn = Conn(MemcacheFactory(server))
+        for chunk in chunks:
+            conn.proto.dataReceived(chunk)
+            clock.advance(0.05)
+        for _ in range(40):  # long enough for every queued `get q/t=100` to time out
+            clock.advance(0.05)
+        out = conn.transport.io.getvalue()
+        still_open = conn.open
+        server.collection.stopService()
+    return out, still_open
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from(COMMANDS), min_size=1, max_size=12), st.data())
+def test_chunking_is_invisible(commands: list[bytes], data: st.DataObject) -> None:
+    """Replies are identical whether the request bytes arrive whole or split anywhere."""
+    stream = b"".join(commands)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    whole = reply_to([stream])
+    assert reply_to(chunks) == whole

@@ -1,0 +1,320 @@
+"""
+PersistentQueue on a real FileJournal in a temporary folder: restarts,
+read-behind, rotation, rewrites, packing and durable acknowledgements.
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import pytest
+from twisted.internet.task import Clock
+
+from kestrel.config import QueueConfig
+from kestrel.journal import records as rec
+from kestrel.journal.journal import FileJournal
+from kestrel.queue import PersistentQueue
+from tests.unit.test_queue import PENDING, datas, value
+
+
+def open_queue(path, clock: Clock, name: str = "q", *, sync_policy=None, fsync=os.fsync,
+               **config) -> PersistentQueue:
+    """Open (and replay) queue C{name} journaled in folder C{path}."""
+    journal = FileJournal(str(path), name, clock, sync_policy, fsync=fsync)
+    q = PersistentQueue(name, QueueConfig(**config), journal, clock)
+    q.setup()
+    return q
+
+
+def restart(q: PersistentQueue, path, clock: Clock, **config) -> PersistentQueue:
+    """Close C{q} and open its journal again in a new queue."""
+    value(q.close())
+    return open_queue(path, clock, q.name, **config)
+
+
+def journal_records(path, name: str = "q") -> list[rec.Record]:
+    """Decode the current journal file of queue C{name}."""
+    with open(os.path.join(str(path), name), "rb") as f:
+        decoded = rec.decode_prefix(f.read())
+    assert decoded.problem is None
+    return decoded.records
+
+
+def files(path) -> list[str]:
+    return sorted(os.listdir(str(path)))
+
+
+def test_itemsSurviveRestart(tmp_path, clock: Clock) -> None:
+    """Every acknowledged item, removed or not, is where it was after a restart."""
+    q = open_queue(tmp_path, clock)
+    for i in range(5):
+        assert value(q.add(b"item%d" % i)) is True
+    assert q.remove().data == b"item0"
+    q = restart(q, tmp_path, clock)
+    assert (q.length, q.bytes, q.total_items) == (4, 20, 5)
+    assert datas(q) == [b"item1", b"item2", b"item3", b"item4"]
+
+
+def test_openReadsReturnToHeadAfterRestart(tmp_path, clock: Clock) -> None:
+    """Reads open at a crash come back first, oldest xid first; xids continue from the journal."""
+    q = open_queue(tmp_path, clock)
+    for data in (b"a", b"b", b"c", b"d"):
+        value(q.add(data))
+    a = q.remove(transaction=True)
+    b = q.remove(transaction=True)
+    q.confirm_remove(q.remove(transaction=True).xid)  # c is gone for good
+    assert (a.xid, b.xid) == (1, 2)
+    q = restart(q, tmp_path, clock)
+    assert q.open_transaction_count == 0
+    assert journal_records(tmp_path)[-2:] == [rec.Unremove(2), rec.Unremove(1)]
+    assert q.remove(transaction=True).xid == 4
+    assert datas(q) == [b"b", b"d"]
+    q = restart(q, tmp_path, clock)
+    assert datas(q) == [b"a"]
+
+
+def test_readBehindKeepsMemoryBounded(tmp_path, clock: Clock) -> None:
+    """Past max_memory_size new items stay on disk and are read back in order."""
+    q = open_queue(tmp_path, clock, max_memory_size=40)
+    for i in range(20):
+        value(q.add(b"%09d" % i))  # 9 bytes each
+    assert q.in_read_behind
+    assert (q.length, q.bytes) == (20, 180)
+    assert q.memory_bytes <= 45 and q.memory_length == 5
+    out = []
+    while (item := q.remove()) is not None:
+        assert q.memory_bytes <= 45
+        out.append(item.data)
+    assert out == [b"%09d" % i for i in range(20)]
+    assert not q.in_read_behind
+    assert (q.length, q.bytes, q.memory_bytes) == (0, 0, 0)
+
+
+def test_readBehindAcrossRestart(tmp_path, clock: Clock) -> None:
+    """A queue larger than max_memory_size replays into read-behind and loses nothing."""
+    q = open_queue(tmp_path, clock, max_memory_size=40)
+    for i in range(30):
+        value(q.add(b"%09d" % i))
+    for _ in range(3):
+        q.remove()
+    opened = q.remove(transaction=True)
+    q = restart(q, tmp_path, clock, max_memory_size=40)
+    assert q.in_read_behind
+    # memory holds max_memory_size plus one item, plus the open read returned to the head
+    assert q.length == 27 and q.memory_bytes <= 40 + 9 + 9
+    assert q.peek().data == opened.data
+    for i in range(30, 35):
+        value(q.add(b"%09d" % i))
+    assert datas(q) == [b"%09d" % i for i in range(3, 35)]
+
+
+def test_rotationsAndRewritesKeepOrder(tmp_path, clock: Clock) -> None:
+    """A journal past max_memory_size rotates, past max_journal_size it is rewritten: in order."""
+    config = dict(max_memory_size=64, max_journal_size=256, default_journal_size=10_000,
+                  min_journal_compact_delay=None)
+    q = open_queue(tmp_path, clock, **config)
+    expected = []
+    n = 0
+    for _ in range(6):
+        for _ in range(8):
+            value(q.add(b"%07d" % n))
+            expected.append(b"%07d" % n)
+            n += 1
+            clock.advance(0.01)
+        for _ in range(3):
+            assert q.remove().data == expected.pop(0)
+    assert q.journal_rotations > 0 and q.journal_rewrites > 0
+    q = restart(q, tmp_path, clock, **config)
+    assert datas(q) == expected
+
+
+def test_rewriteWhenEmpty(tmp_path, clock: Clock) -> None:
+    """A journal past default_journal_size is rewritten as soon as the queue is empty."""
+    q = open_queue(tmp_path, clock, default_journal_size=200)
+    for i in range(10):
+        value(q.add(b"%019d" % i))  # 41-byte records
+    opened = q.remove(transaction=True)
+    assert q.journal_rewrites == 0
+    q.flush()  # the last remove leaves the queue empty: rewrite
+    assert q.journal_rewrites == 1
+    value(q.add(b"fresh"))
+    assert journal_records(tmp_path) == [
+        rec.SaveXid(opened.xid),
+        rec.Add(opened.data, opened.add_time_ms, 0), rec.RemoveTentativeXid(opened.xid),
+        rec.Add(b"fresh", int(clock.seconds() * 1000), 0),
+    ]
+    q = restart(q, tmp_path, clock)
+    assert datas(q) == [opened.data, b"fresh"]
+
+
+def test_sizeRewriteWaitsForCompactDelay(tmp_path, clock: Clock) -> None:
+    """After a size-triggered rewrite, the next waits for min_journal_compact_delay."""
+    config = dict(max_journal_size=300, min_journal_compact_delay=60.0)
+    q = open_queue(tmp_path, clock, **config)
+    expected = []
+    for i in range(40):
+        value(q.add(b"%015d" % i))
+        expected.append(b"%015d" % i)
+        if i % 2:
+            assert q.remove().data == expected.pop(0)
+    assert q.journal_rewrites == 1
+    assert q.journal.size > 300
+    clock.advance(59)
+    value(q.add(b"y"))
+    assert q.journal_rewrites == 1
+    clock.advance(1)
+    value(q.add(b"z"))
+    assert q.journal_rewrites == 2
+    q = restart(q, tmp_path, clock, **config)
+    assert datas(q) == expected + [b"y", b"z"]
+
+
+def test_nonAggressivePolicyRotatesWhenNotEmpty(tmp_path, clock: Clock) -> None:
+    """With disable_aggressive_rewrites an empty queue is rewritten, a busy one rotated."""
+    config = dict(disable_aggressive_rewrites=True, default_journal_size=1000,
+                  max_memory_size=150, max_journal_size=1 << 20)
+    q = open_queue(tmp_path, clock, **config)
+    for i in range(4):
+        value(q.add(b"%019d" % i))  # 40-byte records
+        q.remove()
+    # the last remove left the journal past max_memory_size with the queue empty: rewrite
+    assert (q.journal_rewrites, q.journal_rotations, q.journal.size) == (1, 0, 5)
+    for i in range(4, 9):
+        value(q.add(b"%019d" % i))
+    # past max_memory_size again, but items are queued: rotate
+    assert (q.journal_rewrites, q.journal_rotations) == (1, 1)
+    q = restart(q, tmp_path, clock, **config)
+    assert datas(q) == [b"%019d" % i for i in range(4, 9)]
+
+
+def test_gracefulCloseRewritesEmptyQueue(tmp_path, clock: Clock) -> None:
+    """A graceful close of an empty queue leaves only its open reads in the journal."""
+    q = open_queue(tmp_path, clock)
+    for data in (b"a", b"b"):
+        value(q.add(data))
+    opened = q.remove(transaction=True)
+    q.remove()
+    value(q.close(graceful=True))
+    assert journal_records(tmp_path) == [
+        rec.SaveXid(1), rec.Add(b"a", opened.add_time_ms, 0), rec.RemoveTentativeXid(1)]
+    q = open_queue(tmp_path, clock)
+    assert datas(q) == [b"a"]
+
+
+def test_destroyJournalRemovesFiles(tmp_path, clock: Clock) -> None:
+    """destroy_journal deletes the queue's journal files."""
+    q = open_queue(tmp_path, clock)
+    value(q.add(b"a"))
+    q.destroy_journal()
+    assert files(tmp_path) == []
+
+
+def test_durableAckWaitsForFsync(tmp_path, clock: Clock) -> None:
+    """With durable_acks and a periodic fsync, the add fires only after the fsync ran."""
+    syncs: list[int] = []
+    q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=syncs.append, durable_acks=True)
+    d1 = q.add(b"a")
+    d2 = q.add(b"b")
+    assert value(d1) is PENDING and value(d2) is PENDING
+    assert q.length == 2  # stored and readable at once, acknowledged later
+    clock.advance(0.5)
+    assert value(d1) is True and value(d2) is True
+    assert len(syncs) == 1
+
+
+def test_nonDurableAckDoesNotWait(tmp_path, clock: Clock) -> None:
+    """Without durable_acks the add fires at once even with a pending periodic fsync."""
+    q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=lambda fd: None)
+    assert value(q.add(b"a")) is True
+
+
+def test_durableAckFsyncFailureErrbacks(tmp_path, clock: Clock) -> None:
+    """An fsync failure fails the add's Deferred; the queue goes on working."""
+    state = {"fail": True}
+
+    def fsync(fd: int) -> None:
+        if state["fail"]:
+            raise OSError(5, "I/O error")
+
+    q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=fsync, durable_acks=True)
+    d = q.add(b"a")
+    clock.advance(0.5)
+    with pytest.raises(OSError):
+        value(d)
+    state["fail"] = False
+    d = q.add(b"b")
+    clock.advance(0.5)
+    assert value(d) is True
+
+
+def test_configReloadChangesReadBehindThreshold(tmp_path, clock: Clock) -> None:
+    """A lowered max_memory_size applies to the next add."""
+    q = open_queue(tmp_path, clock)
+    for i in range(4):
+        value(q.add(b"%09d" % i))
+    assert not q.in_read_behind
+    q.config = attrs.evolve(q.config, max_memory_size=20)
+    value(q.add(b"%09d" % 4))
+    assert q.in_read_behind
+    value(q.add(b"%09d" % 5))
+    assert q.memory_length == 4
+    assert datas(q) == [b"%09d" % i for i in range(6)]
+
+
+def churn_in_read_behind(q: PersistentQueue, clock: Clock, cycles: int) -> tuple[list, list]:
+    """
+    Keep C{q} deep in read-behind while items flow through it, opening a read now and then.
+
+    @return: (the data of the reads left open, the data still queued), in order.
+    """
+    queued: list[bytes] = []
+    opened: list[bytes] = []
+    n = 0
+    for _ in range(30):
+        value(q.add(b"%07d" % n))
+        queued.append(b"%07d" % n)
+        n += 1
+        clock.advance(0.01)
+    for cycle in range(cycles):
+        for _ in range(8):
+            value(q.add(b"%07d" % n))
+            queued.append(b"%07d" % n)
+            n += 1
+            clock.advance(0.01)
+        for k in range(8):
+            if k == 0 and cycle % 3 == 0:
+                item = q.remove(transaction=True)
+                opened.append(item.data)
+            else:
+                item = q.remove()
+            assert item.data == queued.pop(0)
+    return opened, queued
+
+
+def test_readBehindWithRotationsSurvivesRestart(tmp_path, clock: Clock) -> None:
+    """Rotating while deep in read-behind, with open reads, loses and reorders nothing."""
+    config = dict(max_memory_size=64, max_journal_size=1 << 30)
+    q = open_queue(tmp_path, clock, **config)
+    opened, queued = churn_in_read_behind(q, clock, 10)
+    assert q.journal_rotations > 10 and q.in_read_behind
+    q = restart(q, tmp_path, clock, **config)
+    assert datas(q) == opened + queued
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FileJournal.start_pack follows Kestrel's pack layout (newly opened reads, then "
+    "pent-up dummies, then memory): when later files interleave REMOVE and "
+    "REMOVE_TENTATIVE_XID, an open read replays onto an empty dummy item and its "
+    "item is lost. Journal-side fix needed."))
+def test_checkpointPackSurvivesRestart(tmp_path, clock: Clock) -> None:
+    """Packing at a checkpoint while reads are open loses and reorders nothing."""
+    config = dict(max_memory_size=64, max_journal_size=256, min_journal_compact_delay=1000.0)
+    q = open_queue(tmp_path, clock, **config)
+    packs = []
+    start_pack = q.journal.start_pack
+    q.journal.start_pack = lambda *a, **kw: packs.append(a[0]) or start_pack(*a, **kw)
+    opened, queued = churn_in_read_behind(q, clock, 10)
+    assert packs, "the scenario must pack at least once"
+    q = restart(q, tmp_path, clock, **config)
+    assert datas(q) == opened + queued

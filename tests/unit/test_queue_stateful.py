@@ -1,0 +1,156 @@
+"""
+A hypothesis state machine: PersistentQueue against a plain list model.
+
+Adds, removes, peeks, open reads, confirms, aborts, waits and restarts (close,
+then a new queue replaying the same FileJournal folder) are applied to both;
+contents and order must always agree.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from twisted.internet.task import Clock
+
+from kestrel.config import QueueConfig
+from kestrel.journal.journal import FileJournal
+from kestrel.queue import PersistentQueue
+from tests.unit.test_queue import PENDING, value
+
+#: Plain settings: everything in memory, one journal file.
+PLAIN = QueueConfig()
+#: Tiny limits: read-behind, a rotation on almost every add, rewrites when empty.
+#: max_journal_size stays large: checkpoint packing is covered (as a known
+#: journal bug) in test_queue_file.py.
+SMALL = QueueConfig(max_memory_size=32, default_journal_size=256, max_journal_size=1 << 30,
+                    min_journal_compact_delay=5.0)
+
+
+class QueueModel(RuleBasedStateMachine):
+    """Drive a queue and a list model side by side."""
+
+    config = PLAIN
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = tempfile.mkdtemp(prefix="kestrel-model-")
+        self.clock = Clock()
+        self.clock.advance(1_767_225_600.0)
+        self.queue = self.open_queue()
+        self.items: list[bytes] = []
+        self.opened: dict[int, bytes] = {}
+        self.count = 0
+
+    def open_queue(self) -> PersistentQueue:
+        journal = FileJournal(self.folder, "model", self.clock, None)
+        q = PersistentQueue("model", self.config, journal, self.clock)
+        q.setup()
+        return q
+
+    def teardown(self) -> None:
+        value(self.queue.close())
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @rule(size=st.integers(0, 24))
+    def add(self, size: int) -> None:
+        data = b"%d:" % self.count + b"x" * size
+        self.count += 1
+        assert value(self.queue.add(data)) is True
+        self.items.append(data)
+        self.clock.advance(0.001)
+
+    @rule()
+    def remove(self) -> None:
+        item = self.queue.remove()
+        if self.items:
+            assert item is not None and item.data == self.items.pop(0)
+        else:
+            assert item is None
+
+    @rule()
+    def peek(self) -> None:
+        item = self.queue.peek()
+        assert (item.data if item else None) == (self.items[0] if self.items else None)
+
+    @rule()
+    def open_read(self) -> None:
+        item = self.queue.remove(transaction=True)
+        if self.items:
+            assert item is not None and item.data == self.items.pop(0)
+            assert item.xid not in self.opened and item.xid != 0
+            self.opened[item.xid] = item.data
+        else:
+            assert item is None
+
+    @precondition(lambda self: self.opened)
+    @rule(data=st.data())
+    def confirm(self, data: st.DataObject) -> None:
+        xid = data.draw(st.sampled_from(sorted(self.opened)))
+        self.queue.confirm_remove(xid)
+        del self.opened[xid]
+
+    @precondition(lambda self: self.opened)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        xid = data.draw(st.sampled_from(sorted(self.opened)))
+        self.queue.unremove(xid)
+        self.items.insert(0, self.opened.pop(xid))
+
+    @rule(transaction=st.booleans())
+    def wait_then_add(self, transaction: bool) -> None:
+        """A blocked read is served by the next add (or at once when items are queued)."""
+        d = self.queue.wait_remove(self.clock.seconds() + 1.0, transaction)
+        if not self.items:
+            assert value(d) is PENDING
+            self.add(3)
+        item = value(d)
+        assert item.data == self.items.pop(0)
+        if transaction:
+            self.opened[item.xid] = item.data
+
+    @rule()
+    def wait_times_out(self) -> None:
+        d = self.queue.wait_remove(self.clock.seconds() + 0.5)
+        if self.items:
+            assert value(d).data == self.items.pop(0)
+        else:
+            self.clock.advance(0.5)
+            assert value(d) is None
+
+    @rule()
+    def flush(self) -> None:
+        self.queue.flush()
+        self.items.clear()
+
+    @rule(seconds=st.sampled_from([0.5, 5.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule()
+    def restart(self) -> None:
+        value(self.queue.close())
+        self.queue = self.open_queue()
+        self.items[:0] = [self.opened[xid] for xid in sorted(self.opened)]
+        self.opened.clear()
+
+    @invariant()
+    def counters_agree(self) -> None:
+        q = self.queue
+        assert q.length == len(self.items)
+        assert q.bytes == sum(map(len, self.items))
+        assert q.open_transaction_count == len(self.opened)
+        assert q.memory_length <= q.length
+        assert q.waiter_count == 0
+
+
+class SmallQueueModel(QueueModel):
+    """The same model with tiny memory and journal limits."""
+
+    config = SMALL
+
+
+TestQueueModel = QueueModel.TestCase
+TestSmallQueueModel = SmallQueueModel.TestCase

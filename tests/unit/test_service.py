@@ -1,0 +1,175 @@
+"""Wiring tests of kestrel.service on a MemoryReactorClock: nothing is bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.internet.error import CannotListenError
+from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
+from twisted.logger import capturedLogs
+
+from kestrel.config import DEFAULT_CONFIG, ServerConfig
+from kestrel.protocols.memcache import MemcacheFactory
+from kestrel.service import SHUTDOWN_DELAY, KestrelService, make_kestrel_service
+
+
+def config_in(tmp_path: Path, **overrides: Any) -> ServerConfig:
+    return attrs.evolve(DEFAULT_CONFIG, queue_path=str(tmp_path / "queues"),
+                        status_file=str(tmp_path / "status"), **overrides)
+
+
+def build(config: ServerConfig, reactor: Any) -> KestrelService:
+    return make_kestrel_service(config, reactor, install_signal_handlers=False)
+
+
+class ProbeReactor(MemoryReactorClock):
+    """A MemoryReactorClock whose ports stop only when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopping: list[Deferred[None]] = []
+        self.seen_at_listen: list[list[str]] = []
+        self.service: KestrelService | None = None
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50,
+                  interface: str = "") -> Any:
+        if self.service is not None:
+            self.seen_at_listen.append(self.service.server.collection.queue_names())
+        real = super().listenTCP(port, factory, backlog, interface)
+        reactor = self
+
+        class Port:
+            def getHost(self) -> Any:
+                return real.getHost()
+
+            def stopListening(self) -> Deferred[None]:
+                d: Deferred[None] = Deferred()
+                reactor.stopping.append(d)
+                return d
+        return Port()
+
+
+def test_listeners_on_listen_address(tmp_path: Path) -> None:
+    """Every enabled port gets a listener on listen_address; port 0 is disabled."""
+    reactor = MemoryReactorClock()
+    service = build(config_in(tmp_path, memcache_port=22100, text_port=0, thrift_port=22101,
+                              admin_port=0, listen_address="127.0.0.2"), reactor)
+    service.startService()
+    servers = [(port, interface) for port, _f, _b, interface in reactor.tcpServers]
+    assert servers == [(22100, "127.0.0.2"), (22101, "127.0.0.2")]
+    assert isinstance(reactor.tcpServers[0][1], MemcacheFactory)
+    service.stopService()
+
+
+def test_ready_logged_after_replay(tmp_path: Path) -> None:
+    """Journals are replayed before any listener opens; then one `kestrel ready` event."""
+    config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
+    first = build(config, MemoryReactorClock())
+    first.startService()
+    assert first.server.collection.add("old", b"x").result is True
+    first.stopService()
+
+    reactor = ProbeReactor()
+    service = build(config, reactor)
+    reactor.service = service
+    with capturedLogs() as events:
+        service.startService()
+    assert reactor.seen_at_listen == [["old"]]
+    ready = [e for e in events if e.get("log_format", "").startswith("kestrel ready")]
+    assert len(ready) == 1
+    assert ready[0]["ports"] == {"memcache": 22133}
+    service.stopService()
+    for d in reactor.stopping:
+        d.callback(None)
+
+
+def test_stop_waits_for_listeners_before_closing_queues(tmp_path: Path) -> None:
+    """The collection stops only after every listener has stopped."""
+    reactor = ProbeReactor()
+    service = build(config_in(tmp_path, text_port=0, admin_port=0), reactor)
+    service.startService()
+    stopped = service.stopService()
+    assert len(reactor.stopping) == 2
+    assert service.server.collection.running
+    reactor.stopping[0].callback(None)
+    assert service.server.collection.running
+    reactor.stopping[1].callback(None)
+    assert not service.server.collection.running
+    assert stopped.called
+
+
+def test_stop_returns_open_reads(tmp_path: Path) -> None:
+    """Stopping finishes live sessions first: their open reads are back in the journal."""
+    config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
+    reactor = MemoryReactorClock()
+    service = build(config, reactor)
+    service.startService()
+    factory = reactor.tcpServers[0][1]
+    proto = factory.buildProtocol(None)
+    transport = StringTransportWithDisconnection()
+    transport.protocol = proto
+    proto.makeConnection(transport)
+    proto.dataReceived(b"set q 0 0 1\r\na\r\nget q/open\r\n")
+    assert transport.value() == b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\n"
+    service.stopService()
+    assert proto.session.finished
+
+    again = build(config, MemoryReactorClock())
+    again.startService()
+    item = again.server.collection.remove("q").result
+    assert item is not None and item.data == b"a"
+    again.stopService()
+
+
+def test_shutdown_command_stops_reactor(tmp_path: Path) -> None:
+    """request_shutdown stops the reactor SHUTDOWN_DELAY seconds later."""
+    reactor = MemoryReactorClock()
+    service = build(config_in(tmp_path), reactor)
+    service.startService()
+    service.server.request_shutdown()
+    reactor.advance(SHUTDOWN_DELAY - 0.01)
+    assert not reactor.hasStopped
+    reactor.advance(0.02)
+    assert reactor.hasStopped
+    service.stopService()
+
+
+def test_listen_failure_stops_queues(tmp_path: Path) -> None:
+    """A port that cannot be opened makes startService raise with the queues stopped."""
+
+    class Busy(MemoryReactorClock):
+        def listenTCP(self, port: int, factory: Any, backlog: int = 50,
+                      interface: str = "") -> Any:
+            raise CannotListenError(interface, port, OSError("in use"))
+
+    service = build(config_in(tmp_path), Busy())
+    with pytest.raises(CannotListenError):
+        service.startService()
+    assert not service.server.collection.running
+
+
+def test_reload_applies_config_file(tmp_path: Path) -> None:
+    """The service's reload (SIGHUP) rereads the file; a broken file keeps the config."""
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'queues'}\ndefault: {{max_items: 7}}\n")
+    config = config_in(tmp_path)
+    service = make_kestrel_service(config, MemoryReactorClock(), config_path=str(path),
+                                   install_signal_handlers=False)
+    service.startService()
+    service.reload()
+    assert service.server.config.default.max_items == 7
+    path.write_text("nonsense_key: 1\n")
+    with capturedLogs() as events:
+        service.reload()
+    assert service.server.config.default.max_items == 7
+    assert any("nonsense_key" in str(e.get("problems", "")) for e in events)
+    service.stopService()
+
+
+def test_no_zookeeper_by_default(tmp_path: Path) -> None:
+    """Without a zookeeper section no publisher is built."""
+    assert build(config_in(tmp_path), MemoryReactorClock()).zookeeper is None

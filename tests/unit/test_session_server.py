@@ -1,0 +1,110 @@
+"""KestrelServer: the context of sessions (reload, shutdown requests, sessions, limits)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from twisted.internet.task import Clock
+
+from kestrel.config import load_config
+from kestrel.errors import ConfigError
+from kestrel.server import KestrelServer
+from kestrel.status import Status
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    """Write a config file for a server under C{tmp_path}; return its path."""
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {json.dumps(str(tmp_path / 'queues'))}\n"
+                    f"status_file: {json.dumps(str(tmp_path / 'status'))}\n"
+                    "expiration_timer_frequency: null\n" + extra)
+    return path
+
+
+@pytest.fixture
+def file_server(tmp_path: Path, clock: Clock):
+    """A started server built from a config file it can reload."""
+    path = write_config(tmp_path, "queues:\n  starship: {max_items: 100}\n")
+    server = KestrelServer.from_config(load_config(path), clock, config_path=path)
+    server.collection.startService()
+    yield server, path
+    if server.collection.running:
+        server.collection.stopService()
+
+
+def test_reload_rereads_the_file(file_server, tmp_path: Path) -> None:
+    """reload() applies the file's new default, queues and aliases to existing queues."""
+    server, path = file_server
+    server.collection.queue("starship")
+    server.collection.queue("weather_updates")
+    write_config(tmp_path, "default: {max_items: 9999}\nqueues:\n  starship: {max_items: 50}\n"
+                           "aliases:\n  wx: [weather_updates]\nmax_open_transactions: 7\n")
+    server.reload()
+    assert server.collection.queue("starship").config.max_items == 50
+    assert server.collection.queue("weather_updates").config.max_items == 9999
+    assert server.collection.alias_names() == ["wx"]
+    assert server.config.default.max_items == 9999
+    # server-level settings need a restart
+    assert server.config.max_open_transactions == 1
+    assert server.max_open_transactions == 1
+
+
+def test_broken_reload_keeps_old_config(file_server, tmp_path: Path) -> None:
+    """A broken file raises ConfigError naming the problem; nothing changes."""
+    server, path = file_server
+    server.collection.queue("starship")
+    old = server.config
+    path.write_text("queues:\n  starship: {max_items: lots}\n")
+    with pytest.raises(ConfigError) as e:
+        server.reload()
+    assert "max_items" in str(e.value)
+    assert server.config is old
+    assert server.collection.queue("starship").config.max_items == 100
+
+
+def test_missing_file_on_reload_is_a_config_error(file_server) -> None:
+    """A config file that vanished is reported as a ConfigError naming the path."""
+    server, path = file_server
+    path.unlink()
+    with pytest.raises(ConfigError) as e:
+        server.reload()
+    assert str(path) in str(e.value)
+
+
+def test_request_shutdown_calls_the_service_layer(file_server) -> None:
+    """request_shutdown() calls the callback the service layer set (and is harmless without)."""
+    server, _ = file_server
+    server.request_shutdown()  # no callback yet: only logged
+    calls: list[str] = []
+    server.shutdown_callback = lambda: calls.append("stop")
+    server.request_shutdown()
+    assert calls == ["stop"]
+
+
+def test_sessions_get_distinct_ids_and_are_counted(file_server) -> None:
+    """Each session has its own id; connections are counted while alive."""
+    server, _ = file_server
+
+    class FakeProtocolName:
+        """Stands for a protocol instance handed to new_session."""
+
+    a = server.new_session(FakeProtocolName())
+    b = server.new_session("thrift")
+    assert a.session_id != b.session_id
+    assert a.protocol_name == "FakeProtocolName"
+    assert server.stats.curr_connections == 2
+    a.finish()
+    assert server.stats.curr_connections == 1
+    assert server.stats.total_connections == 2
+
+
+def test_status_and_collection_wiring(file_server, tmp_path: Path) -> None:
+    """The server's status is the one the collection consults at stop; the status file is used."""
+    server, _ = file_server
+    assert server.collection.status is server.status
+    assert server.stats is server.collection.stats
+    server.status.set_status("readonly")
+    assert (tmp_path / "status").read_text() == "ReadOnly\n"
+    assert server.status.status is Status.READ_ONLY

@@ -1,0 +1,241 @@
+"""
+Memcache protocol against a real server process, with real clients.
+
+python-memcached drives the reliable-read options, pymemcache the plain
+memcache commands (noreply included), raw sockets everything else. One
+server serves the whole module; each test uses its own queue names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import memcache
+import pytest
+from pymemcache.client.base import Client as PyMemcacheClient
+
+from tests.wire.conftest import KestrelProcess, LineClient
+
+
+@pytest.fixture(scope="module")
+def server(kestrel_factory: Callable[..., KestrelProcess]) -> KestrelProcess:
+    """One server for the module: memcache only, 10 open reads, an alias, a tiny request limit."""
+    return kestrel_factory(config={
+        "max_open_transactions": 10,
+        "max_request_size": 4096,
+        "queues": {"small": {"max_item_size": 10}},
+        "aliases": {"both": ["dest_a", "dest_b"]},
+    })
+
+
+@pytest.fixture
+def raw(server: KestrelProcess) -> Iterator[LineClient]:
+    """A raw-socket client of the memcache port."""
+    client = LineClient(server.connect())
+    yield client
+    client.close()
+
+
+def new_raw(server: KestrelProcess) -> LineClient:
+    return LineClient(server.connect())
+
+
+def get_value(client: LineClient, request: bytes) -> bytes | None:
+    """Send a get, return the item's data or None for END."""
+    client.send(request)
+    line = client.line()
+    if line == b"END\r\n":
+        return None
+    assert line.startswith(b"VALUE "), line
+    length = int(line.split()[3])
+    data = client.exactly(length + 2)[:-2]
+    assert client.line() == b"END\r\n"
+    return data
+
+
+# -- real clients ------------------------------------------------------------
+
+def test_python_memcached_reliable_reads(server: KestrelProcess) -> None:
+    """python-memcached: /open, /close, /abort, /peek and /t= behave as Kestrel's."""
+    mc = memcache.Client([server.address()])
+    try:
+        assert mc.set("pm_q", "one")
+        assert mc.set("pm_q", "two")
+        assert mc.get("pm_q/peek") == b"one"
+        assert mc.get("pm_q/open") == b"one"
+        assert mc.get("pm_q/abort") is None
+        assert mc.get("pm_q/open") == b"one"
+        assert mc.get("pm_q/close/open") == b"two"
+        assert mc.get("pm_q/close") is None
+        started = time.monotonic()
+        assert mc.get("pm_q/t=300") is None
+        assert time.monotonic() - started >= 0.25
+    finally:
+        mc.disconnect_all()
+
+
+def test_pymemcache_plain_commands(server: KestrelProcess) -> None:
+    """pymemcache: set (noreply by default), get, delete and stats."""
+    client = PyMemcacheClient(("127.0.0.1", server.memcache_port), default_noreply=True)
+    try:
+        client.set("py_q", b"hello")
+        client.set("py_q", b"world", noreply=False)
+        assert client.get("py_q") == b"hello"
+        assert client.get("py_q") == b"world"
+        assert client.get("py_q") is None
+        stats = client.stats()
+        assert b"queue_py_q_total_items" in stats or "queue_py_q_total_items" in {
+            k.decode() if isinstance(k, bytes) else k for k in stats}
+        client.delete("py_q", noreply=False)
+        client.set("py_q", b"again")
+        assert client.get("py_q") == b"again"
+    finally:
+        client.close()
+
+
+# -- raw sockets ---------------------------------------------------------------
+
+def test_reliable_read_survives_disconnect(server: KestrelProcess) -> None:
+    """An open read of a connection that drops goes back to the head of the queue."""
+    a = new_raw(server)
+    a.send(b"set rr 0 0 1\r\nx\r\nset rr 0 0 1\r\ny\r\n")
+    assert a.line() == a.line() == b"STORED\r\n"
+    assert get_value(a, b"get rr/open\r\n") == b"x"
+    a.close()
+    b = new_raw(server)
+    deadline = time.monotonic() + 5
+    value = None
+    while value is None and time.monotonic() < deadline:
+        value = get_value(b, b"get rr/t=200\r\n")
+    assert value == b"x"
+    assert get_value(b, b"get rr\r\n") == b"y"
+    b.close()
+
+
+def test_fanout(raw: LineClient) -> None:
+    """Once `fo+child` exists, every set to `fo` reaches it too."""
+    assert get_value(raw, b"get fo+child\r\n") is None
+    raw.send(b"set fo 0 0 3\r\nabc\r\n")
+    assert raw.line() == b"STORED\r\n"
+    assert get_value(raw, b"get fo\r\n") == b"abc"
+    assert get_value(raw, b"get fo+child\r\n") == b"abc"
+
+
+def test_alias(raw: LineClient) -> None:
+    """A set on an alias reaches every destination; a get on it reads as empty."""
+    raw.send(b"set both 0 0 2\r\nhi\r\n")
+    assert raw.line() == b"STORED\r\n"
+    assert get_value(raw, b"get both\r\n") is None
+    assert get_value(raw, b"get dest_a\r\n") == b"hi"
+    assert get_value(raw, b"get dest_b\r\n") == b"hi"
+
+
+def test_expiry(raw: LineClient) -> None:
+    """An item set with exptime 1 is not delivered after a second."""
+    raw.send(b"set exp 0 1 1\r\na\r\nset exp 0 0 1\r\nb\r\n")
+    assert raw.line() == raw.line() == b"STORED\r\n"
+    time.sleep(1.2)
+    assert get_value(raw, b"get exp\r\n") == b"b"
+
+
+def test_monitor_and_confirm(raw: LineClient) -> None:
+    """monitor streams open items and END; confirm closes them; too many is ERROR."""
+    for word in (b"state shirt", b"homunculus", b"automaton"):
+        raw.send(b"set mon 0 0 %d\r\n%s\r\n" % (len(word), word))
+        assert raw.line() == b"STORED\r\n"
+    raw.send(b"monitor mon 1 3\r\n")
+    expected = (b"VALUE mon 0 11\r\nstate shirt\r\nEND\r\nVALUE mon 0 10\r\nhomunculus\r\n"
+                b"END\r\nVALUE mon 0 9\r\nautomaton\r\nEND\r\nEND\r\n")
+    assert raw.exactly(len(expected)) == expected
+    raw.send(b"confirm mon 4\r\nconfirm mon 3\r\nget mon\r\n")
+    assert raw.line() == b"ERROR\r\n"
+    assert raw.line() == b"END\r\n"
+    assert raw.line() == b"END\r\n"
+
+
+def test_status_changes(server: KestrelProcess) -> None:
+    """readonly blocks writes with SERVER_ERROR + close; quiescent blocks reads; up restores."""
+    a = new_raw(server)
+    a.send(b"status readonly\r\nstatus\r\n")
+    assert a.line() == b"END\r\n"
+    assert a.line() == b"READONLY\r\n"
+    a.send(b"set st 0 0 1\r\nx\r\n")
+    assert a.line().startswith(b"SERVER_ERROR")
+    assert a.closed()
+    b = new_raw(server)
+    b.send(b"status quiescent\r\nget st\r\n")
+    assert b.line() == b"END\r\n"
+    assert b.line().startswith(b"SERVER_ERROR")
+    assert b.closed()
+    c = new_raw(server)
+    c.send(b"status up\r\nstatus\r\nset st 0 0 1\r\nx\r\n")
+    assert c.line() == b"END\r\n"
+    assert c.line() == b"UP\r\n"
+    assert c.line() == b"STORED\r\n"
+    for client in (a, b, c):
+        client.close()
+
+
+def test_stats_and_dump_stats(raw: LineClient) -> None:
+    """STATS starts with uptime and ends with END; DUMP_STATS prints a queue block."""
+    raw.send(b"set sq 0 0 2\r\nab\r\nstats\r\n")
+    assert raw.line() == b"STORED\r\n"
+    stats = raw.until(b"END\r\n")
+    assert stats.startswith(b"STAT uptime ")
+    assert b"\r\nSTAT queue_sq_items 1\r\n" in stats
+    raw.send(b"dump_stats sq\r\n")
+    dump = raw.until(b"END\r\n")
+    assert dump.startswith(b"queue 'sq' {\r\n  items=1\r\n  bytes=2\r\n")
+    assert dump.endswith(b"\r\n}\r\nEND\r\n")
+
+
+def test_version_and_pipelining(raw: LineClient) -> None:
+    """Pipelined requests are answered in order."""
+    raw.send(b"version\r\nset pl 0 0 1\r\na\r\nget pl\r\nget pl\r\n")
+    assert raw.line().startswith(b"VERSION ")
+    assert raw.line() == b"STORED\r\n"
+    assert raw.until(b"END\r\n") == b"VALUE pl 0 1\r\na\r\nEND\r\n"
+    assert raw.line() == b"END\r\n"
+
+
+# -- bad input: a clear error, and the server lives on ----------------------------
+
+@pytest.mark.parametrize("request_bytes, reply", [
+    (b"bogus\r\n", b"CLIENT_ERROR unknown command: bogus\r\n"),
+    (b"add q 0 0 1\r\nx\r\n", b"CLIENT_ERROR unknown command: add\r\n"),
+    (b"get ../etc\r\n", b"CLIENT_ERROR bad queue name: "),
+    (b"set a/b 0 0 1\r\nx\r\n", b"CLIENT_ERROR bad queue name: "),
+    (b"get q/t=abc\r\n", b"CLIENT_ERROR bad timeout\r\n"),
+    (b"get q/peek/open\r\n", b"CLIENT_ERROR "),
+    (b"set q 0 0 5000\r\n", b"CLIENT_ERROR item of 5000 bytes is larger than max_request_size"),
+    (b"get " + b"x" * 5000 + b"\r\n", b"CLIENT_ERROR request line too long\r\n"),
+    (b"set q 0 0 -1\r\n", b"CLIENT_ERROR bad byte count\r\n"),
+    (b"status down\r\n", b"CLIENT_ERROR "),
+])
+def test_bad_input(server: KestrelProcess, request_bytes: bytes, reply: bytes) -> None:
+    """Each bad request gets CLIENT_ERROR with a reason, then a close; the server lives on."""
+    client = new_raw(server)
+    client.send(request_bytes)
+    assert client.line().startswith(reply)
+    assert client.closed()
+    client.close()
+    after = new_raw(server)
+    after.send(b"version\r\n")
+    assert after.line().startswith(b"VERSION ")
+    after.close()
+
+
+def test_missing_key_keeps_connection(raw: LineClient) -> None:
+    """`get` without a key is CLIENT_ERROR but the connection stays usable."""
+    raw.send(b"get\r\nversion\r\n")
+    assert raw.line() == b"CLIENT_ERROR missing queue name\r\n"
+    assert raw.line().startswith(b"VERSION ")
+
+
+def test_item_over_max_item_size(raw: LineClient) -> None:
+    """An item over the queue's max_item_size is read and discarded: NOT_STORED."""
+    raw.send(b"set small 0 0 11\r\n01234567890\r\nset small 0 0 2\r\nok\r\n")
+    assert raw.line() == b"NOT_STORED\r\n"
+    assert raw.line() == b"STORED\r\n"
+    assert get_value(raw, b"get small\r\n") == b"ok"
