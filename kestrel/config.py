@@ -163,6 +163,17 @@ class ServerConfig:
         override = self.queues.get(name)
         return parent if override is None else override.apply(parent)
 
+    def restart_required_changes(self, new: ServerConfig) -> list[str]:
+        """
+        Return the server-level keys whose value differs in C{new}, in field order.
+
+        A reload applies only C{default}, C{queues} and C{aliases}; the keys
+        returned here keep their old value until a restart, and the reload
+        should say so (a logged warning).
+        """
+        return [f.name for f in attrs.fields(ServerConfig)
+                if f.name not in _RELOADABLE and getattr(self, f.name) != getattr(new, f.name)]
+
     def with_overrides(self, **overrides: Any) -> ServerConfig:
         """
         Return a copy with server-level settings replaced (command-line options).
@@ -193,6 +204,9 @@ class ServerConfig:
         problems.raise_if_any()
         return result
 
+
+#: The keys a reload applies in place (everything else needs a restart).
+_RELOADABLE = frozenset({"default", "queues", "aliases", "warnings"})
 
 #: The built-in defaults: what the server runs on without a config file.
 DEFAULT_CONFIG = ServerConfig()

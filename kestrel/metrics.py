@@ -78,6 +78,19 @@ class Histogram:
         self.count += 1
         self.total += v
 
+    def merge(self, other: Histogram) -> None:
+        """Add every value recorded in C{other} to this histogram."""
+        if other.count == 0:
+            return
+        buckets = self.buckets
+        for index, n in enumerate(other.buckets):
+            if n:
+                buckets[index] += n
+        self.minimum = other.minimum if self.count == 0 else min(self.minimum, other.minimum)
+        self.maximum = max(self.maximum, other.maximum)
+        self.count += other.count
+        self.total += other.total
+
     def clear(self) -> None:
         """Forget every recorded value."""
         self.count = self.total = self.minimum = self.maximum = 0

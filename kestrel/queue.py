@@ -319,6 +319,7 @@ class PersistentQueue:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail()
         if d.called and isinstance(d.result, Failure):
+            # The OS refused the write (the file is cut back): the item is not in the journal.
             failure = d.result
             d.addErrback(lambda _: None)
             self._log.failure("Journal write failed for {queue}; item refused",
@@ -474,9 +475,11 @@ class PersistentQueue:
         self._waiters.trigger()
 
     def _return_to_head(self, xid: int) -> None:
-        item = self._open.pop(xid, None)
-        if item is None:
+        opened = self._open.pop(xid, None)
+        if opened is None:
             return
+        # A fresh object: whoever held the aborted read keeps a stale copy, never a live one.
+        item = QItem(opened.data, opened.add_time_ms, opened.expiry_ms)
         size = len(item.data)
         self._items.appendleft(item)
         self.memory_bytes += size
@@ -628,7 +631,8 @@ class PersistentQueue:
         except Exception:
             self._log.failure("Journal write failed for {queue}", queue=self.name)
             return
-        d.addErrback(self._write_failed)
+        if not d.called or isinstance(d.result, Failure):
+            d.addErrback(self._write_failed)
 
     def _write_failed(self, failure: Failure) -> None:
         if failure.check(CancelledError) is None:

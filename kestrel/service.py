@@ -112,7 +112,8 @@ class KestrelService(Service):
         """
         Replay the journals, open every listener, then log C{kestrel ready}.
 
-        A listener that cannot be opened stops what was started and raises.
+        A listener that cannot be opened (or a ZooKeeper publisher that cannot
+        start) stops what was started and raises.
         """
         super().startService()
         server = self.server
@@ -122,16 +123,17 @@ class KestrelService(Service):
             for listener in self.listeners:
                 self.ports[listener.name] = self.reactor.listenTCP(
                     listener.port, listener.factory, interface=address)
+            if self.zookeeper is not None:
+                self.zookeeper.startService()
         except Exception:
-            self._log.failure("Cannot open the listeners; stopping")
+            self._log.failure("kestrel cannot start; stopping")
             for port in self.ports.values():
                 port.stopListening()
             self.ports.clear()
             server.collection.stopService()
+            self.running = False
             raise
         server.shutdown_callback = self.shutdown_soon
-        if self.zookeeper is not None:
-            self.zookeeper.startService()
         bound = {name: port.getHost().port for name, port in self.ports.items()}
         self._log.info(
             "kestrel ready on {address}: {listeners}",

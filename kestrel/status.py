@@ -95,11 +95,11 @@ def parse_status(name: str | None) -> Status:
     """
     Return the level named by C{name}, case-insensitively (C{down} included).
 
-    Surrounding whitespace is ignored. Raises L{UnknownStatus} for C{None} or
-    any other name.
+    Surrounding whitespace is ignored. Raises L{UnknownStatus} for any other
+    name, and for C{None} or anything that is not a string.
     """
-    if name is None:
-        raise UnknownStatus("Unknown status: none given")
+    if not isinstance(name, str):
+        raise UnknownStatus(f"Unknown status: expected a name, got {name!r}")
     status = _BY_NAME.get(name.strip().upper())
     if status is None:
         raise UnknownStatus(

@@ -26,11 +26,13 @@ class ReadWaiters:
     with L{twisted.internet.defer.CancelledError}.
     """
 
-    __slots__ = ("_clock", "_waiters")
+    __slots__ = ("_clock", "_waiters", "_waking", "_owed")
 
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
         self._waiters: OrderedDict[Deferred[bool], IDelayedCall] = OrderedDict()
+        self._waking = False
+        self._owed = 0
 
     def __len__(self) -> int:
         """Return how many waiters are waiting."""
@@ -58,10 +60,28 @@ class ReadWaiters:
         Wake the oldest waiter, if any.
 
         A waiter whose Deferred already fired (it can no longer take the
-        wake-up) is skipped and the wake-up passes to the next one.
+        wake-up) is skipped and the wake-up passes to the next one. A trigger
+        made by a woken waiter's own callbacks (passing a wake-up on) is
+        served as soon as those callbacks return, so long hand-off chains
+        never nest.
 
-        @return: whether a waiter was woken.
+        @return: whether a waiter was (or, from inside a wake-up, will be) woken.
         """
+        if self._waking:
+            self._owed += 1
+            return bool(self._waiters)
+        self._waking = True
+        try:
+            woke = self._wake_one()
+            while self._owed:
+                self._owed -= 1
+                self._wake_one()
+        finally:
+            self._waking = False
+            self._owed = 0
+        return woke
+
+    def _wake_one(self) -> bool:
         waiters = self._waiters
         while waiters:
             d, call = waiters.popitem(last=False)

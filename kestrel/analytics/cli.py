@@ -126,7 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           for _, p in inputs):
         # binaryFile rows are whole files: keep Arrow batches to a few files each.
         conf.setdefault("spark.sql.execution.arrow.maxRecordsPerBatch", "4")
-    spark = make_session(args.master, conf)
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()  # e.g. a notebook's: reuse it, never stop it
+    spark = existing or make_session(args.master, conf)
     try:
         with tempfile.TemporaryDirectory(prefix="kestrel-analyze-") as tmp:
             if not args.no_ship and not is_local_master(spark.sparkContext.master):
@@ -138,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"kestrel-analyze: {e}", file=sys.stderr)
                 return 2
     finally:
-        spark.stop()
+        if existing is None:
+            spark.stop()
     t = summary["totals"]
     print(f"kestrel-analyze: {t['files']} files, {t['records']:,} records, "
           f"{t['enqueued']:,} enqueued, {t['dequeued']:,} dequeued, "

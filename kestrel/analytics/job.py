@@ -148,32 +148,32 @@ def scan(spark: SparkSession, plan: Plan, reader: str) -> DataFrame:
 
 
 def _flow(events: DataFrame) -> DataFrame:
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
-    op = F.col("op")
+    op = sf.col("op")
     is_add = op.isin(*ADD_OPS)
-    add_size = F.when(is_add, F.col("size"))
+    add_size = sf.when(is_add, sf.col("size"))
 
     def count(cond: Any) -> Any:
-        return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
+        return sf.sum(sf.when(cond, 1).otherwise(0)).cast("long")
 
-    minute = (F.floor(F.col("event_ms") / MINUTE_MS) * MINUTE_MS).cast("long")
+    minute = (sf.floor(sf.col("event_ms") / MINUTE_MS) * MINUTE_MS).cast("long")
     return (events.groupBy("server", "queue", minute.alias("minute_ms"))
-            .agg(count(F.lit(True)).alias("records"),
+            .agg(count(sf.lit(True)).alias("records"),
                  count(is_add).alias("enqueued"),
                  count(op.isin(1, 6, 8)).alias("dequeued"),
                  count(op.isin(3, 9)).alias("opened"),
                  count(op.isin(6, 8)).alias("confirmed"),
                  count(op == 5).alias("aborted"),
-                 F.coalesce(F.sum(add_size), F.lit(0)).cast("long").alias("bytes_enqueued"),
-                 count(F.col("packed") & is_add).alias("packed_adds"),
-                 count(F.col("filler")).alias("pack_fillers"),
-                 F.percentile_approx(add_size, [0.5, 0.9, 0.99]).alias("_p"),
-                 F.max(add_size).alias("size_max"))
+                 sf.coalesce(sf.sum(add_size), sf.lit(0)).cast("long").alias("bytes_enqueued"),
+                 count(sf.col("packed") & is_add).alias("packed_adds"),
+                 count(sf.col("filler")).alias("pack_fillers"),
+                 sf.percentile_approx(add_size, [0.5, 0.9, 0.99]).alias("_p"),
+                 sf.max(add_size).alias("size_max"))
             .select("server", "queue", "minute_ms", "records", "enqueued", "dequeued", "opened",
                     "confirmed", "aborted", "bytes_enqueued", "packed_adds", "pack_fillers",
-                    F.col("_p")[0].alias("size_p50"), F.col("_p")[1].alias("size_p90"),
-                    F.col("_p")[2].alias("size_p99"), "size_max"))
+                    sf.col("_p")[0].alias("size_p50"), sf.col("_p")[1].alias("size_p90"),
+                    sf.col("_p")[2].alias("size_p99"), "size_max"))
 
 
 def _join(out: str, name: str) -> str:
@@ -208,7 +208,7 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
     @raise kestrel.analytics.layout.LayoutError: the inputs cannot be read as given.
     """
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     if reader not in READERS:
         raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
@@ -219,10 +219,10 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
         f"{len(plan.queues())} queue(s); {len(plan.skipped)} file(s) skipped")
     raw = scan(spark, plan, reader).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        trailers = raw.filter(F.col("op") == TRAILER_OP).select(
+        trailers = raw.filter(sf.col("op") == TRAILER_OP).select(
             "server", "queue", "file", "file_seq", "xid", "size", "offset", "problem").collect()
-        events = (raw.filter(F.col("op") != TRAILER_OP).drop("problem")
-                  .withColumn("event_ms", F.coalesce("add_ms", "time_lb_ms", "time_ub_ms")))
+        events = (raw.filter(sf.col("op") != TRAILER_OP).drop("problem")
+                  .withColumn("event_ms", sf.coalesce("add_ms", "time_lb_ms", "time_ub_ms")))
         records = sum(t.xid for t in trailers)
         say(f"writing events ({records:,} records) and files tables")
         events.write.mode("overwrite").parquet(_join(out, "events"))
@@ -239,16 +239,16 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
         # trailer rows go in too, so that a queue whose files are all empty gets its row
         filled = raw.select(
             "server", "queue",
-            *[F.coalesce(F.col(c), F.lit(NONE if c in ("add_ms", "expiry_ms", "time_lb_ms",
+            *[sf.coalesce(sf.col(c), sf.lit(NONE if c in ("add_ms", "expiry_ms", "time_lb_ms",
                                                         "time_ub_ms") else 0)).alias(c)
               for c in _REPLAY_INPUT if c != "filler"],
             "filler")
         rep = (filled.groupBy("server", "queue").applyInPandas(replay_frame, REPLAY_DDL)
                .persist(StorageLevel.MEMORY_AND_DISK))
-        (rep.filter(F.col("kind") == "backlog")
+        (rep.filter(sf.col("kind") == "backlog")
          .select("server", "queue", "minute_ms", "queued", "open_reads", "items", "bytes")
          .write.mode("overwrite").parquet(_join(out, "backlog")))
-        queue_rows = rep.filter(F.col("kind") == "queue").toPandas()
+        queue_rows = rep.filter(sf.col("kind") == "queue").toPandas()
         tiq = queue_rows[["server", "queue", "dequeued_items", *_WAIT_COLS]].copy()
         tiq["estimate"] = True
         spark.createDataFrame(tiq, _TIQ_DDL).coalesce(1).write.mode("overwrite").parquet(

@@ -7,12 +7,15 @@ server's replay rules on item positions instead of item data:
 
 - ADD, ADDX, ADD_XID append the item; CONTINUE(xid) drops open read C{xid}
   (a confirm) and appends its new item;
-- REMOVE pops the head for good; REMOVE_TENTATIVE[_XID](xid) pops the head
-  into open read C{xid} (legacy opcode 3 uses xid 0, and, as in Kestrel, an
-  open read with the same xid is overwritten and its item lost);
+- REMOVE pops the head for good; REMOVE_TENTATIVE_XID(xid) pops the head
+  into open read C{xid} and sets the xid counter (an open read with the same
+  xid is overwritten and its item lost, as in the server); the legacy
+  REMOVE_TENTATIVE (opcode 3, no xid) takes the next free xid after the
+  counter, as txkestrel's replay does (Kestrel used xid 0, a latent bug);
+  SAVE_XID sets the counter;
 - UNREMOVE(xid) puts open read C{xid} back at the head; CONFIRM_REMOVE(xid)
   drops it; records about an unknown xid, or a pop of an empty queue, do
-  nothing; SAVE_XID changes nothing that is counted.
+  nothing.
 
 What a restart would hold (C{items_left}) is every queued item plus every
 still-open read, which the server puts back at the head.
@@ -38,6 +41,9 @@ import numpy as np
 NONE = np.iinfo(np.int64).min
 
 MINUTE_MS = 60_000
+
+#: Xids are signed 32-bit; the counter wraps to 1 after this.
+MAX_XID = 0x7FFFFFFF
 
 #: The percentiles every summary reports.
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -137,6 +143,7 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     open_reads: dict[int, int] = {}
     nbytes = 0
     lost = 0
+    counter = 0
     out_q: list[int] = []
     out_o: list[int] = []
     out_b: list[int] = []
@@ -152,9 +159,17 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
                 removed_at[j] = i
                 nbytes -= sizes[j]
         elif o == 9 or o == 3:
+            if o == 9:
+                x = counter = xids[i]
+            else:
+                x = counter
+                while True:
+                    x = x + 1 if x < MAX_XID else 1
+                    if x not in open_reads:
+                        break
+                counter = x
             if queue:
                 j = queue.popleft()
-                x = xids[i] if o == 9 else 0
                 old = open_reads.get(x)
                 if old is not None:
                     lost += 1
@@ -172,6 +187,8 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
             j = open_reads.pop(xids[i], -1)
             if j >= 0:
                 queue.appendleft(j)
+        elif o == 4:
+            counter = xids[i]
         if emits[i]:
             out_i.append(i)
             out_q.append(len(queue))

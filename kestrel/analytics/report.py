@@ -52,7 +52,7 @@ def bucket_width(first_ms: int | None, last_ms: int | None) -> int:
 def report_data(spark: SparkSession, events: DataFrame, backlog_path: str,
                 flow: pd.DataFrame) -> ReportData:
     """Gather the chart series for the busiest queues."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     if len(flow) == 0:
         return ReportData(MINUTE_MS, {}, {}, {})
@@ -65,18 +65,18 @@ def report_data(spark: SparkSession, events: DataFrame, backlog_path: str,
         g = f[(f["server"] == key[0]) & (f["queue"] == key[1])]
         flow_series[key] = (g.groupby("bucket")[["enqueued", "dequeued"]].sum()
                             .reset_index().sort_values("bucket"))
-    wanted = F.struct("server", "queue").isin(*[F.struct(F.lit(s), F.lit(q))
+    wanted = sf.struct("server", "queue").isin(*[sf.struct(sf.lit(s), sf.lit(q))
                                                 for s, q in busiest])
     bl = (spark.read.parquet(backlog_path).filter(wanted)
           .groupBy("server", "queue",
-                   (F.floor(F.col("minute_ms") / width) * width).cast("long").alias("bucket"))
-          .agg(F.max_by("items", "minute_ms").alias("items"),
-               F.max_by("open_reads", "minute_ms").alias("open_reads"))
+                   (sf.floor(sf.col("minute_ms") / width) * width).cast("long").alias("bucket"))
+          .agg(sf.max_by("items", "minute_ms").alias("items"),
+               sf.max_by("open_reads", "minute_ms").alias("open_reads"))
           .toPandas())
-    sizes = (events.filter(F.col("op").isin(*ADD_OPS) & wanted)
+    sizes = (events.filter(sf.col("op").isin(*ADD_OPS) & wanted)
              .groupBy("server", "queue",
-                      F.when(F.col("size") == 0, 0)
-                      .otherwise(F.floor(F.log2(F.col("size"))).cast("int") + 1).alias("bin"))
+                      sf.when(sf.col("size") == 0, 0)
+                      .otherwise(sf.floor(sf.log2(sf.col("size"))).cast("int") + 1).alias("bin"))
              .count().toPandas())
     return ReportData(
         width, flow_series,

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from kestrel.analytics.layout import JournalFile
-from kestrel.journal import records as R
+from kestrel.journal import records
 
 #: The pseudo-opcode of the one trailer row every file contributes.
 TRAILER_OP = -1
@@ -56,7 +56,7 @@ SCHEMA = pa.schema([
 """The columns of a scanned file: one row per record, plus one trailer row.
 
 C{packed} marks rows read from a C{.pack} file; C{filler} marks the empty
-ADDX records a pack writes for pent-up deletes (size 0, added after the pack's
+ADDX records a pack writes for pent-up deletes (size 0, added at or after the pack's
 timestamp): they stand for items already gone, not for client traffic.
 
 The trailer row has C{op == TRAILER_OP}, C{offset} = the clean end (just past
@@ -65,8 +65,8 @@ C{xid} = the number of records, and C{problem} = why decoding stopped early
 (C{None} when the file decoded to its last byte)."""
 
 SPARK_DDL = ("server string, queue string, file string, file_seq int, packed boolean, "
-             "filler boolean, offset long, op byte, xid int, size int, add_ms long, expiry_ms long, "
-             "time_lb_ms long, time_ub_ms long, problem string")
+             "filler boolean, offset long, op byte, xid int, size int, add_ms long, "
+             "expiry_ms long, time_lb_ms long, time_ub_ms long, problem string")
 """L{SCHEMA} in Spark's DDL syntax."""
 
 
@@ -103,7 +103,7 @@ def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
     bytes from there on are reported as C{truncated_bytes} with the reason
     in C{problem}, which is where the server's replay cuts the file.
     """
-    read = R.read_record
+    read = records.read_record
     offsets = array("q")
     ops = array("b")
     xids = array("i")
@@ -156,7 +156,7 @@ def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
                 adds.append(none)
                 exps.append(none)
             pos = nxt
-    except R.CorruptRecord as e:
+    except records.CorruptRecord as e:
         problem = e.reason
     return Scan(
         offset=np.frombuffer(offsets, dtype=np.int64),
@@ -207,7 +207,7 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     has_xid = np.isin(op, XID_OPS)
     rows = n + 1
     packed = jf.kind == "pack"
-    filler = is_add & (scan.size == 0) & (scan.add_ms > (jf.ts_ms or 0)) if packed else \
+    filler = is_add & (scan.size == 0) & (scan.add_ms >= (jf.ts_ms or 0)) if packed else \
         np.zeros(n, bool)
 
     def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,

@@ -141,23 +141,39 @@ def read_binary_files(spark: SparkSession, files: Sequence[JournalFile]) -> Data
                 data = contents[i].as_buffer()
                 yield scan_file(by_path[path], memoryview(data) if data is not None else b"")
 
-    if not files:
-        return spark.createDataFrame([], SPARK_DDL)
-    raw = spark.read.format("binaryFile").load([f.path for f in files])
-    return raw.select("path", "content").mapInArrow(scan_batches, SPARK_DDL)
+    # binaryFile yields no row for an empty file: scan those here (no bytes to read)
+    empty = [scan_file(f, b"") for f in files if f.size == 0]
+    df = None
+    if empty:
+        df = spark.createDataFrame(pa.Table.from_batches(empty).to_pandas(), SPARK_DDL)
+    full = [f.path for f in files if f.size > 0]
+    if full:
+        raw = spark.read.format("binaryFile").load(full)
+        scanned = raw.select("path", "content").mapInArrow(scan_batches, SPARK_DDL)
+        df = scanned if df is None else df.unionByName(scanned)
+    return df if df is not None else spark.createDataFrame([], SPARK_DDL)
 
 
 def list_with_spark(spark: SparkSession, folder: str) -> list[tuple[str, str, int, int]]:
     """
-    List the files of C{folder} (any Hadoop URI) through Spark.
+    List the regular files directly inside C{folder} (any Hadoop URI) with Hadoop's API.
 
-    @return: C{(name, uri, size, mtime_ms)} per file; hidden names (starting
-        with C{.} or C{_}) are not seen, as Spark's file listing hides them.
+    @return: C{(name, uri, size, mtime_ms)} per file, C{uri} spelled as
+        C{binaryFile} reports it.
+    @raise LayoutError: the folder does not exist.
     """
-    from pyspark.sql import functions as F
+    from kestrel.analytics.layout import LayoutError
 
-    df = (spark.read.format("binaryFile").load(folder)
-          .select("path", "length", (F.col("modificationTime").cast("double") * 1000)
-                  .cast("long").alias("mtime_ms")))
-    return [(r.path.rstrip("/").rsplit("/", 1)[-1], r.path, int(r.length), int(r.mtime_ms))
-            for r in df.collect()]
+    sc = spark.sparkContext
+    jvm = sc._jvm  # noqa: SLF001 - Hadoop's FileSystem is only reachable through the JVM
+    path = jvm.org.apache.hadoop.fs.Path(folder)
+    fs = path.getFileSystem(sc._jsc.hadoopConfiguration())  # noqa: SLF001
+    if not fs.exists(path) or not fs.getFileStatus(path).isDirectory():
+        raise LayoutError(f"input folder {folder!r} does not exist or is not a folder")
+    found = []
+    for status in fs.listStatus(path):
+        if status.isFile():
+            uri = status.getPath().toString()
+            found.append((status.getPath().getName(), uri, int(status.getLen()),
+                          int(status.getModificationTime())))
+    return found

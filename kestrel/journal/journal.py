@@ -18,11 +18,13 @@ C{archive_path} when one is set.
 
 from __future__ import annotations
 
+import collections
 import errno
 import mmap
 import os
 import shutil
 import struct
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import attrs
@@ -42,6 +44,12 @@ PROGRESS_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 
 _ADDX_BODY = struct.Struct("<iqq")
+
+# Head operations journaled since the checkpoint, packed as xid * 4 + op.
+_OP_REMOVE = 0
+_OP_OPEN = 1
+_OP_UNREMOVE = 2
+_OP_CLOSE = 3
 _TEMP_INFIX = "~~"
 _PACK_SUFFIX = ".pack"
 
@@ -112,6 +120,54 @@ class _Reader:
         os.close(self._fd)
 
 
+def _pack_layout(head_ops: array[int], reserved: Sequence[QItem], open_items: list[QItem],
+                 memory: list[QItem]) -> tuple[list[QItem | None], list[QItem]]:
+    """
+    Work out what a pack must hold so that the files after the checkpoint replay onto it.
+
+    The queue at the checkpoint is unknown, but the files after it take its
+    head items in a known order: C{head_ops} (REMOVE, open, UNREMOVE, and
+    confirm or continue, with their xids) says which taken item went where.
+    Running them on placeholders tells, for each item taken from the old
+    head, whether it is still open now (its data is in C{open_items}), back
+    in the queue (its data is in C{memory}, whose first items are the ones
+    put back), or gone (an empty item stands for it). What was not taken is
+    the rest of C{memory}.
+
+    @return: the taken items in order (C{None} for gone ones), and the rest.
+    """
+    put_back: collections.deque[int] = collections.deque()
+    taken = 0
+    # xid -> placeholder: >= 0 for the n-th item taken, < 0 for a reserved read.
+    where = {item.xid: -1 - i for i, item in enumerate(reserved)}
+    for value in head_ops:
+        op = value & 3
+        xid = value >> 2
+        if op == _OP_REMOVE or op == _OP_OPEN:
+            if put_back:
+                placeholder = put_back.popleft()
+            else:
+                placeholder = taken
+                taken += 1
+            if op == _OP_OPEN:
+                where[xid] = placeholder
+        elif op == _OP_UNREMOVE:
+            placeholder = where.pop(xid, None)
+            if placeholder is not None:
+                put_back.appendleft(placeholder)
+        else:
+            where.pop(xid, None)
+    slots: list[QItem | None] = [None] * taken
+    now_open = {item.xid: item for item in open_items}
+    for xid, placeholder in where.items():
+        if placeholder >= 0 and xid in now_open:
+            slots[placeholder] = now_open[xid]
+    for index, placeholder in enumerate(put_back):
+        if placeholder >= 0 and index < len(memory):
+            slots[placeholder] = memory[index]
+    return slots, memory[len(put_back):]
+
+
 def _log_failure(failure: Failure) -> None:
     """Swallow a failure that the syncfile has logged already."""
     return None
@@ -128,7 +184,6 @@ class FileJournal:
     @ivar size: bytes in the current file C{<q>}.
     @ivar archived_size: bytes in the rotated files.
     @ivar checkpoint: the checkpoint set by L{rotate}, until it is packed.
-    @ivar removes_since_read_behind: removes journaled since read-behind began.
     """
 
     _log = Logger()
@@ -150,10 +205,14 @@ class FileJournal:
         self._replay_file: str | None = None
         self._replay_pos = 0
         self._closing: list[Deferred[None]] = []
+        self._packs: list[Deferred[None]] = []
+        # Bumped by rewrite and erase: a pack started before is stale.
+        self._epoch = 0
         self.size = 0
         self.archived_size = 0
         self.checkpoint: Checkpoint | None = None
-        self.removes_since_read_behind = 0
+        # Operations on the head of the queue since the checkpoint was set.
+        self._head_ops: array[int] | None = None
         self.closed = False
 
     # -- state -------------------------------------------------------------
@@ -184,40 +243,52 @@ class FileJournal:
 
     def continue_(self, xid: int, item: QItem) -> Deferred[None]:
         """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""
-        if self._reader is not None:
-            self.removes_since_read_behind += 1
+        ops = self._head_ops
+        if ops is not None:
+            ops.append(xid * 4 + _OP_CLOSE)
         data = rec.Continue(xid, item.data, item.add_time_ms, item.expiry_ms).encode()
         self.size += len(data)
         return self._writer.write(data)
 
     def remove(self) -> Deferred[None]:
         """Journal a remove of the head item (REMOVE)."""
-        if self._reader is not None:
-            self.removes_since_read_behind += 1
+        ops = self._head_ops
+        if ops is not None:
+            ops.append(_OP_REMOVE)
         self.size += 1
         return self._writer.write(rec.REMOVE_BYTES)
 
     def remove_tentative(self, xid: int) -> Deferred[None]:
         """Journal an open read of the head item under C{xid} (REMOVE_TENTATIVE_XID)."""
+        ops = self._head_ops
+        if ops is not None:
+            ops.append(xid * 4 + _OP_OPEN)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, xid))
 
     def unremove(self, xid: int) -> Deferred[None]:
         """Journal an aborted open read C{xid} (UNREMOVE)."""
+        ops = self._head_ops
+        if ops is not None:
+            ops.append(xid * 4 + _OP_UNREMOVE)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.UNREMOVE, xid))
 
     def confirm_remove(self, xid: int) -> Deferred[None]:
         """Journal a confirmed open read C{xid} (CONFIRM_REMOVE)."""
-        if self._reader is not None:
-            self.removes_since_read_behind += 1
+        ops = self._head_ops
+        if ops is not None:
+            ops.append(xid * 4 + _OP_CLOSE)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
 
     def notify_remove_during_replay(self) -> None:
-        """Count a remove replayed while read-behind is on (Kestrel's notifyRemoveDuringReplay)."""
-        if self._reader is not None:
-            self.removes_since_read_behind += 1
+        """
+        Accept Kestrel's C{notifyRemoveDuringReplay}; nothing to do.
+
+        Packing needs no count of removes: it follows the head operations
+        journaled since the checkpoint (see L{start_pack}).
+        """
 
     # -- file listing and the pack rule ------------------------------------
 
@@ -523,11 +594,12 @@ class FileJournal:
         """
         old_size = self._writer.position
         self._close_writer()
-        rotated = self._unique_rotated_name()
-        os.rename(self._path(self.queue_name), self._path(rotated))
-        self._fsync_dir(self.queue_path)
-        self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
-                       file=rotated)
+        try:
+            rotated = self._unique_rotated_name()
+            os.rename(self._path(self.queue_name), self._path(rotated))
+        except Exception:
+            self._writer = self._open_writer()
+            raise
         self.size = 0
         self.archived_size += old_size
         self._writer = self._open_writer()
@@ -535,24 +607,42 @@ class FileJournal:
             self._reader_file = rotated
         if set_checkpoint and self.checkpoint is None:
             self.checkpoint = Checkpoint(rotated, tuple(reserved_items))
+            self._head_ops = array("q")
+        self._fsync_dir(self.queue_path)
+        self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
+                       file=rotated)
+
+    def _clear_checkpoint(self) -> None:
+        self.checkpoint = None
+        self._head_ops = None
 
     def _dump(self, xid_counter: int, reserved_items: Iterable[QItem],
-              open_items: Iterable[QItem], pent_up_deletes: int,
-              items: Iterable[QItem]) -> Iterator[bytes]:
-        """Yield the records of a compact journal, SAVE_XID first."""
+              middle: Sequence[QItem | None], items: Iterable[QItem]) -> Iterator[bytes]:
+        """
+        Return the records of a compact journal as an iterator of bytes.
+
+        SAVE_XID(C{xid_counter}); ADDX + REMOVE_TENTATIVE_XID per open read
+        in C{reserved_items}; ADDX per C{middle} item (an empty one for
+        C{None}); ADDX per C{items} item. All but C{items} is encoded now,
+        so that the rest may be consumed on another thread while the queue
+        goes on changing the open items' xids.
+        """
         encode_add = rec.encode_add
-        yield rec.SaveXid(xid_counter).encode()
+        head = [rec.SaveXid(xid_counter).encode()]
         for item in reserved_items:
-            yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
-            yield rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, item.xid)
-        for item in open_items:
-            yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
-        if pent_up_deletes > 0:
-            dummy = encode_add(b"", self._now_ms(), 0)
-            for _ in range(pent_up_deletes):
-                yield dummy
-        for item in items:
-            yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
+            head.append(encode_add(item.data, item.add_time_ms, item.expiry_ms))
+            head.append(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, item.xid))
+        dummy = encode_add(b"", self._now_ms(), 0)
+        for slot in middle:
+            head.append(dummy if slot is None
+                        else encode_add(slot.data, slot.add_time_ms, slot.expiry_ms))
+
+        def body() -> Iterator[bytes]:
+            yield from head
+            for item in items:
+                yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
+
+        return body()
 
     def _write_temp(self, parts: Iterable[bytes]) -> tuple[str, int]:
         """Write C{parts} to a new C{<q>~~<ms>} file and fsync it; return its name and size."""
@@ -586,66 +676,131 @@ class FileJournal:
         fsynced after every rename. Read-behind ends and any checkpoint is
         dropped: the queue must then hold every item in memory.
         """
-        temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), 0, items))
+        temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), items))
+        self._epoch += 1
         self._stop_reader()
-        self.checkpoint = None
+        self._clear_checkpoint()
         self._close_writer()
-        current = self._path(self.queue_name)
-        if self.archive_path is None and not self.archived_files():
-            os.replace(self._path(temp), current)
-            self._fsync_dir(self.queue_path)
-        else:
-            if os.path.lexists(current):
-                os.rename(current, self._path(self._unique_rotated_name()))
-                self._fsync_dir(self.queue_path)
-            pack = self._unique_rotated_name(_PACK_SUFFIX)
-            os.rename(self._path(temp), self._path(pack))
-            self._fsync_dir(self.queue_path)
-            files = self.archived_files()
-            os.rename(self._path(files[-1]), current)
-            self._fsync_dir(self.queue_path)
+        try:
+            self._replace_current(temp)
+        except Exception:
+            # Whatever step failed, the files on disk replay to the queue
+            # (see docs/journal.md), and <q> is the right file to append to.
+            self._reopen()
+            raise
+        self._reopen()
         self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
+
+    def _reopen(self) -> None:
         self._writer = self._open_writer()
         self.size = self._writer.position
         self._compute_archived_size()
 
+    def _replace_current(self, temp: str) -> None:
+        """Make the fsynced file C{temp} the only journal file of the queue."""
+        current = self._path(self.queue_name)
+        if self.archive_path is None and not self.archived_files():
+            os.replace(self._path(temp), current)
+            self._fsync_dir(self.queue_path)
+            return
+        if os.path.lexists(current):
+            os.rename(current, self._path(self._unique_rotated_name()))
+            self._fsync_dir(self.queue_path)
+        pack = self._unique_rotated_name(_PACK_SUFFIX)
+        os.rename(self._path(temp), self._path(pack))
+        self._fsync_dir(self.queue_path)
+        files = self.archived_files()
+        os.rename(self._path(files[-1]), current)
+        self._fsync_dir(self.queue_path)
+
     def start_pack(self, checkpoint: Checkpoint, open_items: Iterable[QItem],
                    queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
         """
-        Pack every file up to C{checkpoint.filename} into one, now (synchronously).
+        Pack every file up to C{checkpoint.filename} into one (Kestrel's packer).
 
-        As Kestrel's packer: the pack holds SAVE_XID(C{xid_counter}), the
-        checkpoint's open reads (ADDX + REMOVE_TENTATIVE_XID), ADDX of reads
-        opened since, one empty ADDX per remove journaled since read-behind
-        began that the later files will replay, and ADDX of C{queue_items}
-        (the items in memory). It is written to a C{~~} file and fsynced,
-        the current file is fsynced, then it is renamed
-        C{<checkpoint>.pack} (directory fsynced) and the pack rule puts it
-        in place.
+        The pack holds SAVE_XID(C{xid_counter}), the checkpoint's open reads
+        (ADDX + REMOVE_TENTATIVE_XID), then the items the later files take
+        from the head, in the order they take them (the real item where it
+        is still open or back in the queue, an empty ADDX where it is gone
+        for good), then ADDX of the rest of C{queue_items} (the items in
+        memory, which must not yet include any item added after the
+        checkpoint). Kestrel writes reads opened since the checkpoint before
+        all its "pent-up deletes", which loses an item when removes and
+        opens interleave; this layout replays exactly.
+        It is written to a C{~~} file and fsynced (off the reactor thread
+        when C{run_in_thread} is set, else before this returns); then the
+        current file is fsynced, the pack is renamed C{<checkpoint>.pack}
+        (directory fsynced) and the pack rule puts it in place. A pack that
+        a rewrite or erase overtook is thrown away. L{close} waits for it.
         """
-        open_items = list(open_items)
         if not os.path.lexists(self._path(checkpoint.filename)):
             self._log.warn("Journal {queue}: checkpoint file {file} is gone; not packing",
                            queue=self.queue_name, file=checkpoint.filename)
             if self.checkpoint is checkpoint:
-                self.checkpoint = None
+                self._clear_checkpoint()
             return
-        known = {item.xid for item in checkpoint.reserved_items}
-        current = {item.xid for item in open_items}
-        newly_open = [item for item in open_items if item.xid not in known]
-        newly_closed = [item for item in checkpoint.reserved_items if item.xid not in current]
-        pent_up = self.removes_since_read_behind - len(newly_closed)
+        slots, rest = _pack_layout(self._head_ops or array("q"), checkpoint.reserved_items,
+                                   list(open_items), list(queue_items))
         self._log.info("Journal {queue}: packing files up to {file}", queue=self.queue_name,
                        file=checkpoint.filename)
-        temp, _ = self._write_temp(self._dump(xid_counter, checkpoint.reserved_items,
-                                              newly_open, pent_up, queue_items))
-        if isinstance(self._writer, PeriodicSyncFile) and not self._writer.closed:
-            self._fsync(self._writer.fileno())
-        os.rename(self._path(temp), self._path(checkpoint.filename + _PACK_SUFFIX))
+        parts = self._dump(xid_counter, checkpoint.reserved_items, slots, rest)
+        epoch = self._epoch
+        if self._run_in_thread is None:
+            self._finish_pack(self._write_temp(parts), checkpoint, epoch)
+            return
+        d = self._run_in_thread(lambda: self._write_temp(parts))
+        d.addCallback(self._sync_then_finish_pack, checkpoint, epoch)
+        d.addErrback(self._pack_failed, checkpoint)
+        self._packs.append(d)
+        d.addBoth(self._pack_ended, d)
+
+    def _sync_then_finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint,
+                               epoch: int) -> Deferred[None] | None:
+        if self._writer.closed:
+            # Closing fsynced the current file already.
+            self._finish_pack(temp, checkpoint, epoch)
+            return None
+        d = self._writer.sync()
+        d.addCallback(lambda _: self._finish_pack(temp, checkpoint, epoch))
+        return d
+
+    def _finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint, epoch: int) -> None:
+        """Put a written pack in place, unless a rewrite or erase overtook it."""
+        name = temp[0]
+        if epoch != self._epoch or not os.path.lexists(self._path(checkpoint.filename)):
+            self._log.info("Journal {queue}: pack {file} overtaken; discarded",
+                           queue=self.queue_name, file=name)
+            try:
+                os.unlink(self._path(name))
+            except FileNotFoundError:
+                pass
+            return
+        writer = self._writer
+        if (self._run_in_thread is None and isinstance(writer, PeriodicSyncFile)
+                and not writer.closed):
+            self._fsync(writer.fileno())
+        os.rename(self._path(name), self._path(checkpoint.filename + _PACK_SUFFIX))
         self._fsync_dir(self.queue_path)
         self._compute_archived_size()
         if self.checkpoint is checkpoint:
-            self.checkpoint = None
+            self._clear_checkpoint()
+        self._log.info("Journal {queue}: packed files up to {file}", queue=self.queue_name,
+                       file=checkpoint.filename)
+
+    def _pack_failed(self, failure: Failure, checkpoint: Checkpoint) -> None:
+        self._log.failure("Journal {queue}: packing up to {file} failed", failure=failure,
+                          queue=self.queue_name, file=checkpoint.filename)
+        for name in self._list():
+            if name.startswith(self.queue_name + _TEMP_INFIX):
+                try:
+                    os.unlink(self._path(name))
+                except OSError:
+                    pass
+
+    def _pack_ended(self, result: object, d: Deferred[None]) -> object:
+        if d in self._packs:
+            self._packs.remove(d)
+        return result
 
     # -- read-behind ---------------------------------------------------------
 
@@ -663,7 +818,6 @@ class FileJournal:
         self._stop_reader()
         self._reader = _Reader(self._path(name), pos)
         self._reader_file = name
-        self.removes_since_read_behind = 0
         self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
                         queue=self.queue_name, file=name, offset=pos)
 
@@ -678,8 +832,7 @@ class FileJournal:
         """
         Read forward one record from the read-behind reader, as Kestrel's C{fillReadBehind}.
 
-        An add calls C{got_item}; a remove, confirm or continue counts down
-        C{removes_since_read_behind} (a continue also calls C{got_item}).
+        An add or a continue calls C{got_item}; other records are skipped.
         At the end of a rotated file the reader moves to the next file (and
         calls C{got_checkpoint} if it just left the checkpoint file), then
         reads again. At the end of the current file it fsyncs and retries
@@ -703,12 +856,7 @@ class FileJournal:
         if record is None:
             self._next_reader_file(got_item, got_checkpoint)
             return
-        if isinstance(record, (rec.Add, rec.AddXid)):
-            got_item(QItem(record.data, record.add_time_ms, record.expiry_ms))
-        elif isinstance(record, (rec.Remove, rec.ConfirmRemove)):
-            self.removes_since_read_behind -= 1
-        elif isinstance(record, rec.Continue):
-            self.removes_since_read_behind -= 1
+        if isinstance(record, (rec.Add, rec.AddXid, rec.Continue)):
             got_item(QItem(record.data, record.add_time_ms, record.expiry_ms))
         elif isinstance(record, rec.LegacyAdd):
             got_item(QItem(record.data, self._now_ms(), record.expiry_s * 1000))
@@ -753,13 +901,14 @@ class FileJournal:
         self.closed = True
         self._stop_reader()
         self._close_writer()
-        pending = list(self._closing)
+        pending = [*self._closing, *self._packs]
         if not pending:
             return succeed(None)
         return gatherResults(pending, consumeErrors=True).addCallback(lambda _: None)
 
     def erase(self) -> None:
         """Close the journal and delete (or archive) every file of the queue."""
+        self._epoch += 1
         self.close()
         names = self._list()
         temps = [n for n in names if n.startswith(self.queue_name + _TEMP_INFIX)]
@@ -773,7 +922,7 @@ class FileJournal:
             self._fsync_dir(self.queue_path)
         self.size = 0
         self.archived_size = 0
-        self.checkpoint = None
+        self._clear_checkpoint()
 
     @staticmethod
     def queue_names_in(path: str) -> set[str]:
@@ -789,7 +938,7 @@ class FileJournal:
         except FileNotFoundError:
             return names
         for entry in entries:
-            if _TEMP_INFIX in entry.name or not entry.is_file(follow_symlinks=False):
+            if _TEMP_INFIX in entry.name or not entry.is_file():
                 continue
             name = entry.name.split(".", 1)[0]
             if name:

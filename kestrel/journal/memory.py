@@ -28,7 +28,6 @@ class MemoryJournal:
     size = 0
     archived_size = 0
     checkpoint = None
-    removes_since_read_behind = 0
 
     def __init__(self, keep_records: bool = False) -> None:
         self.keep_records = keep_records

@@ -169,8 +169,9 @@ class PeriodicSyncFile:
                 d.callback(None)
         if self._close_waiter is not None:
             self._finish_close()
-        elif self._pending and (self._sync_again or (self._policy is not None
-                                                     and self._policy <= 0.0)):
+        elif (not self._syncing and self._pending
+              and (self._sync_again or (self._policy is not None and self._policy <= 0.0))):
+            # (A callback above may have written and started the next fsync already.)
             self._start_sync()
 
     def close(self) -> Deferred[None]:

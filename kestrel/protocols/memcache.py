@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from kestrel.errors import (
     AvailabilityError,
@@ -66,6 +67,23 @@ _DELETED = b"DELETED\r\n"
 Reply = bytes | Deferred[bytes]
 
 
+_PENDING = object()
+
+
+def _fired(d: Deferred[Any]) -> Any:
+    """
+    The successful result of C{d} if it has fired already, else C{_PENDING}.
+
+    The hot path uses this to skip chaining callbacks on Deferreds that fired
+    synchronously; a failure stays in C{d} for the caller's errback.
+    """
+    if d.called and not d.paused:
+        result = d.result
+        if not isinstance(result, Failure):
+            return result
+    return _PENDING
+
+
 def _encode(text: str) -> bytes:
     """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
     return text.encode("latin-1", "backslashreplace")
@@ -96,12 +114,15 @@ class _CloseAfterReplyError(Exception):
         self.reply = reply
 
 
+@implementer(IHalfCloseableProtocol)
 class MemcacheProtocol(Protocol):
     """
     One memcache connection over one L{ClientSession}.
 
     The session is created in C{connectionMade} and finished (open reads
-    aborted, waits cancelled) in C{connectionLost}.
+    aborted, waits cancelled) in C{connectionLost}. A client that half-closes
+    (sends its requests, then EOF, as C{nc} does) still gets every reply:
+    the connection closes once the buffered requests are answered.
     """
 
     _log = Logger()
@@ -116,6 +137,10 @@ class MemcacheProtocol(Protocol):
         self.max_request_size: int = server.config.max_request_size
         self.session: ClientSession | None = None
         self._buf = b""
+        self._parts: list[bytes] = []
+        self._have = 0
+        self._need = 0
+        self._need_newline = False
         self._out: list[bytes] = []
         self._pending_set: SetRequest | None = None
         self._waiting = False
@@ -123,6 +148,7 @@ class MemcacheProtocol(Protocol):
         self._closing = False
         self._finished = False
         self._paused = False
+        self._eof = False
         self._idle_call: IDelayedCall | None = None
         self._last_active = 0.0
         self._dispatch: dict[type, Callable[[Any], Reply]] = {
@@ -136,8 +162,12 @@ class MemcacheProtocol(Protocol):
 
     # -- connection life -------------------------------------------------
 
+    factory: MemcacheFactory | None = None
+
     def connectionMade(self) -> None:
         """Open the session and start the idle timer when C{client_timeout} is set."""
+        if self.factory is not None:
+            self.factory.connections.add(self)
         self.session = self.server.new_session(self)
         timeout = self.server.config.client_timeout
         if timeout:
@@ -146,8 +176,22 @@ class MemcacheProtocol(Protocol):
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         """Finish the session: its open reads go back to their queues, waits are cancelled."""
+        if self.factory is not None:
+            self.factory.connections.discard(self)
         self._closing = True
         self.finish_session()
+
+    def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
+        """The client sent EOF: answer what it sent, then close."""
+        self._eof = True
+        if not self._waiting and not self._closing:
+            self._closing = True
+            self.transport.loseConnection()
+
+    def writeConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
+        """The client no longer reads: close."""
+        self._closing = True
+        self.transport.loseConnection()
 
     def finish_session(self) -> None:
         """Finish the session once (idempotent); also used by a stopping server."""
@@ -169,8 +213,12 @@ class MemcacheProtocol(Protocol):
         timeout = self.server.config.client_timeout
         if self._closing or not timeout:
             return
-        idle = self.clock.seconds() - self._last_active
-        if idle >= timeout and not self._waiting:
+        now = self.clock.seconds()
+        if self._waiting:
+            # Blocked in a get/monitor is not idle: count from the end of the wait.
+            self._last_active = now
+        idle = now - self._last_active
+        if idle >= timeout:
             self._log.info("Closing memcache connection idle for {idle:.1f}s", idle=idle)
             self._closing = True
             self.transport.loseConnection()
@@ -186,25 +234,51 @@ class MemcacheProtocol(Protocol):
             self._last_active = self.clock.seconds()
         if self._closing:
             return
-        self._buf = self._buf + data if self._buf else data
+        # Pieces of an incomplete request are joined once, when it can complete,
+        # so that a large payload arriving in many reads is not copied per read.
+        if self._buf or self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+        else:
+            self._buf = data
+            self._have = len(data)
         if self._waiting:
-            if not self._paused and len(self._buf) > self.BACKLOG_LIMIT:
+            if not self._paused and self._have > self.BACKLOG_LIMIT:
                 self._paused = True
                 self.transport.pauseProducing()
             return
-        self._process()
+        if self._have < self._need:
+            return
+        if self._need_newline and b"\n" not in data:
+            if self._have > self.max_request_size + 2:
+                self._fail(b"CLIENT_ERROR request line too long\r\n")
+            return
+        try:
+            self._process()
+        except Exception:
+            # A bug, not bad input (that is answered above): log it, tell the
+            # client, and keep the server alive.
+            self._log.failure("Memcache connection failed")
+            if not self._closing:
+                self._fail(b"SERVER_ERROR internal error\r\n")
 
     def _process(self) -> None:
         """Serve buffered requests until the buffer runs dry or one must wait."""
         self._in_process = True
+        if self._parts:
+            self._buf = b"".join([self._buf, *self._parts])
+            self._parts = []
         buf = self._buf
         pos = 0
+        need = 0
+        need_newline = False
         try:
             while not self._waiting and not self._closing:
                 pending = self._pending_set
                 if pending is not None:
                     end = pos + pending.length
                     if len(buf) < end + 2:
+                        need = end + 2 - pos
                         break
                     data = buf[pos:end]
                     pos = end + 2
@@ -215,6 +289,7 @@ class MemcacheProtocol(Protocol):
                 if nl < 0:
                     if len(buf) - pos > self.max_request_size:
                         self._fail(b"CLIENT_ERROR request line too long\r\n")
+                    need_newline = True
                     break
                 if nl - pos > self.max_request_size:
                     self._fail(b"CLIENT_ERROR request line too long\r\n")
@@ -240,8 +315,14 @@ class MemcacheProtocol(Protocol):
                 self._serve(request, None)
         finally:
             self._buf = buf[pos:] if pos else buf
+            self._have = len(self._buf)
+            self._need = need
+            self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
             self._flush()
+        if self._eof and not self._waiting and not self._closing:
+            self._closing = True
+            self.transport.loseConnection()
         if self._paused and not self._waiting and not self._closing:
             self._paused = False
             self.transport.resumeProducing()
@@ -268,11 +349,13 @@ class MemcacheProtocol(Protocol):
         if self._closing:
             return
         self._waiting = False
+        if self._idle_call is not None:
+            self._last_active = self.clock.seconds()
         if reply:
             self._out.append(reply)
         if not self._in_process:
             self._flush()
-            if self._buf or self._pending_set is not None:
+            if self._buf or self._parts or self._pending_set is not None or self._eof:
                 self._process()
             elif self._paused:
                 self._paused = False
@@ -340,6 +423,9 @@ class MemcacheProtocol(Protocol):
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         d = session.get_item(name, deadline, req.opening, req.peeking)
+        item = _fired(d)
+        if item is not _PENDING:
+            return value_reply(item, req.key)
         return d.addCallback(value_reply, req.key)
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
@@ -351,6 +437,9 @@ class MemcacheProtocol(Protocol):
         if req.exptime:
             expiry_ms = memcache_expiry_ms(req.exptime, int(self.clock.seconds() * 1000))
         d = session.set_item(req.name, data, expiry_ms)
+        stored = _fired(d)
+        if stored is not _PENDING:
+            return b"" if req.noreply else _STORED if stored else _NOT_STORED
         if req.noreply:
             return d.addCallback(lambda _: b"")
         return d.addCallback(lambda ok: _STORED if ok else _NOT_STORED)
@@ -439,11 +528,10 @@ class MemcacheProtocol(Protocol):
     def _reload_failed(self, failure: Failure) -> bytes:
         """A reload that failed keeps the old config; the reply names the problem."""
         exc = failure.value
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, (ConfigError, OSError, KestrelError)):
             return b"ERROR reload failed: %s\r\n" % _encode(str(exc).replace("\n", " "))
-        if isinstance(exc, (OSError, KestrelError)):
-            return b"ERROR reload failed: %s\r\n" % _encode(str(exc).replace("\n", " "))
-        return failure  # type: ignore[return-value]
+        self._log.failure("Reload failed", failure)
+        return b"ERROR reload failed: internal error\r\n"
 
     def _status(self, args: tuple[str, ...]) -> bytes:
         session = self.session
@@ -485,7 +573,7 @@ class MemcacheFactory(Factory):
 
     def buildProtocol(self, addr: object) -> MemcacheProtocol:
         """Return a new protocol for one connection, tracked until it is lost."""
-        proto = _TrackedMemcacheProtocol(self.server)
+        proto = MemcacheProtocol(self.server)
         proto.factory = self
         return proto
 
@@ -496,17 +584,3 @@ class MemcacheFactory(Factory):
             if proto.transport is not None:
                 proto.transport.abortConnection()
         self.connections.clear()
-
-
-class _TrackedMemcacheProtocol(MemcacheProtocol):
-    """A L{MemcacheProtocol} that registers itself with its L{MemcacheFactory}."""
-
-    factory: MemcacheFactory
-
-    def connectionMade(self) -> None:
-        self.factory.connections.add(self)
-        super().connectionMade()
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.factory.connections.discard(self)
-        super().connectionLost(reason)

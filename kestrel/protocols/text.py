@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from kestrel.errors import (
     ForbiddenStatus,
@@ -33,6 +35,10 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import relative_expiry_ms
+
+if TYPE_CHECKING:
+    from kestrel.server import KestrelServer
+    from kestrel.session import ClientSession
 
 #: Most data lines one request may carry (Kestrel's C{MAX_PUT_BUFFER}).
 MAX_PUT_BUFFER = 1024
@@ -88,15 +94,22 @@ def string_reply(text: str) -> bytes:
     return b":" + text.encode("latin-1", "replace") + b"\n"
 
 
+@implementer(IHalfCloseableProtocol)
 class TextProtocol(Protocol):
-    """One text-protocol connection over its own session."""
+    """
+    One text-protocol connection over its own session.
+
+    A client that half-closes (C{printf 'get q\\n' | nc -N host 2222}) still
+    gets the replies to every complete line it sent; then the connection
+    closes.
+    """
 
     _log = Logger()
 
     #: Longest line (command or data) accepted; set from C{max_request_size}.
     MAX_LENGTH = 64 * 1024 * 1024
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: KestrelServer) -> None:
         self._server = server
         self._clock = server.clock
         self.MAX_LENGTH = server.config.max_request_size
@@ -107,7 +120,8 @@ class TextProtocol(Protocol):
         self._waiting = False
         self._processing = False
         self._closed = False
-        self._session: Any = None
+        self._read_closed = False
+        self._session: ClientSession | None = None
         self._commands: dict[bytes, Callable[[list[bytes], list[bytes]], Any]] = {
             b"put": self._put,
             b"get": self._get,
@@ -137,6 +151,16 @@ class TextProtocol(Protocol):
     def connectionLost(self, reason: Failure | None = None) -> None:
         """End the session: its open reads go back to their queues."""
         self.end_session()
+
+    def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
+        """The client will send nothing more: answer what it sent, then close."""
+        self._read_closed = True
+        if not self._waiting:
+            self.transport.loseConnection()
+
+    def writeConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
+        """The client no longer reads: close."""
+        self.transport.loseConnection()
 
     def end_session(self) -> None:
         """Stop answering and finish the session (safe to call twice)."""
@@ -243,6 +267,8 @@ class TextProtocol(Protocol):
         self.transport.resumeProducing()
         if not self._processing:
             self._process_lines()
+        if self._read_closed and not self._waiting:
+            self.transport.loseConnection()
 
     def _reply(self, outcome: Any) -> None:
         """Write a request's reply bytes, or the error line for its failure."""
@@ -444,7 +470,7 @@ class TextFactory(Factory):
     tracks the live ones so a stopping server can end them (L{disconnect_all}).
     """
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: KestrelServer) -> None:
         self.server = server
         self.connections: set[TextProtocol] = set()
 

@@ -23,17 +23,23 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import thriftpy2
 from thriftpy2.thrift import TApplicationException, TMessageType, TType
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from kestrel.errors import KestrelError, UnknownStatus
 from kestrel.item import relative_expiry_ms
+
+if TYPE_CHECKING:
+    from kestrel.server import KestrelServer
+    from kestrel.session import ClientSession
 
 try:
     from thriftpy2.protocol.cybin import TCyBinaryProtocol as _BinaryProtocol
@@ -81,8 +87,6 @@ _I64 = struct.Struct(">q")
 _DOUBLE = struct.Struct(">d")
 _FIXED_WIDTH = {TType.BOOL: _I8, TType.BYTE: _I8, TType.I16: _I16, TType.I32: _I32,
                 TType.I64: _I64, TType.DOUBLE: _DOUBLE}
-_WIRE_TYPES = frozenset((*_FIXED_WIDTH, TType.STRING, TType.STRUCT, TType.MAP, TType.SET,
-                         TType.LIST))
 _MAX_DEPTH = 16
 _VERSION_1 = -2147418112  # 0x80010000 as a signed int
 
@@ -242,7 +246,7 @@ class ThriftCalls:
 
     _log = Logger()
 
-    def __init__(self, server: Any, session: Any) -> None:
+    def __init__(self, server: KestrelServer, session: ClientSession) -> None:
         self._server = server
         self._session = session
         self._clock = server.clock
@@ -372,13 +376,15 @@ class ThriftCalls:
         return self._server.version
 
 
+@implementer(IHalfCloseableProtocol)
 class ThriftProtocol(Protocol):
     """
     One thrift connection: 4-byte big-endian length frames, binary protocol,
     strict or non-strict message headers in, strict headers out.
 
     Frames are decoded one at a time: while a call is running, later frames
-    wait in order (and the transport is paused).
+    wait in order (and the transport is paused). A client that half-closes
+    still gets the replies to the frames it sent.
     """
 
     _log = Logger()
@@ -386,7 +392,7 @@ class ThriftProtocol(Protocol):
     #: Largest frame accepted; set from the server's C{max_request_size}.
     MAX_LENGTH = 64 * 1024 * 1024
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: KestrelServer) -> None:
         self._server = server
         self.MAX_LENGTH = server.config.max_request_size
         self._buffer = bytearray()
@@ -394,7 +400,8 @@ class ThriftProtocol(Protocol):
         self._busy = False
         self._paused = False
         self._closed = False
-        self._session: Any = None
+        self._read_closed = False
+        self._session: ClientSession | None = None
         self._calls: ThriftCalls | None = None
 
     def connectionMade(self) -> None:
@@ -408,6 +415,16 @@ class ThriftProtocol(Protocol):
     def connectionLost(self, reason: Failure | None = None) -> None:
         """End the session: thrift open reads stay open until confirmed or auto-aborted."""
         self.end_session()
+
+    def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
+        """The client will send nothing more: answer what it sent, then close."""
+        self._read_closed = True
+        if not self._busy:
+            self.transport.loseConnection()
+
+    def writeConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
+        """The client no longer reads: close."""
+        self.transport.loseConnection()
 
     def end_session(self) -> None:
         """Stop answering and finish the session (safe to call twice)."""
@@ -447,6 +464,7 @@ class ThriftProtocol(Protocol):
         self._log.info("Closing thrift connection: frame of {length} bytes (limit {limit})",
                        length=length, limit=self.MAX_LENGTH)
         self._frames.clear()
+        self._closed = True
         self.transport.loseConnection()
 
     def _run_frames(self) -> None:
@@ -461,9 +479,13 @@ class ThriftProtocol(Protocol):
                     self.transport.pauseProducing()
                 d.addBoth(self._call_finished)
                 return
-        if self._paused and not self._closed:
+        if self._closed:
+            return
+        if self._paused:
             self._paused = False
             self.transport.resumeProducing()
+        if self._read_closed:
+            self.transport.loseConnection()
 
     def _call_finished(self, _: object) -> None:
         """A waiting call has replied: go on with the next frame."""
@@ -490,6 +512,8 @@ class ThriftProtocol(Protocol):
             args = reader.read_struct(getattr(_SERVICE, api + "_args")())
         except FrameError as e:
             self._log.info("Closing thrift connection: undecodable frame ({error})", error=str(e))
+            self._frames.clear()
+            self._closed = True
             self.transport.loseConnection()
             return None
         try:
@@ -521,7 +545,10 @@ class ThriftProtocol(Protocol):
         result = getattr(_SERVICE, api + "_result")()
         if outcome is not None:
             result.success = outcome
-        self._send_message(api, TMessageType.REPLY, seqid, result)
+        try:
+            self._send_message(api, TMessageType.REPLY, seqid, result)
+        except Exception:
+            self._send_failure(api, seqid, Failure())
 
     def _send_failure(self, api: str, seqid: int, failure: Failure) -> None:
         """Turn a failed call into the C{TApplicationException} the client sees."""
@@ -561,7 +588,7 @@ class ThriftFactory(Factory):
     tracks the live ones so a stopping server can end them (L{disconnect_all}).
     """
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: KestrelServer) -> None:
         self.server = server
         self.connections: set[ThriftProtocol] = set()
 

@@ -16,7 +16,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from kestrel.journal import records as R
+from kestrel.journal import records
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -114,10 +114,11 @@ class QueueWriter:
         item = self._new_item(ttl_ms, size)
         self.items.append(item)
         if op == 7:
-            raw = R.AddXid(0, item.data, item.add_ms, item.expiry_ms or 0).encode()
+            raw = records.AddXid(0, item.data, item.add_ms, item.expiry_ms or 0).encode()
             self._emit(raw, 7, xid=0, item=item)
         else:
-            self._emit(R.encode_add(item.data, item.add_ms, item.expiry_ms or 0), 2, item=item)
+            raw = records.encode_add(item.data, item.add_ms, item.expiry_ms or 0)
+            self._emit(raw, 2, item=item)
         return item
 
     def legacy_add(self) -> Item:
@@ -126,44 +127,44 @@ class QueueWriter:
         item.add_ms = None
         item.expiry_ms = (self.now // 1000 + 3600) * 1000
         self.items.append(item)
-        raw = R.LegacyAdd(item.data, item.expiry_ms // 1000).encode()
+        raw = records.LegacyAdd(item.data, item.expiry_ms // 1000).encode()
         self._emit(raw, 0, item=item)
         return item
 
     def remove(self) -> None:
         """Remove the head for good."""
         gone = self.items.popleft()
-        self._emit(R.REMOVE_BYTES, 1, removed=gone)
+        self._emit(records.REMOVE_BYTES, 1, removed=gone)
 
     def open_read(self) -> int:
         """Open a reliable read of the head; return its xid."""
         xid = self.next_xid
         self.next_xid += 1
         self.open[xid] = self.items.popleft()
-        self._emit(R.encode_xid(9, xid), 9, xid=xid)
+        self._emit(records.encode_xid(9, xid), 9, xid=xid)
         return xid
 
     def abort(self, xid: int) -> None:
         """Abort open read C{xid}: its item goes back to the head."""
         self.items.appendleft(self.open.pop(xid))
-        self._emit(R.encode_xid(5, xid), 5, xid=xid)
+        self._emit(records.encode_xid(5, xid), 5, xid=xid)
 
     def confirm(self, xid: int) -> None:
         """Confirm open read C{xid}."""
         gone = self.open.pop(xid)
-        self._emit(R.encode_xid(6, xid), 6, xid=xid, removed=gone)
+        self._emit(records.encode_xid(6, xid), 6, xid=xid, removed=gone)
 
     def continue_(self, xid: int) -> None:
         """Confirm C{xid} and add a new item in one CONTINUE record."""
         gone = self.open.pop(xid)
         item = self._new_item()
         self.items.append(item)
-        raw = R.Continue(xid, item.data, item.add_ms, item.expiry_ms or 0).encode()
+        raw = records.Continue(xid, item.data, item.add_ms, item.expiry_ms or 0).encode()
         self._emit(raw, 8, xid=xid, item=item, removed=gone)
 
     def save_xid(self) -> None:
         """Write SAVE_XID with the current counter."""
-        self._emit(R.encode_xid(4, self.next_xid), 4, xid=self.next_xid)
+        self._emit(records.encode_xid(4, self.next_xid), 4, xid=self.next_xid)
 
     def random_ops(self, count: int) -> None:
         """Perform C{count} random valid operations, ticking the clock between them."""
@@ -223,21 +224,21 @@ class QueueWriter:
         for xid in sorted(saved_open, reverse=True):
             item = saved_open[xid]
             self.items.append(item)
-            self._emit(R.encode_add(item.data, item.add_ms, item.expiry_ms or 0), 2, item=item,
-                       target=pack, packed=True)
+            raw = records.encode_add(item.data, item.add_ms, item.expiry_ms or 0)
+            self._emit(raw, 2, item=item, target=pack, packed=True)
             self.open[xid] = self.items.popleft()
-            self._emit(R.encode_xid(9, xid), 9, xid=xid, target=pack, packed=True)
+            self._emit(records.encode_xid(9, xid), 9, xid=xid, target=pack, packed=True)
         for _ in range(fillers):
             item = Item(0, b"", self.now, None, filler=True)
             self.items.append(item)
-            self._emit(R.encode_add(b"", item.add_ms), 2, item=item, target=pack, packed=True)
+            self._emit(records.encode_add(b"", item.add_ms), 2, item=item, target=pack, packed=True)
         for item in saved_items:
             self.items.append(item)
             if item.add_ms is None:
-                raw = R.LegacyAdd(item.data, (item.expiry_ms or 0) // 1000).encode()
+                raw = records.LegacyAdd(item.data, (item.expiry_ms or 0) // 1000).encode()
                 self._emit(raw, 0, item=item, target=pack, packed=True)
             else:
-                self._emit(R.encode_add(item.data, item.add_ms, item.expiry_ms or 0), 2,
+                self._emit(records.encode_add(item.data, item.add_ms, item.expiry_ms or 0), 2,
                            item=item, target=pack, packed=True)
         self.files.append(pack)
         self.tick(1_000)
@@ -246,7 +247,7 @@ class QueueWriter:
     def truncate_tail(self, target: JFile | None = None) -> int:
         """Append a partial record (a write cut short) to a file; return its length."""
         f = target or self.current
-        partial = R.encode_add(b"lost" * 10, self.now)[: self.rng.randint(1, 40)]
+        partial = records.encode_add(b"lost" * 10, self.now)[: self.rng.randint(1, 40)]
         f.data += partial
         f.truncated += len(partial)
         return len(partial)

@@ -8,7 +8,6 @@ Nothing here imports the job's code: the definitions are restated from
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 from tests.analytics.journals import QueueWriter, Rec
 
@@ -113,7 +112,7 @@ class Truth:
             clocks.append(best)
         first = next((c for c in clocks if c is not None), None)
         clocks = [c if c is not None else first for c in clocks]
-        for (ev, r), c in zip(rows, clocks, strict=True):
+        for (_, r), c in zip(rows, clocks, strict=True):
             if c is None:
                 continue
             self.backlog[(server, queue, c // MINUTE * MINUTE)] = dict(

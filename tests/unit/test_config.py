@@ -827,3 +827,13 @@ def test_characters_yaml_refuses_are_a_config_error_with_line() -> None:
     assert problems_of("text_port: 1\nqueue_path: a\x01b\n") == [
         "k.yaml:2: YAML syntax error: character '\\x01' is not allowed in YAML "
         "(special characters are not allowed)"]
+
+
+def test_restart_required_changes_lists_server_level_keys_only() -> None:
+    """A reload applies default, queues and aliases; other changed keys are listed."""
+    old = parse_config("text_port: 1\nqueues: {q: {}}\n")
+    new = parse_config("text_port: 2\nqueue_path: /elsewhere\ndefault: {max_items: 5}\n"
+                       "aliases: {a: [q]}\n")
+    assert old.restart_required_changes(new) == ["text_port", "queue_path"]
+    assert old.restart_required_changes(old) == []
+    assert old.restart_required_changes(attrs.evolve(old, queues={})) == []

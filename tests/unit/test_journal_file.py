@@ -30,17 +30,21 @@ class Crash(BaseException):
 
 
 class Fsync:
-    """A real fsync that logs whether each call was on a directory, and can crash on call N."""
+    """
+    A real fsync that logs whether each call was on a directory, and on call
+    C{crash_at} raises C{error} (a L{Crash} unless told otherwise).
+    """
 
     def __init__(self, crash_at: int | None = None) -> None:
         self.calls: list[str] = []
         self.crash_at = crash_at
+        self.error: BaseException = Crash()
 
     def __call__(self, fd: int) -> None:
         kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
         self.calls.append(kind)
         if self.crash_at is not None and len(self.calls) == self.crash_at:
-            raise Crash()
+            raise self.error
         os.fsync(fd)
 
 
@@ -320,6 +324,38 @@ def test_rewrite_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock, rot
     assert n > 3
 
 
+@pytest.mark.parametrize("rotations", [0, 3])
+def test_rewrite_io_error_leaves_journal_usable(tmp_path: Path, clock: Clock,
+                                                rotations: int) -> None:
+    """
+    An I/O error at any step of a rewrite propagates, yet the journal stays
+    writable and its files replay to the queue plus the writes made after.
+    """
+    clean = Fsync()
+    j = build_history(tmp_path / "clean", clock, rotations, fsync=clean)
+    before = len(clean.calls)
+    j.rewrite(*rewrite_args())
+    steps = len(clean.calls) - before
+    raised = 0
+    for n in range(1, steps + 1):
+        d = tmp_path / f"error{n}"
+        fsync = Fsync()
+        j = build_history(d, clock, rotations, fsync=fsync)
+        fsync.crash_at = len(fsync.calls) + n
+        fsync.error = OSError(errno.EIO, "I/O error")
+        try:
+            with capturedLogs():
+                j.rewrite(*rewrite_args())
+        except OSError:
+            raised += 1
+        done: list[object] = []
+        j.add(QItem(b"later", 9)).addCallback(done.append)
+        assert done == [None]
+        j.close()
+        assert queue_state(replayed(d, clock)) == ([*EXPECTED[0], b"later"], EXPECTED[1]), n
+    assert raised >= 2
+
+
 @pytest.mark.parametrize("leftover", [
     "temp",                # crash while writing ~~
     "pack_with_all",       # .pack renamed, nothing disposed yet
@@ -419,14 +455,14 @@ def test_read_behind_across_rotation_and_pack(tmp_path: Path, clock: Clock) -> N
     assert queue_state(replayed(tmp_path, clock))[0] == []
 
 
-def pack_scenario(path: Path, clock: Clock, fsync: Fsync) -> tuple[FileJournal, Checkpoint,
-                                                                    list[QItem]]:
+def pack_scenario(path: Path, clock: Clock, fsync: Fsync, **kwargs: Any,
+                  ) -> tuple[FileJournal, Checkpoint, list[QItem]]:
     """
     Open a read (xid 9) on item 0, enter read-behind, rotate with a
     checkpoint, then journal an add and two removes; return what start_pack
     needs (the queue then holds item 3 in memory).
     """
-    j, _ = open_journal(path, clock, fsync=fsync)
+    j, _ = open_journal(path, clock, fsync=fsync, **kwargs)
     for n in range(2):
         j.add(item(n))
     j.remove_tentative(9)
@@ -446,10 +482,11 @@ OPEN = QItem(item(0).data, item(0).add_time_ms, 0, 9)
 PACK_EXPECTED = ([item(3).data, item(4).data], {9: item(0).data})
 
 
-def test_pack_writes_kestrel_layout(tmp_path: Path, clock: Clock) -> None:
+def test_pack_layout(tmp_path: Path, clock: Clock) -> None:
     """
     The pack holds SAVE_XID, the checkpoint's open reads, one empty ADDX per
-    pent-up remove and the items in memory, and takes the checkpoint's name.
+    item the later files remove for good, and the items in memory; it takes
+    the checkpoint's name and replaces the files up to it.
     """
     j, checkpoint, memory = pack_scenario(tmp_path, clock, Fsync())
     assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
@@ -485,12 +522,89 @@ def test_pack_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock) -> Non
     assert n > 3
 
 
+class ManualThread:
+    """A run_in_thread whose jobs run only when the test says so."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Callable[[], Any], Deferred[Any]]] = []
+
+    def __call__(self, f: Callable[[], Any]) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.jobs.append((f, d))
+        return d
+
+    def run_all(self) -> None:
+        while self.jobs:
+            f, d = self.jobs.pop(0)
+            d.callback(f())
+
+
+def test_pack_in_thread_lets_writes_go_on(tmp_path: Path, clock: Clock) -> None:
+    """
+    With a thread runner the pack is written off the reactor thread; writes go
+    on meanwhile, and the pack is put in place only after the current file's
+    fsync, giving the same queue.
+    """
+    thread = ManualThread()
+    j, checkpoint, memory = pack_scenario(tmp_path, clock, Fsync(), run_in_thread=thread)
+    thread.run_all()  # the fsync of start_read_behind
+    j.start_pack(checkpoint, [OPEN], memory, 9)
+    assert len(thread.jobs) == 1
+    before = files(tmp_path)
+    assert checkpoint.filename in before and j.checkpoint is checkpoint
+    j.add(item(5))
+    j.remove()
+    f, d = thread.jobs.pop(0)
+    d.callback(f())  # pack written; now the current file's fsync is queued
+    temps = [name for name in files(tmp_path) if "~~" in name]
+    assert len(temps) == 1 and files(tmp_path) == sorted([*before, *temps])
+    assert len(thread.jobs) == 1
+    thread.run_all()
+    assert j.checkpoint is None
+    assert files(tmp_path) == sorted(["q", checkpoint.filename])
+    assert queue_state(replayed(tmp_path, clock)) == ([item(4).data, item(5).data],
+                                                      {9: item(0).data})
+    j.close()
+
+
+def test_pack_overtaken_by_rewrite_is_discarded(tmp_path: Path, clock: Clock) -> None:
+    """A rewrite while a pack is being written wins: the pack is thrown away."""
+    thread = ManualThread()
+    j, checkpoint, memory = pack_scenario(tmp_path, clock, Fsync(), run_in_thread=thread)
+    thread.run_all()
+    j.start_pack(checkpoint, [OPEN], memory, 9)
+    j.rewrite([OPEN], [item(3), item(4)], 9)
+    thread.run_all()
+    assert files(tmp_path) == ["q"]
+    assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
+    j.close()
+
+
+def test_close_waits_for_pack(tmp_path: Path, clock: Clock) -> None:
+    """close() fires only once a running pack is in place, and the pack survives it."""
+    thread = ManualThread()
+    j, checkpoint, memory = pack_scenario(tmp_path, clock, Fsync(), run_in_thread=thread)
+    thread.run_all()
+    j.start_pack(checkpoint, [OPEN], memory, 9)
+    closed: list[object] = []
+    j.close().addCallback(closed.append)
+    assert closed == []
+    thread.run_all()
+    assert closed == [None]
+    assert files(tmp_path) == sorted(["q", checkpoint.filename])
+    assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
+
+
 def test_pack_leftover_with_and_without_originals(tmp_path: Path, clock: Clock) -> None:
     """A .pack left with all, some or none of the files it packs replays the same."""
     for case in ("all", "none"):
         d = tmp_path / case
         j, checkpoint, memory = pack_scenario(d, clock, Fsync())
-        pack_bytes = b"".join(j._dump(0, checkpoint.reserved_items, [], 2, memory))
+        now_ms = int(clock.seconds() * 1000)
+        pack_bytes = b"".join(r.encode() for r in [
+            rec.SaveXid(9), rec.Add(OPEN.data, OPEN.add_time_ms, 0), rec.RemoveTentativeXid(9),
+            rec.Add(b"", now_ms, 0), rec.Add(b"", now_ms, 0),
+            rec.Add(item(3).data, item(3).add_time_ms, 0)])
         j.close()
         (d / f"{checkpoint.filename}.pack").write_bytes(pack_bytes)
         if case == "none":

@@ -400,12 +400,14 @@ def test_client_timeout_spares_waiting_get(clock: Clock, tmp_path: Path) -> None
     """A connection blocked in a long `get /t=` is not idle."""
     server = make_server(clock, tmp_path, client_timeout=1.0)
     conn = Conn(MemcacheFactory(server))
-    conn.send(b"get q/t=5000\r\n")
+    conn.send(b"get q/t=4500\r\n")
     clock.advance(4)
     assert conn.open
-    clock.advance(1.1)
+    clock.advance(0.6)
     assert conn.take() == b"END\r\n"
-    clock.advance(1.1)
+    clock.advance(0.8)
+    assert conn.open
+    clock.advance(0.3)
     assert not conn.open
     server.collection.stopService()
 
@@ -457,9 +459,8 @@ def reply_to(chunks: list[bytes]) -> tuple[bytes, bool]:
     with tempfile.TemporaryDirectory() as tmp:
         server = make_server(clock, Path(tmp))
         conn = Conn(MemcacheFactory(server))
-        for chunk in chunks:
+        for chunk in chunks:  # all at the same instant: only the split differs
             conn.proto.dataReceived(chunk)
-            clock.advance(0.05)
         for _ in range(40):  # long enough for every queued `get q/t=100` to time out
             clock.advance(0.05)
         out = conn.transport.io.getvalue()
@@ -477,3 +478,79 @@ def test_chunking_is_invisible(commands: list[bytes], data: st.DataObject) -> No
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     whole = reply_to([stream])
     assert reply_to(chunks) == whole
+
+
+def test_half_close_answers_then_closes(conn: Conn) -> None:
+    """A client that sends EOF after its requests gets every reply, then the close."""
+    conn.proto.dataReceived(b"set q 0 0 1\r\na\r\nget q\r\n")
+    conn.proto.readConnectionLost()
+    assert conn.take() == b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\n"
+    assert not conn.open
+
+
+def test_half_close_waits_for_blocked_get(conn: Conn, clock: Clock) -> None:
+    """EOF behind a waiting get: the get and the requests after it are answered first."""
+    conn.proto.dataReceived(b"get q/t=500\r\nversion\r\n")
+    conn.proto.readConnectionLost()
+    assert conn.open
+    clock.advance(0.6)
+    assert conn.take() == b"END\r\nVERSION 0.1.0\r\n"
+    assert not conn.open
+
+
+def test_unexpected_failure_is_logged_not_raised(conn: Conn) -> None:
+    """A bug inside a request handler is logged and answered; dataReceived does not raise."""
+    from twisted.logger import capturedLogs
+
+    def broken(name: str, *args: object) -> None:
+        raise RuntimeError("boom")
+
+    conn.proto.session.flush = broken  # a failing domain call stands in for a bug
+    with capturedLogs() as events:
+        out = conn.send(b"flush q\r\nversion\r\n")
+    assert out == b"SERVER_ERROR internal error\r\n"
+    assert not conn.open
+    assert any(e.get("log_failure") is not None for e in events)
+
+
+def test_large_payload_in_many_pieces(conn: Conn) -> None:
+    """A payload arriving in a thousand reads is stored intact, and replied to once."""
+    payload = bytes(range(256)) * 800
+    stream = b"set big 0 0 %d\r\n%s\r\nget big\r\n" % (len(payload), payload)
+    out = b"".join(conn.send(stream[i:i + 211]) for i in range(0, len(stream), 211))
+    assert out == b"STORED\r\nVALUE big 0 %d\r\n%s\r\nEND\r\n" % (len(payload), payload)
+
+
+def test_long_line_in_pieces_refused(clock: Clock, tmp_path: Path) -> None:
+    """A line growing past max_request_size over several reads is refused without a newline."""
+    server = make_server(clock, tmp_path, max_request_size=100)
+    conn = Conn(MemcacheFactory(server))
+    assert conn.send(b"get ") == b""
+    for _ in range(3):
+        conn.send(b"x" * 30)
+    assert conn.send(b"x" * 30) == b"CLIENT_ERROR request line too long\r\n"
+    assert not conn.open
+    server.collection.stopService()
+
+
+def test_status_change_rejected_in_grace_period(clock: Clock, tmp_path: Path) -> None:
+    """A stricter status asked for while another waits out its grace period is an ERROR."""
+    server = make_server(clock, tmp_path, status_change_grace_period=30.0)
+    conn = Conn(MemcacheFactory(server))
+    assert conn.send(b"status readonly\r\n") == b"END\r\n"
+    reply = conn.send(b"status quiescent\r\nstatus\r\n")
+    assert reply.startswith(b"ERROR ") and reply.endswith(b"\r\nREADONLY\r\n")
+    assert conn.open
+    server.collection.stopService()
+
+
+def test_client_timeout_does_not_spin_while_waiting(clock: Clock, tmp_path: Path) -> None:
+    """While a get waits, the idle timer re-arms once per timeout, not continuously."""
+    server = make_server(clock, tmp_path, client_timeout=1.0)
+    conn = Conn(MemcacheFactory(server))
+    conn.send(b"get q/t=10000\r\n")
+    for _ in range(3):
+        clock.advance(1.0)
+        assert all(call.getTime() >= clock.seconds() + 0.99 for call in clock.getDelayedCalls())
+    assert conn.open
+    server.collection.stopService()

@@ -369,6 +369,33 @@ def test_abortReturnsToHead(clock: Clock) -> None:
     assert datas(q) == [b"a", b"b"]
 
 
+def test_abortedReadHolderKeepsStaleCopy(clock: Clock) -> None:
+    """An item handed out before an abort is not the object handed out on redelivery."""
+    q = make(clock)
+    value(q.add(b"a"))
+    first = q.remove(transaction=True)
+    q.unremove(first.xid)
+    second = q.remove(transaction=True)
+    assert first is not second
+    assert (first.xid, second.xid, second.data) == (1, 2, b"a")
+
+
+def test_failedRemoveWriteIsLoggedAndQueueGoesOn(clock: Clock) -> None:
+    """A journal write failing on remove is logged; the reader still gets its item."""
+
+    class FlakyJournal(MemoryJournal):
+        def remove(self) -> Deferred[None]:
+            return fail(OSError("I/O error"))
+
+    q = make(clock, FlakyJournal(keep_records=True))
+    value(q.add(b"a"))
+    value(q.add(b"b"))
+    with capturedLogs() as events:
+        assert q.remove().data == b"a"
+    assert any(e.get("log_failure") is not None for e in events)
+    assert datas(q) == [b"b"]
+
+
 def test_unknownXidIsLoggedAndIgnored(clock: Clock) -> None:
     """Confirming or aborting an xid that is not open changes nothing and logs a warning."""
     q = make(clock)
@@ -733,3 +760,14 @@ def test_keepJournalFalseErasesOnSetup(clock: Clock) -> None:
     journal.records.append(rec.REMOVE)
     q = make(clock, journal, keep_journal=False)
     assert q.length == 0 and journal.records == []
+
+
+def test_manyPeekersAndHandoffsDoNotNest(clock: Clock) -> None:
+    """Thousands of woken peekers pass the wake-up along without deep recursion."""
+    q = make(clock)
+    peekers = [q.wait_peek(clock.seconds() + 10) for _ in range(3000)]
+    reader = q.wait_remove(clock.seconds() + 10)
+    value(q.add(b"a"))
+    assert all(value(d).data == b"a" for d in peekers)
+    assert value(reader).data == b"a"
+    assert q.length == 0 and q.waiter_count == 0

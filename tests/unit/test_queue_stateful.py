@@ -11,22 +11,27 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 
 from kestrel.config import QueueConfig
+from kestrel.item import QItem
 from kestrel.journal.journal import FileJournal
+from kestrel.journal.memory import MemoryJournal
 from kestrel.queue import PersistentQueue
 from tests.unit.test_queue import PENDING, value
 
 #: Plain settings: everything in memory, one journal file.
 PLAIN = QueueConfig()
 #: Tiny limits: read-behind, a rotation on almost every add, rewrites when empty.
-#: max_journal_size stays large: checkpoint packing is covered (as a known
-#: journal bug) in test_queue_file.py.
 SMALL = QueueConfig(max_memory_size=32, default_journal_size=256, max_journal_size=1 << 30,
                     min_journal_compact_delay=5.0)
+#: Deep read-behind with a small max_journal_size: checkpoints and packs.
+PACKING = QueueConfig(max_memory_size=16, default_journal_size=1 << 20, max_journal_size=96,
+                      min_journal_compact_delay=1000.0)
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -152,5 +157,95 @@ class SmallQueueModel(QueueModel):
     config = SMALL
 
 
+class PackingQueueModel(QueueModel):
+    """The same model deep in read-behind, where checkpoints get packed."""
+
+    config = PACKING
+
+
 TestQueueModel = QueueModel.TestCase
 TestSmallQueueModel = SmallQueueModel.TestCase
+TestPackingQueueModel = PackingQueueModel.TestCase
+TestPackingQueueModel.settings = settings(stateful_step_count=80)
+
+
+class WaiterRaces(RuleBasedStateMachine):
+    """
+    Blocked readers that time out, are cancelled, or hand their item back,
+    racing adds and aborts: no item is ever lost or delivered twice, and no
+    item sits in the queue while a reader waits.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.clock.advance(1_767_225_600.0)
+        self.queue = PersistentQueue("races", QueueConfig(), MemoryJournal(), self.clock)
+        self.queue.setup()
+        self.count = 0
+        self.added: list[bytes] = []
+        self.consumed: list[bytes] = []
+        self.opened: dict[int, bytes] = {}
+        self.pending: list[Deferred] = []
+        self.handed_back = 0
+
+    def _got(self, item: QItem | None, transaction: bool, hand_back: bool) -> None:
+        if item is None:
+            return
+        if not transaction:
+            self.consumed.append(item.data)
+        elif hand_back:
+            self.handed_back += 1
+            self.queue.unremove(item.xid)  # its client went away: back to the head
+        else:
+            assert item.xid not in self.opened
+            self.opened[item.xid] = item.data
+
+    @rule(timeout=st.sampled_from([0.1, 0.5, 2.0]), transaction=st.booleans(),
+          hand_back=st.booleans())
+    def wait(self, timeout: float, transaction: bool, hand_back: bool) -> None:
+        d = self.queue.wait_remove(self.clock.seconds() + timeout, transaction)
+        d.addCallback(self._got, transaction, hand_back and transaction)
+        d.addErrback(lambda f: f.trap(CancelledError))
+        self.pending.append(d)
+
+    @rule()
+    def add(self) -> None:
+        data = b"%d" % self.count
+        self.count += 1
+        assert value(self.queue.add(data)) is True
+        self.added.append(data)
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        data.draw(st.sampled_from(self.pending)).cancel()
+
+    @precondition(lambda self: self.opened)
+    @rule(data=st.data(), confirm=st.booleans())
+    def finish_read(self, data: st.DataObject, confirm: bool) -> None:
+        xid = data.draw(st.sampled_from(sorted(self.opened)))
+        if confirm:
+            self.queue.confirm_remove(xid)
+            self.consumed.append(self.opened.pop(xid))
+        else:
+            self.queue.unremove(xid)
+            del self.opened[xid]
+
+    @rule(seconds=st.sampled_from([0.05, 0.3, 1.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @invariant()
+    def nothing_lost_or_doubled(self) -> None:
+        self.pending = [d for d in self.pending if not d.called]
+        queued = [item.data for item in self.queue._items]
+        everywhere = self.consumed + list(self.opened.values()) + queued
+        assert sorted(everywhere) == sorted(self.added)
+        assert self.queue.waiter_count == len(self.pending)
+        if self.pending:
+            assert self.queue.length == 0
+
+
+TestWaiterRaces = WaiterRaces.TestCase
+TestWaiterRaces.settings = settings(max_examples=200, stateful_step_count=30)

@@ -150,6 +150,7 @@ def test_listen_failure_stops_queues(tmp_path: Path) -> None:
     with pytest.raises(CannotListenError):
         service.startService()
     assert not service.server.collection.running
+    assert not service.running
 
 
 def test_reload_applies_config_file(tmp_path: Path) -> None:
@@ -173,3 +174,16 @@ def test_reload_applies_config_file(tmp_path: Path) -> None:
 def test_no_zookeeper_by_default(tmp_path: Path) -> None:
     """Without a zookeeper section no publisher is built."""
     assert build(config_in(tmp_path), MemoryReactorClock()).zookeeper is None
+
+
+def test_zookeeper_publisher_built_when_configured(tmp_path: Path) -> None:
+    """With a zookeeper section a server-set publisher is built (not started) over the status."""
+    from kestrel.config import ZooKeeperConfig
+    from kestrel.serverset import ServerSetPublisher
+
+    config = config_in(tmp_path, zookeeper=ZooKeeperConfig(host="127.0.0.1",
+                                                           path_prefix="/kestrel/test"))
+    service = build(config, MemoryReactorClock())
+    assert isinstance(service.zookeeper, ServerSetPublisher)
+    assert service.zookeeper.status is service.server.status
+    assert not service.zookeeper.running

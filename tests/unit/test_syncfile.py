@@ -159,6 +159,26 @@ def test_group_commit_one_fsync_covers_pending_writes(tmp_path: Path, clock: Clo
     assert thread.jobs == []
 
 
+def test_write_from_callback_never_overlaps_fsyncs(tmp_path: Path, clock: Clock) -> None:
+    """A write made by a durability callback waits for its own fsync; fsyncs never overlap."""
+    thread = ManualThread()
+    f, fsync = make(tmp_path, clock, 0.0, thread)
+    chained: list[Deferred[None]] = []
+    d1 = f.write(b"1")
+    d1.addCallback(lambda _: chained.extend([f.write(b"2"), f.write(b"3")]))
+    f.write(b"4")
+    thread.run_next()
+    assert len(chained) == 2 and not fired(chained[0]) and not fired(chained[1])
+    assert len(thread.jobs) == 1, "one fsync at a time"
+    thread.run_next()
+    assert fired(chained[0]) and not fired(chained[1])
+    assert len(thread.jobs) == 1
+    thread.run_next()
+    assert fired(chained[1])
+    assert thread.jobs == []
+    assert fsync.calls == 3
+
+
 def test_group_commit_period_with_thread(tmp_path: Path, clock: Clock) -> None:
     """A period that elapses while an fsync runs triggers another fsync right after it."""
     thread = ManualThread()

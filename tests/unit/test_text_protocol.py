@@ -362,6 +362,12 @@ class ManualThread:
             job, d = self.jobs.pop(0)
             d.callback(job())
 
+    def fail_all(self, error: Exception) -> None:
+        """Fail every job (an fsync error), including those queued meanwhile."""
+        while self.jobs:
+            _, d = self.jobs.pop(0)
+            d.errback(error)
+
 
 DURABLE = "default: {sync_journal: always, durable_acks: true}\n"
 
@@ -437,3 +443,61 @@ def test_disconnect_all_aborts_open_reads(server) -> None:
     factory.disconnect_all()
     assert factory.connections == set()
     assert Client(server).send(b"get q\n") == b":x\n"
+
+
+def test_status_writeavoid_and_grace_period_rejection(clock, tmp_path) -> None:
+    """writeavoid reads back as C{:WRITEAVOID}; a change refused during a grace period says why."""
+    client = Client(make_server(clock, tmp_path, status_change_grace_period=10.0))
+    assert client.send(b"status readonly\n") == b"+0\n"
+    reply = client.send(b"status quiescent\n")
+    assert reply.startswith(b"-Status change to Quiescent rejected")
+    clock.advance(10)
+    assert client.send(b"status writeavoid\nstatus\n") == b"+0\n:WRITEAVOID\n"
+    assert client.send(b"status up\nstatus\n") == b"+0\n:UP\n"
+
+
+def test_too_many_open_transactions(clock, tmp_path) -> None:
+    """With max_open_transactions 0, get answers the limit error."""
+    client = Client(make_server(clock, tmp_path, max_open_transactions=0))
+    assert client.send(b"put q:\nx\n\nget q\n") == (
+        b"+1\n-Too many open transactions; limit=0\n")
+
+
+def test_half_close_answers_pending_lines_then_closes(client, clock) -> None:
+    """After the client half-closes, a waiting get still answers, then the connection closes."""
+    assert client.send(b"version\nget q 300\n").startswith(b":")
+    client.protocol.readConnectionLost()
+    assert client.connected
+    clock.advance(0.3)
+    assert client.take() == b"*\n"
+    assert not client.connected
+
+
+def test_half_close_when_idle_closes_at_once(client) -> None:
+    """A half-close with nothing pending closes the connection."""
+    client.protocol.readConnectionLost()
+    assert not client.connected
+
+
+def test_monitor_stops_at_the_open_read_limit(clock, tmp_path) -> None:
+    """monitor ends with C{*} as soon as the connection holds max_open_transactions reads."""
+    client = Client(make_server(clock, tmp_path, max_open_transactions=2))
+    assert client.send(b"put q:\na\nb\nc\n\n") == b"+3\n"
+    assert client.send(b"monitor q 60000\n") == b":a\n:b\n*\n"
+    assert client.send(b"get q\n") == b":c\n"
+
+
+def test_put_of_a_line_ending_in_colon_inside_data(client) -> None:
+    """Inside a put, a data line ending in C{:} is an item like any other."""
+    assert client.send(b"put q:\nkey:\n\n") == b"+1\n"
+    assert client.send(b"get q\n") == b":key:\n"
+
+
+def test_put_does_not_count_items_whose_fsync_failed(clock, tmp_path) -> None:
+    """With durable_acks, items whose fsync failed are not acknowledged: C{+0}."""
+    thread = ManualThread()
+    client = Client(make_server(clock, tmp_path, DURABLE, run_in_thread=thread))
+    assert client.send(b"put q:\na\n\n") == b""
+    thread.fail_all(OSError(5, "Input/output error"))
+    assert client.take() == b"+0\n"
+    assert client.connected

@@ -379,6 +379,12 @@ class ManualThread:
             job, d = self.jobs.pop(0)
             d.callback(job())
 
+    def fail_all(self, error: Exception) -> None:
+        """Fail every job (an fsync error), including those queued meanwhile."""
+        while self.jobs:
+            _, d = self.jobs.pop(0)
+            d.errback(error)
+
 
 DURABLE = "default: {sync_journal: always, durable_acks: true}\n"
 
@@ -443,3 +449,59 @@ def test_disconnect_all_keeps_thrift_open_reads(server, clock) -> None:
     assert other.call("get", queue_name="q", max_items=1) == []
     clock.advance(0.5)
     assert data_of(other.call("get", queue_name="q", max_items=1)) == [b"x"]
+
+
+def test_messages_other_than_calls_are_refused(client) -> None:
+    """A REPLY (or any non-CALL) message gets INVALID_MESSAGE_TYPE."""
+    buf = TMemoryBuffer()
+    proto = TBinaryProtocol(buf)
+    proto.write_message_begin("get_version", TMessageType.REPLY, 4)
+    proto.write_struct(Kestrel.get_version_args())
+    payload = buf.getvalue()
+    [(_, mtype, seqid, exc)] = client.send(struct.pack(">i", len(payload)) + payload)
+    assert (mtype, seqid) == (TMessageType.EXCEPTION, 4)
+    assert exc.type == TApplicationException.INVALID_MESSAGE_TYPE
+
+
+def test_queue_name_must_be_utf8(client) -> None:
+    """A queue name that is not UTF-8 gets INTERNAL_ERROR saying so."""
+    header = struct.pack(">iI", -2147418111, 4) + b"peek" + struct.pack(">i", 1)
+    body = struct.pack(">bhi", 11, 1, 2) + b"\xff\xfe" + b"\x00"
+    frame = header + body
+    [(_, _, _, exc)] = client.send(struct.pack(">i", len(frame)) + frame)
+    assert exc.type == TApplicationException.INTERNAL_ERROR
+    assert exc.message == "Queue name is not valid UTF-8"
+
+
+def test_half_close_answers_pending_call_then_closes(client, clock) -> None:
+    """After the client half-closes, a waiting get still answers, then the connection closes."""
+    assert client.call("get", queue_name="q", max_items=1, timeout_msec=300) is PENDING
+    client.protocol.readConnectionLost()
+    assert client.connected
+    clock.advance(0.3)
+    assert [api for api, *_ in client.take()] == ["get"]
+    assert not client.connected
+
+
+def test_get_stops_at_the_open_read_limit(clock, tmp_path) -> None:
+    """A connection holds at most max_open_transactions open reads per queue."""
+    client = Client(make_server(clock, tmp_path, max_open_transactions=2))
+    client.call("put", queue_name="q", items=[b"a", b"b", b"c"])
+    items = client.call("get", queue_name="q", max_items=5, auto_abort_msec=10_000)
+    assert data_of(items) == [b"a", b"b"]
+    assert client.call("get", queue_name="q", max_items=5, auto_abort_msec=10_000) == []
+    assert client.call("confirm", queue_name="q", ids={items[0].id}) == 1
+    assert data_of(client.call("get", queue_name="q", max_items=5, auto_abort_msec=10_000)) == [
+        b"c"]
+
+
+def test_put_whose_fsync_failed_is_an_internal_error(clock, tmp_path) -> None:
+    """With durable_acks, a put whose fsync failed is not acknowledged: INTERNAL_ERROR."""
+    thread = ManualThread()
+    client = Client(make_server(clock, tmp_path, DURABLE, run_in_thread=thread))
+    assert client.call("put", queue_name="q", items=[b"a", b"b"]) is PENDING
+    thread.fail_all(OSError(5, "Input/output error"))
+    [(api, _, _, exc)] = client.take()
+    assert api == "put" and exc.type == TApplicationException.INTERNAL_ERROR
+    assert "Input/output error" in exc.message
+    assert client.connected

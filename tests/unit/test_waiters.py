@@ -112,3 +112,20 @@ def test_triggerAllAndEvictAll(clock: Clock) -> None:
     assert results(evicted) == [False, False]
     assert len(w) == 0
     assert clock.getDelayedCalls() == []
+
+
+def test_triggerFromWakeUpIsServedAfterIt(clock: Clock) -> None:
+    """A waiter passing its wake-up on from its callback wakes the next one, without nesting."""
+    w = ReadWaiters(clock)
+    order = []
+
+    def pass_on(woken: bool, n: int) -> None:
+        order.append(n)
+        w.trigger()
+
+    ds = [w.wait(clock.seconds() + 10) for _ in range(3000)]
+    for n, d in enumerate(ds):
+        d.addCallback(pass_on, n)
+    assert w.trigger() is True
+    assert order == list(range(3000))
+    assert len(w) == 0

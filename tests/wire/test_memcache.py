@@ -239,3 +239,18 @@ def test_item_over_max_item_size(raw: LineClient) -> None:
     assert raw.line() == b"NOT_STORED\r\n"
     assert raw.line() == b"STORED\r\n"
     assert get_value(raw, b"get small\r\n") == b"ok"
+
+
+def test_half_close_gets_replies(server: KestrelProcess) -> None:
+    """Requests followed by EOF (as `nc` sends them) are all answered before the close."""
+    import socket
+
+    sock = server.connect()
+    sock.sendall(b"set hc 0 0 5\r\nhello\r\nget hc\r\nget hc\r\nversion\r\n")
+    sock.shutdown(socket.SHUT_WR)
+    client = LineClient(sock)
+    assert client.until(b"VERSION ").startswith(
+        b"STORED\r\nVALUE hc 0 5\r\nhello\r\nEND\r\nEND\r\nVERSION ")
+    client.line()
+    assert client.closed()
+    client.close()

@@ -286,8 +286,14 @@ def test_start_while_zookeeper_is_down_joins_later(zookeeper: ZooKeeperServer,
     status = ServerStatus(running_reactor, None, "writeavoid")
     pub = ServerSetPublisher(zookeeper.hosts, "/svc", status, ENDPOINTS, running_reactor,
                              session_timeout=1.0)
+    started = time.monotonic()
     blockingCallFromThread(running_reactor, pub.startService)
+    assert time.monotonic() - started < 1.0  # the reactor never waits for ZooKeeper
     try:
+        # Meanwhile the reactor keeps running timers while the worker waits for ZooKeeper.
+        fired = threading.Event()
+        running_reactor.callFromThread(running_reactor.callLater, 0.05, fired.set)
+        assert fired.wait(2)
         zookeeper.start()
         client = KazooClient(hosts=zookeeper.hosts)
         client.start(timeout=10)

@@ -1,0 +1,912 @@
+"""
+C{kestrel-load}: Kestrel's load tests (flood, put-many, many-clients, leaky-reader, packing).
+
+Each subcommand takes the flags and defaults of Kestrel 2.4's tool of the
+same name, talks to any Kestrel-compatible server over memcache (or thrift
+with C{--thrift}, where Kestrel's tool could), prints Kestrel's summary
+lines, and adds latency percentiles (p50/p90/p99/p999, microseconds) measured
+per request. Replies are checked byte for byte (memcache) or value for value
+(thrift), and item order where Kestrel's tool checked it; a wrong reply
+stops the run with Kestrel's "Unexpected response" message and exit status 1.
+
+Clients are plain blocking sockets in threads, one connection per simulated
+client, as Kestrel's tools were; see C{docs/load-tests.md} for what that
+means for the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from kestrel.metrics import Histogram
+
+#: Filler text for put-many and many-clients items (Kestrel used a song lyric).
+FILLER = (
+    "the queue keeps every letter that you send\n"
+    "it holds them through the night and through the crash\n"
+    "a journal line for each, from start to end\n"
+    "and hands them back in order, none to lose\n"
+)
+
+#: How long to keep retrying a refused connection before giving up.
+CONNECT_PATIENCE = 10.0
+
+
+class LoadError(Exception):
+    """The server answered something unexpected, or could not be reached."""
+
+
+class Output:
+    """Thread-safe line printer (worker threads report progress too)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        """Print one line and flush."""
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+
+def latency_line(label: str, h: Histogram) -> str:
+    """Format the latency percentiles added to every test's summary."""
+    return (f"{label} latency in usec: count={h.count} min={h.minimum} p50={h.percentile(0.5)} "
+            f"p90={h.percentile(0.9)} p99={h.percentile(0.99)} p999={h.percentile(0.999)} "
+            f"max={h.maximum}")
+
+
+def merged(histograms: Sequence[Histogram]) -> Histogram:
+    """Return one histogram holding every value of C{histograms}."""
+    total = Histogram()
+    for h in histograms:
+        total.merge(h)
+    return total
+
+
+# -- connections
+
+
+class Connection:
+    """A blocking socket with exact-read helpers for memcache replies."""
+
+    def __init__(self, host: str, port: int, failures: list[int] | None = None) -> None:
+        self.sock = connect(host, port, failures)
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        """Send every byte of C{data}."""
+        self.sock.sendall(data)
+
+    def read_exact(self, n: int) -> bytes:
+        """Return exactly C{n} bytes (raises L{LoadError} if the server closes first)."""
+        while len(self.buf) < n:
+            chunk = self.sock.recv(max(65536, n - len(self.buf)))
+            if not chunk:
+                raise LoadError(f"Connection closed by the server (got {self.buf[:200]!r})!")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def expect(self, expected: bytes, at: int) -> None:
+        """Read a reply as long as C{expected}; raise "Unexpected response at <at>" if different."""
+        got = self.read_exact(len(expected))
+        if got != expected:
+            raise LoadError(f"Unexpected response at {at}: {got[:200]!r}!")
+
+    def read_line(self) -> bytes:
+        """Return the next line, C{\\r\\n} included."""
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise LoadError(f"Connection closed by the server (got {self.buf[:200]!r})!")
+            self.buf += chunk
+        i = self.buf.index(b"\n") + 1
+        out, self.buf = self.buf[:i], self.buf[i:]
+        return out
+
+    def read_get(self, queue: str, at: int) -> bytes | None:
+        """
+        Read the reply to a C{get} (or one C{monitor} block): the item's data, or None at C{END}.
+
+        Anything but C{END} or a well-formed C{VALUE <queue> 0 <n>} block is an
+        "Unexpected response".
+        """
+        line = self.read_line()
+        if line == END:
+            return None
+        parts = line.split()
+        if (len(parts) != 4 or parts[0] != b"VALUE" or parts[1] != queue.encode()
+                or not parts[3].isdigit()):
+            raise LoadError(f"Unexpected response at {at}: {line[:200]!r}!")
+        block = self.read_exact(int(parts[3]) + 2 + len(END))
+        if block[-7:] != b"\r\n" + END:
+            raise LoadError(f"Unexpected response at {at}: {block[-60:]!r}!")
+        return block[:-7]
+
+    def expect_item(self, queue: str, expected: bytes, at: int) -> bool:
+        """Read a C{get} reply: False for C{END}, True for C{expected}, else raise."""
+        data = self.read_get(queue, at)
+        if data is None:
+            return False
+        if data != expected:
+            raise LoadError(f"Unexpected item at {at}: expected {expected[:40]!r}, "
+                            f"got {data[:40]!r}!")
+        return True
+
+    def close(self) -> None:
+        """Close the socket."""
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect(host: str, port: int, failures: list[int] | None = None) -> socket.socket:
+    """
+    Connect, retrying refused connections for up to L{CONNECT_PATIENCE} seconds.
+
+    As Kestrel's C{tryHard}, failures are counted (in C{failures[0]}).
+    """
+    deadline = time.monotonic() + CONNECT_PATIENCE
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=60)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as e:
+            if failures is not None:
+                failures[0] += 1
+            if time.monotonic() > deadline:
+                raise LoadError(f"Cannot connect to {host}:{port}: {e}") from e
+            time.sleep(0.01)
+
+
+# -- memcache requests and replies
+
+
+def mc_set(queue: str, data: bytes) -> bytes:
+    """A memcache C{set} of C{data}."""
+    return b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(data), data)
+
+
+def mc_get(queue: str, timeout_msec: int | None = None, options: str = "") -> bytes:
+    """A memcache C{get} with an optional C{/t=} and more options."""
+    wait = "" if timeout_msec is None else f"/t={timeout_msec}"
+    return f"get {queue}{wait}{options}\r\n".encode()
+
+
+def mc_value(queue: str, data: bytes) -> bytes:
+    """The reply to a C{get} that returned C{data}."""
+    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (queue.encode(), len(data), data)
+
+
+STORED = b"STORED\r\n"
+END = b"END\r\n"
+
+
+# -- thrift
+
+
+def thrift_module() -> Any:
+    """Load Kestrel's IDL (C{kestrel/protocols/kestrel.thrift}) with thriftpy2."""
+    import thriftpy2
+
+    import kestrel.protocols
+
+    idl = Path(kestrel.protocols.__file__).with_name("kestrel.thrift")
+    return thriftpy2.load(str(idl), module_name="kestrel_load_thrift")
+
+
+class ThriftClient:
+    """A framed-binary thrift client of the C{Kestrel} service, one connection."""
+
+    def __init__(self, host: str, port: int, failures: list[int] | None = None) -> None:
+        from thriftpy2.protocol import TBinaryProtocolFactory
+        from thriftpy2.rpc import make_client
+        from thriftpy2.transport import TFramedTransportFactory
+
+        module = thrift_module()
+        deadline = time.monotonic() + CONNECT_PATIENCE
+        while True:
+            try:
+                self.client = make_client(module.Kestrel, host, port, timeout=60_000,
+                                          proto_factory=TBinaryProtocolFactory(),
+                                          trans_factory=TFramedTransportFactory())
+                break
+            except Exception as e:  # thriftpy2 wraps socket errors in its own types
+                if failures is not None:
+                    failures[0] += 1
+                if time.monotonic() > deadline:
+                    raise LoadError(f"Cannot connect to {host}:{port}: {e}") from e
+                time.sleep(0.01)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.client.close()
+
+
+# -- shared plumbing
+
+
+def run_threads(targets: Sequence[Callable[[], Any]]) -> tuple[list[Any], float]:
+    """
+    Run each target in its own thread; return their results and the wall time in ms.
+
+    The first exception raised by any target is re-raised here.
+    """
+    results: list[Any] = [None] * len(targets)
+    errors: list[BaseException] = []
+
+    def wrap(i: int, target: Callable[[], Any]) -> None:
+        try:
+            results[i] = target()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(i, t), daemon=True)
+               for i, t in enumerate(targets)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    duration = (time.monotonic() - start) * 1000
+    if errors:
+        raise errors[0]
+    return results, duration
+
+
+def timed(h: Histogram, started_ns: int) -> None:
+    """Record the microseconds since C{started_ns} into C{h}."""
+    h.add((time.perf_counter_ns() - started_ns) // 1000)
+
+
+def flush_queue(args: argparse.Namespace, queue: str) -> None:
+    """Flush C{queue} over the test's protocol."""
+    if getattr(args, "thrift", False):
+        client = ThriftClient(args.host, args.port)
+        try:
+            client.flush_queue(queue)
+        finally:
+            client.close()
+        return
+    conn = Connection(args.host, args.port)
+    try:
+        conn.send(b"flush %s\r\n" % queue.encode())
+        conn.expect(END, 0)
+    finally:
+        conn.close()
+
+
+def monitor_queue(host: str, port: int, queue: str, out: Output) -> threading.Event:
+    """
+    Print the queue's stats every second from a daemon thread (Kestrel's C{-M}).
+
+    Setting the returned event stops it.
+    """
+    stop = threading.Event()
+    def stats(conn: Connection) -> dict[str, int]:
+        conn.send(b"stats\r\n")
+        found = {}
+        prefix = f"STAT queue_{queue}_"
+        while (raw := conn.read_line()) != END:
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if line.startswith(prefix):
+                key, _, value = line[len(prefix):].partition(" ")
+                if value.isdigit():
+                    found[key] = int(value)
+        return found
+
+    def loop() -> None:
+        try:
+            conn = Connection(host, port)
+            base = stats(conn).get("total_items", 0)
+            while True:
+                s = stats(conn)
+                total = s.get("total_items", 0)
+                out(f"{queue}: items={s.get('items', 0)} total_items={total} ({total - base}) "
+                    f"bytes={s.get('bytes', 0)} mem_items={s.get('mem_items', 0)} "
+                    f"mem_bytes={s.get('mem_bytes', 0)} journal_bytes={s.get('logsize', 0)}")
+                if stop.wait(1):
+                    conn.close()
+                    return
+        except (OSError, LoadError):
+            return
+
+    threading.Thread(target=loop, daemon=True, name="monitor-queue").start()
+    return stop
+
+
+# -- flood
+
+
+def flood(args: argparse.Namespace, out: Output) -> int:
+    """Producers and consumers flood C{-n} items through one queue; report throughput."""
+    data = b"x" * 1024 * args.kilobytes
+    queue, rollup = args.queue, args.rollup
+    if args.flush:
+        out("Flushing queues first.")
+        flush_queue(args, queue)
+    put_times: list[Histogram] = []
+    get_times: list[Histogram] = []
+
+    def produce(n: int) -> None:
+        h = Histogram()
+        put_times.append(h)
+        if args.thrift:
+            client = ThriftClient(args.host, args.port)
+            i = 0
+            while i < n:
+                t0 = time.perf_counter_ns()
+                got = client.put(queue, [data] * rollup, 0)
+                timed(h, t0)
+                if got != rollup:
+                    raise LoadError(f"Unexpected response at {i}!")
+                i += rollup
+            client.close()
+            return
+        conn = Connection(args.host, args.port)
+        request = b"".join([mc_set(queue, data)] * rollup)
+        expected = STORED * rollup
+        i = 0
+        while i < n:
+            t0 = time.perf_counter_ns()
+            conn.send(request)
+            conn.expect(expected, i)
+            timed(h, t0)
+            i += rollup
+        conn.close()
+
+    def consume(n: int) -> int:
+        h = Histogram()
+        get_times.append(h)
+        misses = count = 0
+        if args.thrift:
+            client = ThriftClient(args.host, args.port)
+            while count < n:
+                want = min(rollup, n - count)
+                timeout = 1000 if (args.blocking or rollup > 1) else 0
+                t0 = time.perf_counter_ns()
+                items = client.get(queue, want, timeout, 0)
+                timed(h, t0)
+                if not items:
+                    misses += 1
+                for item in items:
+                    if item.data != data:
+                        raise LoadError(f"Unexpected response at {count}!")
+                    count += 1
+            client.close()
+            return misses
+        conn = Connection(args.host, args.port)
+        if rollup == 1:
+            request = mc_get(queue, 1000 if args.blocking else None)
+            while count < n:
+                t0 = time.perf_counter_ns()
+                conn.send(request)
+                hit = conn.expect_item(queue, data, count)
+                timed(h, t0)
+                if hit:
+                    count += 1
+                else:
+                    misses += 1
+        else:
+            while count < n:
+                want = min(rollup, n - count)
+                t0 = time.perf_counter_ns()
+                conn.send(b"monitor %s 1 %d\r\n" % (queue.encode(), want))
+                got = 0
+                while conn.expect_item(queue, data, count + got):
+                    got += 1
+                timed(h, t0)
+                if got:
+                    conn.send(b"confirm %s %d\r\n" % (queue.encode(), got))
+                    conn.expect(END, count)
+                    count += got
+                else:
+                    misses += 1
+        conn.close()
+        return misses
+
+    if args.prefill > 0:
+        out(f"prefill: {args.prefill} items of {args.kilobytes}kB")
+        produce(args.prefill)
+
+    per_producer = max(1, (args.items + args.producers - 1) // args.producers)
+    if rollup > 1 and per_producer % rollup:
+        per_producer += rollup - per_producer % rollup
+    per_consumer = max(1, args.items // args.consumers)
+    if rollup > 1 and per_consumer % rollup:
+        per_consumer += rollup - per_consumer % rollup
+    out(f"flood: producers={args.producers} each sending {per_producer} items "
+        f"(in chunks of {rollup}) of {args.kilobytes}kB to {queue}")
+    out(f"flood: consumers={args.consumers} each reading {per_consumer} items "
+        f"(in chunks of {rollup}) from {queue}")
+    if args.monitor:
+        args.stop_monitor = monitor_queue(args.host, 22133 if args.thrift else args.port,
+                                          queue, out)
+    put_times.clear()
+    get_times.clear()
+    targets: list[Callable[[], Any]] = [lambda: produce(per_producer)] * args.producers
+    targets += [lambda: consume(per_consumer)] * args.consumers
+    results, duration = run_threads(targets)
+    misses = sum(r for r in results[args.producers:])
+    out(f"Finished in {int(duration)} msec "
+        f"({duration * 1000.0 / (args.items * args.consumers):.1f} usec/put throughput).")
+    out(f"Consumer(s) spun {misses} times in misses.")
+    out(latency_line("put", merged(put_times)))
+    out(latency_line("get", merged(get_times)))
+    return 0
+
+
+# -- put-many
+
+
+def put_many(args: argparse.Namespace, out: Output) -> int:
+    """C{-c} clients put C{-n} items (and get them back with C{-g}); report a latency histogram."""
+    clients, rollup = args.clients, args.rollup
+    data = (FILLER * (args.bytes // len(FILLER) + 1)).encode()[:args.bytes]
+    names = [args.queue + (str(i % args.queues) if args.queues > 1 else "")
+             for i in range(clients)]
+    if args.flush:
+        out("Flushing queues first.")
+        for name in dict.fromkeys(names):
+            flush_queue(args, name)
+    per_client = args.items // clients
+    total = per_client * clients
+    failures = [0]
+
+    def session(name: str, h: Histogram, getting: bool) -> None:
+        if args.thrift:
+            client = ThriftClient(args.host, args.port, failures)
+            i = 0
+            while i < per_client:
+                t0 = time.perf_counter_ns()
+                if getting:
+                    items = client.get(name, rollup, 0, 0)
+                    ok = len(items) == rollup and all(it.data == data for it in items)
+                else:
+                    ok = client.put(name, [data] * rollup, 0) == rollup
+                timed(h, t0)
+                if not ok:
+                    raise LoadError(f"Unexpected response at {i}!")
+                i += rollup
+            client.close()
+            return
+        conn = Connection(args.host, args.port, failures)
+        if getting:
+            request, expected = mc_get(name) * rollup, mc_value(name, data) * rollup
+        else:
+            request, expected = mc_set(name, data) * rollup, STORED * rollup
+        i = 0
+        while i < per_client:
+            t0 = time.perf_counter_ns()
+            conn.send(request)
+            conn.expect(expected, i)
+            timed(h, t0)
+            i += rollup
+        conn.close()
+
+    def cycle(getting: bool) -> None:
+        timings = [Histogram() for _ in range(clients)]
+        _, duration = run_threads([
+            (lambda i=i: session(names[i], timings[i], getting)) for i in range(clients)])
+        out(f"Finished in {int(duration)} msec "
+            f"({duration * 1000.0 / max(1, total):.1f} usec/put throughput).")
+        if failures[0]:
+            out(f"Had to retry {failures[0]} times to make all connections.")
+        h = merged(timings)
+        stats = [("min", h.minimum), ("max", h.maximum)] + [
+            (label, h.percentile(q)) for label, q in
+            [("p50", 0.5), ("p75", 0.75), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99),
+             ("p999", 0.999), ("p9999", 0.9999)]]
+        out("Distribution in usec: " + " ".join(f"{k}={v}" for k, v in stats))
+
+    out(f"Put {args.items} items of {args.bytes} bytes in bursts of {rollup} to "
+        f"{args.host}:{args.port} in {args.queues} queues named {args.queue} "
+        f"using {clients} clients.")
+    cycle(False)
+    if args.get:
+        out(f"Get {args.items} items of {args.bytes} bytes in batches of {rollup} from "
+            f"{args.host}:{args.port} in {args.queues} queues named {args.queue} "
+            f"using {clients} clients.")
+        cycle(True)
+    return 0
+
+
+# -- many-clients
+
+
+def many_clients(args: argparse.Namespace, out: Output) -> int:
+    """One slow producer, many consumers racing with C{/t=1000} gets; every item arrives once."""
+    queue, count = args.queue, args.items
+    data = FILLER.encode()
+    transactional = args.transactions or args.kill > 0
+    out(f"many-clients: {count} items to {args.host} using {args.clients} clients, "
+        f"kill rate {args.kill}%, at {args.sleep} msec/item")
+    if args.flush:
+        out("Flushing queues first.")
+        flush_queue(args, queue)
+    if args.monitor:
+        args.stop_monitor = monitor_queue(args.host, args.port, queue, out)
+    got = [0]
+    lock = threading.Lock()
+    set_times = Histogram()
+    get_times: list[Histogram] = []
+
+    def consumer() -> None:
+        h = Histogram()
+        get_times.append(h)
+        rng = random.Random()
+        request = mc_get(queue, 1000, "/close/open" if transactional else "")
+        conn: Connection | None = None
+        while got[0] < count:
+            if conn is None:
+                conn = Connection(args.host, args.port)
+            t0 = time.perf_counter_ns()
+            conn.send(request)
+            if rng.randrange(100) < args.kill:
+                conn.close()
+                conn = None
+                continue
+            if conn.expect_item(queue, data, got[0]):
+                timed(h, t0)
+                with lock:
+                    got[0] += 1
+        if conn is not None:
+            if transactional:
+                conn.send(mc_get(queue, None, "/close"))
+                conn.expect(END, got[0])
+            conn.close()
+
+    def producer() -> None:
+        conn = Connection(args.host, args.port)
+        request = mc_set(queue, data)
+        for i in range(count):
+            t0 = time.perf_counter_ns()
+            conn.send(request)
+            conn.expect(STORED, i)
+            timed(set_times, t0)
+            if args.sleep > 0:
+                time.sleep(args.sleep / 1000)
+        conn.close()
+
+    _, duration = run_threads([consumer] * args.clients + [producer])
+    out(f"Received {got[0]} items in {int(duration)} msec.")
+    out(latency_line("set", set_times))
+    out(latency_line("get hit", merged(get_times)))
+    if got[0] != count:
+        raise LoadError(f"Expected {count} items, received {got[0]}!")
+    return 0
+
+
+# -- packing
+
+
+def packing(args: argparse.Namespace, out: Output) -> int:
+    """Keep the queue one batch behind through C{-c} cycles to exercise read-behind and packing."""
+    queue, n = args.queue, args.items
+    data = "x" * 1024 * args.kilobytes
+    out(f"packing: {n} items of {args.kilobytes}kB with {args.pause} second pauses")
+    if args.flush:
+        out("Flushing queues first.")
+        flush_queue(args, queue)
+    if args.monitor:
+        args.stop_monitor = monitor_queue(args.host, 22133 if args.thrift else args.port,
+                                          queue, out)
+    counters = {"read": 0, "write": 0}
+    put_times, get_times = Histogram(), Histogram()
+
+    def item(counter: int) -> bytes:
+        return (str(counter) + data)[:len(data)].encode()
+
+    def put(start: int) -> None:
+        h = Histogram()
+        if args.thrift:
+            client = ThriftClient(args.host, args.port)
+            for i in range(n):
+                t0 = time.perf_counter_ns()
+                if client.put(queue, [item(start + i)], 0) != 1:
+                    raise LoadError(f"Unexpected response at {i}!")
+                timed(h, t0)
+            client.close()
+        else:
+            conn = Connection(args.host, args.port)
+            for i in range(n):
+                t0 = time.perf_counter_ns()
+                conn.send(mc_set(queue, item(start + i)))
+                conn.expect(STORED, i)
+                timed(h, t0)
+            conn.close()
+        put_times.merge(h)
+
+    def get(start: int) -> int:
+        h = Histogram()
+        misses = count = 0
+        if args.thrift:
+            client = ThriftClient(args.host, args.port)
+            while count < n:
+                t0 = time.perf_counter_ns()
+                items = client.get(queue, 1, 1000, 0)
+                timed(h, t0)
+                if not items:
+                    misses += 1
+                elif items[0].data != item(start + count):
+                    raise LoadError(f"Unexpected item at {count}: expected "
+                                    f"{item(start + count)[:40]!r}, got {items[0].data[:40]!r}!")
+                else:
+                    count += 1
+            client.close()
+        else:
+            conn = Connection(args.host, args.port)
+            request = mc_get(queue, 1000)
+            while count < n:
+                t0 = time.perf_counter_ns()
+                conn.send(request)
+                hit = conn.expect_item(queue, item(start + count), count)
+                timed(h, t0)
+                if hit:
+                    count += 1
+                else:
+                    misses += 1
+            conn.close()
+        get_times.merge(h)
+        return misses
+
+    def cycle(reads: bool, writes: bool) -> None:
+        targets: list[Callable[[], Any]] = []
+        if writes:
+            targets.append(lambda: put(counters["write"]))
+        if reads:
+            targets.append(lambda: get(counters["read"]))
+        results, duration = run_threads(targets)
+        if writes:
+            out(f"Wrote {n} items starting at {counters['write']}.")
+            counters["write"] += n
+        if reads:
+            counters["read"] += n
+            out(f"Read {n} items in {int(duration)} msec. "
+                f"Consumer spun {results[-1]} times in misses.")
+
+    cycle(False, True)
+    for i in range(args.cycles):
+        out(f"cycle: {i + 1}")
+        cycle(True, True)
+        time.sleep(args.pause)
+    cycle(True, False)
+    out(latency_line("put", put_times))
+    out(latency_line("get", get_times))
+    return 0
+
+
+# -- leaky-reader
+
+
+def leaky_reader(args: argparse.Namespace, out: Output) -> int:
+    """Thrift consumers confirm all but a fraction of reads; every item must end up confirmed."""
+    queue, total = args.queue, args.items
+    out(f"leaky-reader: {args.threads} threads each sending {total} items through {queue}")
+    if args.flush:
+        out("Flushing queues first.")
+        flush_queue(argparse.Namespace(thrift=True, host=args.host, port=args.port), queue)
+    incomplete = set(range(total))
+    lock = threading.Lock()
+    num_read = [0]
+    put_times = Histogram()
+    get_times: list[Histogram] = []
+
+    def now() -> str:
+        return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+    def producer() -> None:
+        client = ThriftClient(args.host, args.port)
+        for n in range(total):
+            t0 = time.perf_counter_ns()
+            if client.put(queue, [b"%08x" % n], 0) != 1:
+                raise LoadError(f"Unexpected response at {n}!")
+            timed(put_times, t0)
+        client.close()
+
+    def consumer() -> None:
+        h = Histogram()
+        get_times.append(h)
+        rng = random.Random()
+        client = ThriftClient(args.host, args.port)
+        while num_read[0] < total:
+            t0 = time.perf_counter_ns()
+            items = client.get(queue, 1, 100, args.auto_abort)
+            timed(h, t0)
+            if not items:
+                continue
+            if len(items) > 1:
+                raise LoadError(f"Unexpected number of items: {len(items)}!")
+            xid, bit = items[0].id, int(items[0].data, 16)
+            if args.verbose:
+                out(f"{now()}: open {xid:016x} = {bit:08x}")
+            if rng.random() >= args.drop_rate:
+                if args.verbose:
+                    out(f"{now()}: confirm {xid:016x}")
+                confirmed = client.confirm(queue, {xid})
+                if confirmed != 1:
+                    raise LoadError(f"Unexpected number of items confirmed: {confirmed} ({xid})!")
+                with lock:
+                    num_read[0] += 1
+                    x = num_read[0]
+                    incomplete.discard(bit)
+                if x % 1000 == 0:
+                    out(str(x))
+        client.close()
+
+    _, duration = run_threads([producer] + [consumer] * args.threads)
+    out(f"Finished in {int(duration)} msec "
+        f"({duration * 1000.0 / (total * args.threads):.1f} usec/put throughput).")
+    if incomplete:
+        out("Missed the following items:")
+        for i in sorted(incomplete):
+            out(f"\t{i:08x}")
+    else:
+        out("Completed all reads")
+    out(latency_line("put", put_times))
+    out(latency_line("get", merged(get_times)))
+    return 1 if incomplete else 0
+
+
+# -- command line
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that exits with status 1 on bad usage, as Kestrel's tools did."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """Print the usage and the problem, then exit 1."""
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
+def _common(p: argparse.ArgumentParser, port: int = 22133, thrift: bool = True,
+            monitor: bool = True) -> None:
+    p.add_argument("--help", action="help", help="show this help and exit")
+    p.add_argument("-h", dest="host", default="localhost", metavar="HOSTNAME",
+                   help="use kestrel on HOSTNAME (default: %(default)s)")
+    p.add_argument("-p", dest="port", type=int, default=None, metavar="PORT",
+                   help=f"use kestrel on PORT (default: {port}; 2229 with --thrift)")
+    if thrift:
+        p.add_argument("--thrift", action="store_true", help="use thrift RPC")
+    p.add_argument("-F", dest="flush", action="store_false",
+                   help="don't flush queue(s) before the test")
+    if monitor:
+        p.add_argument("-M", dest="monitor", action="store_true",
+                       help="monitor queue stats during the test")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the C{kestrel-load} command-line parser (one subcommand per load test)."""
+    parser = _Parser(prog="kestrel-load", add_help=False,
+                     description="Kestrel's load tests against any Kestrel-compatible server.")
+    parser.add_argument("--help", action="help", help="show this help and exit")
+    sub = parser.add_subparsers(dest="test", required=True, parser_class=_Parser,
+                                metavar="{flood,put-many,many-clients,leaky-reader,packing}")
+
+    p = sub.add_parser("flood", add_help=False,
+                       help="spin up a producer and consumer and flood N items through kestrel")
+    p.add_argument("-n", dest="items", type=int, default=10000, metavar="ITEMS",
+                   help="put ITEMS items into the queue (default: %(default)s)")
+    p.add_argument("-k", dest="kilobytes", type=int, default=1, metavar="KILOBYTES",
+                   help="put KILOBYTES per queue item (default: %(default)s)")
+    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
+                   help="use queue NAME (default: %(default)s)")
+    p.add_argument("-P", dest="prefill", type=int, default=0, metavar="ITEMS",
+                   help="prefill ITEMS items into the queue before the test (default: 0)")
+    p.add_argument("-R", dest="producers", type=int, default=1, metavar="THREADS",
+                   help="create THREADS producers (default: %(default)s)")
+    p.add_argument("-C", dest="consumers", type=int, default=1, metavar="THREADS",
+                   help="create THREADS consumers (default: %(default)s)")
+    p.add_argument("-r", dest="rollup", type=int, default=1, metavar="ITEMS",
+                   help="roll up ITEMS items into a single multi-put request (default: 1)")
+    p.add_argument("-B", dest="blocking", action="store_true",
+                   help="do blocking reads (reads with a timeout)")
+    _common(p)
+    p.set_defaults(run=flood)
+
+    p = sub.add_parser("put-many", add_help=False, help="spam items into kestrel")
+    p.add_argument("-c", dest="clients", type=int, default=100, metavar="CLIENTS",
+                   help="use CLIENTS concurrent clients (default: %(default)s)")
+    p.add_argument("-n", dest="items", type=int, default=10000, metavar="ITEMS",
+                   help="put ITEMS items into the queue (default: %(default)s)")
+    p.add_argument("-b", dest="bytes", type=int, default=1024, metavar="BYTES",
+                   help="put BYTES per queue item (default: %(default)s)")
+    p.add_argument("-r", dest="rollup", type=int, default=1, metavar="ITEMS",
+                   help="roll up ITEMS items into a single multi-put/multi-get request "
+                        "(default: 1)")
+    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
+                   help="use queue NAME as prefix (default: %(default)s)")
+    p.add_argument("-Q", dest="queues", type=int, default=1, metavar="QUEUES",
+                   help="use QUEUES different queues (default: %(default)s)")
+    p.add_argument("-g", dest="get", action="store_true", help="get the items afterwards")
+    _common(p, monitor=False)
+    p.set_defaults(run=put_many)
+
+    p = sub.add_parser("many-clients", add_help=False,
+                       help="N clients do timeout reads on a queue while one producer trickles")
+    p.add_argument("-s", dest="sleep", type=int, default=100, metavar="MILLISECONDS",
+                   help="sleep MILLISECONDS between puts (default: %(default)s)")
+    p.add_argument("-n", dest="items", type=int, default=100, metavar="ITEMS",
+                   help="put ITEMS total items into the queue (default: %(default)s)")
+    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
+                   help="use queue NAME (default: %(default)s)")
+    p.add_argument("-c", dest="clients", type=int, default=100, metavar="CLIENTS",
+                   help="use CLIENTS consumers (default: %(default)s)")
+    p.add_argument("-k", dest="kill", type=int, default=0, metavar="PERCENT",
+                   help="kill PERCENT %% of clients before they can read the response "
+                        "(default: 0; implies -x)")
+    p.add_argument("-x", dest="transactions", action="store_true",
+                   help="use transactional gets")
+    _common(p, thrift=False)
+    p.set_defaults(run=many_clients, thrift=False)
+
+    p = sub.add_parser("leaky-reader", add_help=False,
+                       help="deliver N items through kestrel over thrift, with occasional drops")
+    p.add_argument("-n", dest="items", type=int, default=1000, metavar="ITEMS",
+                   help="put ITEMS items into the queue (default: %(default)s)")
+    p.add_argument("-d", dest="drop_rate", type=float, default=0.01, metavar="RATE",
+                   help="drop RATE items (fraction, default: %(default)f)")
+    p.add_argument("-q", dest="queue", default="spam-thrift", metavar="NAME",
+                   help="use queue NAME (default: %(default)s)")
+    p.add_argument("-t", dest="threads", type=int, default=1, metavar="THREADS",
+                   help="create THREADS consumers (default: %(default)s)")
+    p.add_argument("-a", dest="auto_abort", type=int, default=5000, metavar="MSEC",
+                   help="auto-abort unconfirmed reads after MSEC (default: %(default)s)")
+    p.add_argument("-v", dest="verbose", action="store_true",
+                   help="be verbose, writing opens/confirms to stdout")
+    _common(p, port=2229, thrift=False, monitor=False)
+    p.set_defaults(run=leaky_reader, thrift=True)
+
+    p = sub.add_parser("packing", add_help=False,
+                       help="write N items, then do read/write cycles with pauses")
+    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
+                   help="use named queue (default: %(default)s)")
+    p.add_argument("-n", dest="items", type=int, default=25000, metavar="ITEMS",
+                   help="put ITEMS items into the queue (default: %(default)s)")
+    p.add_argument("-k", dest="kilobytes", type=int, default=1, metavar="KILOBYTES",
+                   help="put KILOBYTES per queue item (default: %(default)s)")
+    p.add_argument("-t", dest="pause", type=float, default=1, metavar="SECONDS",
+                   help="pause SECONDS between cycles (default: 1)")
+    p.add_argument("-c", dest="cycles", type=int, default=100, metavar="CYCLES",
+                   help="do read/writes CYCLES times (default: %(default)s)")
+    _common(p)
+    p.set_defaults(run=packing)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:
+    """Run C{kestrel-load} with C{argv} (default: the command line); return the exit status."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.port is None:
+        args.port = 2229 if args.thrift else 22133
+    out = Output(stdout if stdout is not None else sys.stdout)
+    try:
+        return args.run(args, out)
+    except LoadError as e:
+        out(str(e))
+        return 1
+    finally:
+        stop = getattr(args, "stop_monitor", None)
+        if stop is not None:
+            stop.set()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

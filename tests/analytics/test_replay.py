@@ -1,0 +1,106 @@
+"""FIFO replay of one queue agrees with an object-level model (no Spark needed)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("pyarrow")
+
+from kestrel.analytics.replay import nearest_rank, replay_queue  # noqa: E402
+from kestrel.analytics.scan import scan_buffer, time_bounds  # noqa: E402
+from kestrel.journal import records  # noqa: E402
+from tests.analytics.journals import QueueWriter  # noqa: E402
+
+
+def _replay(buf: bytes, start: int | None = None, end: int | None = None, filler=None):
+    scan = scan_buffer(buf)
+    lb, ub = time_bounds(scan, start, end)
+    fill = np.zeros(scan.count, bool) if filler is None else np.asarray(filler)
+    return replay_queue(scan.op, scan.xid, scan.size, scan.add_ms, scan.expiry_ms, lb, ub, fill)
+
+
+@given(st.integers(0, 2**32), st.integers(0, 120))
+def test_replay_matches_the_model(seed: int, ops: int) -> None:
+    """After any valid history, queued items, open reads and bytes equal the model's."""
+    w = QueueWriter("s", "q", random.Random(seed))
+    w.random_ops(ops)
+    r = _replay(bytes(w.current.data))
+    assert r.queued == len(w.items)
+    assert r.open_reads == len(w.open)
+    assert r.bytes_left == sum(len(i.data) for i in [*w.items, *w.open.values()])
+    assert r.items_left == r.queued + r.open_reads
+    removed = [rec for rec in w.current.recs
+               if rec.removed is not None and rec.removed.add_ms is not None]
+    assert len(r.wait_lb_ms) == len(removed)
+
+
+def test_unremove_returns_that_item_to_the_head() -> None:
+    """Aborting the first of two open reads puts its item (not the last popped) at the head."""
+    buf = b"".join([
+        records.encode_add(b"a", 1_000), records.encode_add(b"bb", 2_000),
+        records.encode_add(b"ccc", 3_000),
+        records.encode_xid(9, 1), records.encode_xid(9, 2), records.encode_xid(5, 1),
+        records.REMOVE_BYTES, records.encode_add(b"", 70_000), records.encode_xid(6, 2)])
+    r = _replay(buf)
+    assert (r.queued, r.open_reads, r.bytes_left) == (2, 0, 3)
+    # "a" (added at 1 s) was removed by the REMOVE bracketed in [3 s, 70 s]
+    assert sorted(r.wait_lb_ms.tolist()) == [2_000, 68_000]
+    assert sorted(r.wait_ub_ms.tolist()) == [68_000, 69_000]
+
+
+def test_records_that_cannot_apply_change_nothing() -> None:
+    """A pop of an empty queue or an unknown xid is ignored, as the server's replay does."""
+    buf = b"".join([records.REMOVE_BYTES, records.encode_xid(9, 7), records.encode_xid(6, 7),
+                    records.encode_xid(5, 8), records.encode_add(b"x", 5),
+                    records.encode_xid(6, 3), records.Continue(4, b"yy", 6).encode()])
+    r = _replay(buf)
+    assert (r.queued, r.open_reads, r.bytes_left, len(r.wait_lb_ms)) == (2, 0, 3, 0)
+
+
+def test_legacy_tentative_removes_take_the_next_free_xid() -> None:
+    """Legacy REMOVE_TENTATIVE opens under the next xid after the counter, as our replay does."""
+    buf = b"".join([records.encode_add(b"a", 1), records.encode_add(b"bb", 2),
+                    records.encode_add(b"ccc", 3), records.encode_xid(4, 6), b"\x03", b"\x03",
+                    records.encode_xid(6, 7), records.encode_xid(5, 8)])
+    r = _replay(buf)
+    assert (r.queued, r.open_reads, r.lost_open_reads, r.bytes_left) == (2, 0, 0, 5)
+
+
+def test_reopening_an_open_xid_loses_its_item() -> None:
+    """A second REMOVE_TENTATIVE_XID with a still-open xid overwrites it; the item is gone."""
+    buf = b"".join([records.encode_add(b"a", 1), records.encode_add(b"b", 2),
+                    records.encode_xid(9, 3), records.encode_xid(9, 3)])
+    r = _replay(buf)
+    assert (r.queued, r.open_reads, r.lost_open_reads, r.bytes_left) == (0, 1, 1, 1)
+
+
+def test_backlog_is_the_state_at_the_end_of_each_minute() -> None:
+    """One backlog point per minute holding the state after that minute's last record."""
+    buf = b"".join([records.encode_add(b"a", 60_000), records.encode_add(b"b", 61_000),
+                    records.REMOVE_BYTES, records.encode_add(b"cc", 185_000)])
+    r = _replay(buf)
+    assert r.backlog_minute_ms.tolist() == [60_000, 180_000]
+    assert r.backlog_queued.tolist() == [1, 2]
+    assert r.backlog_bytes.tolist() == [1, 3]
+
+
+def test_fillers_replay_but_do_not_count_as_waits() -> None:
+    """A pack's filler is popped by a remove like any item but adds no time-in-queue sample."""
+    buf = b"".join([records.encode_add(b"", 10_000), records.encode_add(b"x", 1_000, 2_000),
+                    records.REMOVE_BYTES, records.REMOVE_BYTES])
+    r = _replay(buf, end=50_000, filler=[True, False, False, False])
+    assert (r.queued, len(r.wait_lb_ms), r.with_expiry, r.expired_removed) == (0, 1, 1, 1)
+    assert r.wait_lb_ms.tolist() == [9_000]
+
+
+def test_nearest_rank() -> None:
+    """Percentiles are nearest-rank values taken from the data."""
+    v = np.arange(1, 101)
+    assert [nearest_rank(v, p) for p in (0.5, 0.9, 0.99)] == [50, 90, 99]
+    assert nearest_rank(np.array([7]), 0.99) == 7
+    assert nearest_rank(np.array([], dtype=np.int64), 0.5) is None

@@ -1,0 +1,130 @@
+"""The columnar scanner agrees with the server's record codec (no Spark needed)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("pyarrow")
+
+from kestrel.analytics.layout import JournalFile  # noqa: E402
+from kestrel.analytics.scan import TRAILER_OP, scan_buffer, scan_file, time_bounds  # noqa: E402
+from kestrel.journal import records  # noqa: E402
+
+NONE = np.iinfo(np.int64).min
+xids = st.integers(0, 2**31 - 1)
+times = st.integers(0, 2**42)
+data = st.binary(max_size=40)
+
+record = st.one_of(
+    st.builds(records.Add, data, times, st.one_of(st.just(0), times)),
+    st.builds(records.LegacyAdd, data, st.integers(0, 2**31 - 1)),
+    st.builds(records.AddXid, xids, data, times, times),
+    st.builds(records.Continue, xids, data, times, times),
+    st.just(records.REMOVE),
+    st.just(records.RemoveTentative()),
+    st.builds(records.RemoveTentativeXid, xids),
+    st.builds(records.SaveXid, xids),
+    st.builds(records.Unremove, xids),
+    st.builds(records.ConfirmRemove, xids),
+)
+
+_OPS = {records.Add: 2, records.LegacyAdd: 0, records.AddXid: 7, records.Continue: 8,
+        records.Remove: 1, records.RemoveTentative: 3, records.RemoveTentativeXid: 9,
+        records.SaveXid: 4, records.Unremove: 5, records.ConfirmRemove: 6}
+
+
+def _expected(rec: records.Record) -> tuple[int, int, int, int, int]:
+    """(op, xid, size, add_ms, expiry_ms) as the scanner should report a record."""
+    op = _OPS[type(rec)]
+    xid = getattr(rec, "xid", 0)
+    size = len(rec.data) if hasattr(rec, "data") else 0
+    add = getattr(rec, "add_time_ms", NONE)
+    if isinstance(rec, records.LegacyAdd):
+        exp = rec.expiry_s * 1000 if rec.expiry_s else NONE
+    else:
+        exp = getattr(rec, "expiry_ms", 0) or NONE
+    return op, xid, size, add, exp
+
+
+@given(st.lists(record, max_size=30))
+def test_scan_reports_every_field(recs: list) -> None:
+    """Each record's opcode, xid, payload size, add time and expiry land in the columns."""
+    buf = b"".join(r.encode() for r in recs)
+    scan = scan_buffer(buf)
+    assert scan.truncated_bytes == 0 and scan.problem is None and scan.clean_end == len(buf)
+    got = list(zip(scan.op.tolist(), scan.xid.tolist(), scan.size.tolist(),
+                   scan.add_ms.tolist(), scan.expiry_ms.tolist(), strict=True))
+    assert got == [_expected(r) for r in recs]
+    assert scan.offset.tolist() == records.decode_prefix(buf).offsets
+
+
+@given(st.lists(record, min_size=1, max_size=20), st.data())
+def test_truncated_tail_is_counted_not_fatal(recs: list, draw: st.DataObject) -> None:
+    """Any prefix scans to the codec's clean end; the rest is truncated bytes."""
+    buf = b"".join(r.encode() for r in recs)
+    cut = draw.draw(st.integers(0, len(buf)))
+    scan = scan_buffer(buf[:cut])
+    prefix = records.decode_prefix(buf[:cut])
+    assert scan.clean_end == prefix.end
+    assert scan.truncated_bytes == cut - prefix.end
+    assert scan.count == len(prefix.records)
+    assert (scan.problem is None) == (cut == prefix.end)
+
+
+def test_corrupt_record_stops_the_scan_with_a_reason() -> None:
+    """An unknown opcode ends the scan there; the bytes after it are reported, not raised."""
+    buf = records.encode_add(b"ok", 5) + b"\x0c\x00\x00" + records.REMOVE_BYTES
+    scan = scan_buffer(buf)
+    assert scan.count == 1
+    assert scan.truncated_bytes == 4
+    assert scan.problem == "invalid opcode 12"
+
+
+def _naive_bounds(adds: list[int | None], start: int | None,
+                  end: int | None) -> list[tuple[int | None, int | None]]:
+    out = []
+    for i, a in enumerate(adds):
+        if a is not None:
+            out.append((a, a))
+            continue
+        before = [x for x in adds[:i] if x is not None] + ([start] if start is not None else [])
+        lb = max(before) if before else None
+        ub = next((x for x in adds[i + 1:] if x is not None), end)
+        if lb is not None and ub is not None and ub < lb:
+            ub = lb
+        out.append((lb, ub))
+    return out
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 10**6)), max_size=25),
+       st.one_of(st.none(), st.integers(0, 10**6)), st.one_of(st.none(), st.integers(0, 10**6)))
+def test_time_bounds_bracket_untimed_records(adds: list, start: int | None,
+                                             end: int | None) -> None:
+    """Untimed records lie after the latest earlier add time and before the next one."""
+    recs = [records.Add(b"", a) if a is not None else records.REMOVE for a in adds]
+    scan = scan_buffer(b"".join(r.encode() for r in recs))
+    lb, ub = time_bounds(scan, start, end)
+    got = [(None if x == NONE else x, None if y == NONE else y)
+           for x, y in zip(lb.tolist(), ub.tolist(), strict=True)]
+    assert got == _naive_bounds(adds, start, end)
+
+
+def test_batch_has_one_trailer_row_per_file() -> None:
+    """The batch holds the records, then a trailer with the clean end and truncated bytes."""
+    jf = JournalFile("s", "q", "q.5.pack", "/x", 0, "pack", 5, 0, None, 5)
+    buf = (records.encode_add(b"", 3) + records.encode_add(b"", 9) + records.encode_add(b"a", 9)
+           + records.encode_xid(9, 4) + b"\x02\x01")
+    batch = scan_file(jf, buf).to_pydict()
+    assert batch["op"] == [2, 2, 2, 9, TRAILER_OP]
+    assert batch["filler"] == [False, True, False, False, False]
+    assert batch["packed"] == [True] * 5
+    assert batch["xid"] == [None, None, None, 4, 4]
+    assert batch["size"] == [0, 0, 1, None, 2]
+    assert batch["offset"][-1] == len(buf) - 2
+    assert batch["problem"] == [None] * 4 + ["truncated record"]
+    assert batch["time_lb_ms"][3] == 9 and batch["time_ub_ms"][3] == 9
+    empty = scan_file(jf, b"").to_pydict()
+    assert empty["op"] == [TRAILER_OP] and empty["size"] == [0] and empty["xid"] == [0]
