@@ -114,6 +114,37 @@ def _alias_converter(value: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
     return types.MappingProxyType({k: tuple(v) for k, v in value.items()})
 
 
+#: Where the status file goes when none is configured (unless that is inside queue_path).
+DEFAULT_STATUS_FILE = "./kestrel-status"
+
+
+def default_status_file(queue_path: str) -> str:
+    """
+    Return where the status file goes when C{status_file} is not configured.
+
+    That is C{./kestrel-status}, unless it would lie inside C{queue_path}
+    (C{queue_path: .}); then it is a sibling file of the queue folder,
+    C{<absolute queue_path>.kestrel-status}. Only a queue_path of the file
+    system root leaves no such place; the config check then asks for an
+    explicit C{status_file}.
+    """
+    if not _inside(DEFAULT_STATUS_FILE, queue_path):
+        return DEFAULT_STATUS_FILE
+    return os.path.abspath(queue_path).rstrip(os.sep) + ".kestrel-status"
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether C{path} is C{folder} or lies under it (lexically, after normalising)."""
+    path_abs = os.path.normcase(os.path.abspath(path))
+    folder_abs = os.path.normcase(os.path.abspath(folder))
+    return path_abs == folder_abs or path_abs.startswith(folder_abs.rstrip(os.sep) + os.sep)
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two paths name the same location (lexically, after normalising)."""
+    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+
+
 @attrs.frozen
 class ServerConfig:
     """
@@ -132,7 +163,8 @@ class ServerConfig:
     admin_port: int | None = 2223
     queue_path: str = "./kestrel-data"
     archive_path: str | None = None
-    status_file: str | None = "./kestrel-status"
+    status_file: str | None = attrs.field(
+        default=attrs.Factory(lambda self: default_status_file(self.queue_path), takes_self=True))
     default_status: Status = attrs.field(default=Status.UP, converter=_status_converter)
     status_change_grace_period: float = 0.0
     expiration_timer_frequency: float | None = 1.0
@@ -184,9 +216,17 @@ class ServerConfig:
         checks between keys (C{status_file} outside C{queue_path}). Raises
         L{ConfigError} listing every problem. C{default}, C{queues} and
         C{aliases} cannot be overridden here.
+
+        A status file at its default place (L{default_status_file} of the old
+        C{queue_path}) follows a new C{queue_path} unless C{status_file} is
+        overridden too, so the default never ends up inside the queue folder.
         """
         problems = _Problems("<overrides>")
         changes: dict[str, Any] = {}
+        if ("queue_path" in overrides and "status_file" not in overrides
+                and self.status_file == default_status_file(self.queue_path)
+                and isinstance(overrides["queue_path"], str)):
+            changes["status_file"] = default_status_file(overrides["queue_path"])
         for key, value in overrides.items():
             if key == "zookeeper" and (value is None or isinstance(value, ZooKeeperConfig)):
                 changes[key] = value
@@ -210,6 +250,7 @@ _RELOADABLE = frozenset({"default", "queues", "aliases", "warnings"})
 
 #: The built-in defaults: what the server runs on without a config file.
 DEFAULT_CONFIG = ServerConfig()
+
 
 _QUEUE_FIELDS = frozenset(f.name for f in attrs.fields(QueueConfig))
 
@@ -748,18 +789,6 @@ def _build_aliases(walker: _Walker, node: yaml.Node) -> dict[str, tuple[str, ...
         if len(destinations) == len(value_node.value):
             aliases[name] = tuple(destinations)
     return aliases
-
-
-def _inside(path: str, folder: str) -> bool:
-    """Whether C{path} is C{folder} or lies under it (lexically, after normalising)."""
-    path_abs = os.path.normcase(os.path.abspath(path))
-    folder_abs = os.path.normcase(os.path.abspath(folder))
-    return path_abs == folder_abs or path_abs.startswith(folder_abs.rstrip(os.sep) + os.sep)
-
-
-def _same_path(a: str, b: str) -> bool:
-    """Whether two paths name the same location (lexically, after normalising)."""
-    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
 def _check_server(config: ServerConfig, problems: _Problems, lines: Mapping[str, int]) -> None:

@@ -15,7 +15,34 @@ measure with their injected clock and record the difference.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class _Clock(Protocol):
+    def seconds(self) -> float: ...
+
+
+def elapsed_recorder(histograms: tuple[Histogram, ...], clock: _Clock,
+                     scale: float = 1e6) -> Callable[[T], T]:
+    """
+    Start timing now; return a pass-through callback that records the elapsed time.
+
+    The callback adds C{(clock.seconds() - start) * scale} (microseconds by
+    default) to every histogram in C{histograms} and returns its argument
+    unchanged, so it can be added to a Deferred with C{addBoth}.
+    """
+    started = clock.seconds()
+
+    def record(result: T) -> T:
+        elapsed = (clock.seconds() - started) * scale
+        for h in histograms:
+            h.add(elapsed)
+        return result
+
+    return record
 
 _SUB_BITS = 3
 _SUB = 1 << _SUB_BITS
@@ -62,8 +89,8 @@ class Histogram:
         self.buckets = [0] * BUCKETS
 
     def add(self, value: int | float) -> None:
-        """Record one value (floats are truncated, negatives count as 0)."""
-        v = int(value)
+        """Record one value (floats are rounded, negatives count as 0)."""
+        v = value if value.__class__ is int else int(value + 0.5)
         if v < 0:
             v = 0
         if v < _EXACT:
@@ -225,6 +252,43 @@ class Metrics:
         """Yield C{(name, histogram)} for the server-wide metrics in L{GLOBAL_METRICS} order."""
         for name in GLOBAL_METRICS:
             yield name, getattr(self, name)
+
+    def write_recorder(self, clock: _Clock, queue: str) -> Callable[[T], T]:
+        """
+        Start timing a write to C{queue}; return the callback that records C{set_latency_usec}.
+
+        Use: C{collection.add(...).addBoth(metrics.write_recorder(clock, name))}.
+        """
+        return elapsed_recorder((self.set_latency_usec, self.queue(queue).set_latency_usec),
+                                clock)
+
+    def read_recorder(self, clock: _Clock, queue: str) -> Callable[[Any], Any]:
+        """
+        Start timing a read of C{queue}; return the callback that records its outcome.
+
+        Given the item (anything with C{add_time_ms}), it records
+        C{get_hit_latency_usec} and C{delivery_latency_msec} (add to delivery);
+        given None, C{get_miss_latency_usec}; globally and for the queue. Use:
+        C{collection.remove(...).addCallback(metrics.read_recorder(clock, name))}.
+        """
+        started = clock.seconds()
+        per_queue = self.queue(queue)
+
+        def record(item: Any) -> Any:
+            now = clock.seconds()
+            usec = (now - started) * 1e6
+            if item is None:
+                self.get_miss_latency_usec.add(usec)
+                per_queue.get_miss_latency_usec.add(usec)
+            else:
+                self.get_hit_latency_usec.add(usec)
+                per_queue.get_hit_latency_usec.add(usec)
+                waited = now * 1000 - item.add_time_ms
+                self.delivery_latency_msec.add(waited)
+                per_queue.delivery_latency_msec.add(waited)
+            return item
+
+        return record
 
     def report(self) -> dict[str, dict[str, int | float]]:
         """Return every metric's summary by its Ostrich name (C{q/<queue>/<metric>} per queue)."""

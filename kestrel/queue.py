@@ -220,8 +220,12 @@ class PersistentQueue:
             self._pop_head()
             self._notify_remove()
         elif cls is rec.RemoveTentativeXid:
-            self._replay_open(record.xid)
-            self._xid_counter = record.xid
+            xid = record.xid
+            self._replay_open(xid)
+            # Never lower the counter: a rewritten journal's SAVE_XID may be
+            # above the xids of the opens that follow it.
+            if xid > self._xid_counter:
+                self._xid_counter = xid
         elif cls is rec.ConfirmRemove:
             self._open.pop(record.xid, None)
             self._notify_remove()

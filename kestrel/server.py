@@ -117,7 +117,9 @@ class KestrelServer:
         then holds the new queue part and the old server-level settings.
 
         A broken or unreadable file raises L{ConfigError} naming the problem;
-        the config in force is kept.
+        the config in force is kept. Server-level keys whose value in the file
+        differs from the one in force are not applied; a warning names them
+        (C{keys}: they need a restart).
         """
         if self.config_path is None:
             config = self.config
@@ -133,6 +135,11 @@ class KestrelServer:
                                 path=os.fspath(self.config_path), error=str(e))
                 raise ConfigError([f"{os.fspath(self.config_path)}: {e}"]) from e
         # Only the queue part changes; server-level settings need a restart.
+        restart_keys = self.config.restart_required_changes(config)
+        if restart_keys:
+            self._log.warn("Reload: {keys} changed but need a restart to take effect "
+                           "(command-line options still override the file)",
+                           keys=", ".join(restart_keys))
         config = attrs.evolve(self.config, default=config.default, queues=config.queues,
                               aliases=config.aliases)
         self.collection.reload(config)

@@ -29,6 +29,7 @@ import enum
 import fcntl
 import ipaddress
 import json
+import logging
 import socket
 import struct
 from collections.abc import Callable, Mapping
@@ -38,7 +39,7 @@ import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.threads import deferToThreadPool
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.threadpool import ThreadPool
 
 from kestrel.errors import KestrelError
@@ -168,6 +169,21 @@ def member_data(main: tuple[str, int], endpoints: Mapping[str, tuple[str, int]],
     return json.dumps(document, separators=(",", ":")).encode("utf-8")
 
 
+class _KazooLogBridge(logging.Handler):
+    """Hands kazoo's (stdlib) log records to the Twisted logger, on the reactor thread."""
+
+    def __init__(self, reactor: Any, log: Logger) -> None:
+        super().__init__(logging.WARNING)
+        self._reactor = reactor
+        self._log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Forward one record (warnings and errors only)."""
+        level = LogLevel.error if record.levelno >= logging.ERROR else LogLevel.warn
+        self._reactor.callFromThread(self._log.emit, level, "kazoo: {message}",
+                                     message=record.getMessage())
+
+
 @attrs.define
 class _Member:
     """A membership as the worker thread last wrote it."""
@@ -260,6 +276,7 @@ class ServerSetPublisher(Service):
     def startService(self) -> None:
         """Resolve endpoints, start the worker thread and the client, and join both sets."""
         if callable(self._endpoints_source):
+            self.endpoints = {}  # read again: the ports may differ after a restart
             self._resolve_endpoints(self._endpoints_source())
         super().startService()
         self._stopping = False
@@ -345,14 +362,23 @@ class ServerSetPublisher(Service):
 
     # -- worker-thread side (blocking kazoo calls)
 
+    def _log_later(self, level: LogLevel, fmt: str, **fields: Any) -> None:
+        """Log from the worker thread: the event is emitted on the reactor thread."""
+        self._reactor.callFromThread(self._log.emit, level, fmt, **fields)
+
     def _make_client(self) -> Any:
         from kazoo.client import KazooClient
         from kazoo.retry import KazooRetry
 
+        kazoo_log = logging.getLogger(f"kestrel.serverset.kazoo.{id(self)}")
+        kazoo_log.propagate = False
+        if not kazoo_log.handlers:
+            kazoo_log.addHandler(_KazooLogBridge(self._reactor, self._log))
         factory = self._client_factory or KazooClient
         return factory(hosts=self.hosts, timeout=self.session_timeout,
                        connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
-                       command_retry=KazooRetry(max_tries=3, max_delay=1.0))
+                       command_retry=KazooRetry(max_tries=3, max_delay=1.0),
+                       logger=kazoo_log)
 
     def _connect(self) -> None:
         client = self._make_client()
@@ -365,8 +391,9 @@ class ServerSetPublisher(Service):
         # kazoo keeps retrying in the background; the CONNECTED callback joins.
         client.start_async().wait(max(self.session_timeout, 5.0))
         if not client.connected:
-            self._log.warn("ZooKeeper at {hosts} is not reachable yet; will join when it is",
-                           hosts=self.hosts)
+            self._log_later(LogLevel.warn,
+                            "ZooKeeper at {hosts} is not reachable yet; will join when it is",
+                            hosts=self.hosts)
 
     def _close(self) -> None:
         client, self._client = self._client, None
@@ -385,7 +412,7 @@ class ServerSetPublisher(Service):
         if wanted is None:
             if member.path is not None:
                 client.delete(member.path)
-                self._log.info("left {kind} server set", kind=kind)
+                self._log_later(LogLevel.info, "left {kind} server set", kind=kind)
             member.path, member.membership = None, None
             return
         if member.membership is wanted:
@@ -395,8 +422,8 @@ class ServerSetPublisher(Service):
         if member.path is not None and wanted is Membership.DEAD:
             client.set(member.path, data)
             member.membership = wanted
-            self._log.info("updated {kind} server set with status {membership}",
-                           kind=kind, membership=wanted.value)
+            self._log_later(LogLevel.info, "updated {kind} server set with status {membership}",
+                            kind=kind, membership=wanted.value)
             return
         parent = f"{self.path_prefix}/{kind}"
         client.ensure_path(parent)
@@ -405,5 +432,6 @@ class ServerSetPublisher(Service):
         member.path, member.membership = path, wanted
         if old_path is not None:
             client.delete(old_path)
-        self._log.info("joined {kind} server set as {path} with status {membership}",
-                       kind=kind, path=path, membership=wanted.value)
+        self._log_later(LogLevel.info,
+                        "joined {kind} server set as {path} with status {membership}",
+                        kind=kind, path=path, membership=wanted.value)

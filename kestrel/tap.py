@@ -9,7 +9,6 @@ L{makeService} only wires: it is the one place that imports the global reactor.
 
 from __future__ import annotations
 
-import attrs
 from twisted.application.service import IService
 from twisted.python import usage
 
@@ -50,7 +49,9 @@ class Options(usage.Options):
     optParameters = [  # noqa: N815 - Twisted's name
         ["config", "c", None, "YAML config file (default: none, the built-in defaults)."],
         ["queue-path", None, None,
-         f"Journal directory (default: {_default('queue_path')})."],
+         f"Journal directory (default: {_default('queue_path')}). Unless the config file "
+         "sets status_file, the status file goes to ./kestrel-status, or beside the "
+         "journal directory (<dir>.kestrel-status) when that would be inside it."],
         ["listen-address", None, None,
          f"Bind address of every listener (default: {_default('listen_address')})."],
         ["memcache-port", None, None,
@@ -81,9 +82,10 @@ class Options(usage.Options):
             if self[option] is not None:
                 overrides[field] = self[option]
         try:
-            self.config = attrs.evolve(config, **overrides) if overrides else config
-        except (ConfigError, ValueError, TypeError) as e:
-            raise usage.UsageError(f"bad option: {e}") from e
+            self.config = config.with_overrides(**overrides) if overrides else config
+        except ConfigError as e:
+            problems = [p.removeprefix("<overrides>: ") for p in e.problems]
+            raise usage.UsageError("bad option: " + "; ".join(problems)) from e
 
 
 def makeService(options: Options) -> IService:

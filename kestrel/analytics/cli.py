@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra Spark configuration (repeatable)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     p.add_argument("--no-ship", action="store_true",
-                   help="do not ship the kestrel package to the executors (it is installed there)")
+                   help="do not ship the kestrel package to a cluster's executors (it is "
+                        "installed there); it is never shipped when --py-files gave files")
     return p
 
 
@@ -50,7 +51,7 @@ def package_zip(directory: str) -> str:
 
     root = os.path.dirname(os.path.abspath(kestrel.__file__))
     parent = os.path.dirname(root)
-    target = os.path.join(directory, "kestrel.zip")
+    target = os.path.join(directory, "kestrel-package.zip")
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for folder, _, names in os.walk(root):
             for name in names:
@@ -75,7 +76,9 @@ def make_session(master: str | None, conf: dict[str, str] | None = None,
     """
     import kestrel
 
-    if is_local_master(master):
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # running under spark-submit
+    local = is_local_master(master) if master is not None else not submitted
+    if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         parent = os.path.dirname(os.path.dirname(os.path.abspath(kestrel.__file__)))
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -86,7 +89,7 @@ def make_session(master: str | None, conf: dict[str, str] | None = None,
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit
+    elif not submitted:
         builder = builder.master("local[*]")
     settings = {
         "spark.log.level": "WARN",
@@ -95,7 +98,7 @@ def make_session(master: str | None, conf: dict[str, str] | None = None,
         "spark.python.worker.reuse": "true",
         "spark.ui.showConsoleProgress": "false",
     }
-    if is_local_master(master):
+    if local:
         # the default of 200 shuffle partitions costs seconds on small inputs
         settings["spark.sql.shuffle.partitions"] = str(2 * (os.cpu_count() or 2))
     settings.update(conf or {})
@@ -132,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = existing or make_session(args.master, conf)
     try:
         with tempfile.TemporaryDirectory(prefix="kestrel-analyze-") as tmp:
-            if not args.no_ship and not is_local_master(spark.sparkContext.master):
+            shipped = spark.sparkContext.getConf().get("spark.submit.pyFiles", "")
+            if not (args.no_ship or shipped or is_local_master(spark.sparkContext.master)):
                 spark.sparkContext.addPyFile(package_zip(tmp))
             try:
                 summary = run(spark, inputs, args.out, reader=args.reader,

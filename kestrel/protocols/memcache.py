@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import attrs
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.internet.protocol import Factory, Protocol
@@ -28,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from kestrel.config import dump_queue_config
 from kestrel.errors import (
     AvailabilityError,
     ConfigError,
@@ -95,15 +95,6 @@ def value_reply(item: QItem | None, key: bytes) -> bytes:
         return _END
     data = item.data
     return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data)
-
-
-def _config_value(value: object) -> str:
-    """Render one resolved config value for C{dump_config}: None as C{null}, bools lower-case."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 class _CloseAfterReplyError(Exception):
@@ -548,13 +539,12 @@ class MemcacheProtocol(Protocol):
         return _END
 
     def _dump_config(self, names: tuple[str, ...]) -> bytes:
+        """Each queue's resolved settings as C{dump_queue_config} renders them (docs/config.md)."""
         config = self.server.config
         lines: list[str] = []
         for name in names or self.server.collection.queue_names(include_aliases=False):
-            resolved = config.queue_config(name)
             lines.append(f"queue '{name}' {{")
-            lines.extend(f"  {a.name}={_config_value(getattr(resolved, a.name))}"
-                         for a in attrs.fields(type(resolved)))
+            lines.extend(f"  {line}" for line in dump_queue_config(config.queue_config(name)))
             lines.append("}")
         return _encode("\r\n".join(lines) + "\r\nEND\r\n")
 

@@ -84,6 +84,14 @@ class Connection:
         self.sock = connect(host, port, failures)
         self.buf = b""
 
+    @classmethod
+    def over(cls, sock: socket.socket) -> Connection:
+        """Wrap an already connected socket."""
+        conn = cls.__new__(cls)
+        conn.sock = sock
+        conn.buf = b""
+        return conn
+
     def send(self, data: bytes) -> None:
         """Send every byte of C{data}."""
         self.sock.sendall(data)
@@ -733,7 +741,10 @@ def leaky_reader(args: argparse.Namespace, out: Output) -> int:
                 continue
             if len(items) > 1:
                 raise LoadError(f"Unexpected number of items: {len(items)}!")
-            xid, bit = items[0].id, int(items[0].data, 16)
+            try:
+                xid, bit = items[0].id, int(items[0].data, 16)
+            except ValueError:
+                raise LoadError(f"Unexpected item: {items[0].data[:40]!r}!") from None
             if args.verbose:
                 out(f"{now()}: open {xid:016x} = {bit:08x}")
             if rng.random() >= args.drop_rate:
@@ -776,6 +787,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"{self.prog}: error: {message}\n")
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser, port: int = 22133, thrift: bool = True,
             monitor: bool = True) -> None:
     p.add_argument("--help", action="help", help="show this help and exit")
@@ -810,11 +829,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use queue NAME (default: %(default)s)")
     p.add_argument("-P", dest="prefill", type=int, default=0, metavar="ITEMS",
                    help="prefill ITEMS items into the queue before the test (default: 0)")
-    p.add_argument("-R", dest="producers", type=int, default=1, metavar="THREADS",
+    p.add_argument("-R", dest="producers", type=_positive, default=1, metavar="THREADS",
                    help="create THREADS producers (default: %(default)s)")
-    p.add_argument("-C", dest="consumers", type=int, default=1, metavar="THREADS",
+    p.add_argument("-C", dest="consumers", type=_positive, default=1, metavar="THREADS",
                    help="create THREADS consumers (default: %(default)s)")
-    p.add_argument("-r", dest="rollup", type=int, default=1, metavar="ITEMS",
+    p.add_argument("-r", dest="rollup", type=_positive, default=1, metavar="ITEMS",
                    help="roll up ITEMS items into a single multi-put request (default: 1)")
     p.add_argument("-B", dest="blocking", action="store_true",
                    help="do blocking reads (reads with a timeout)")
@@ -822,18 +841,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=flood)
 
     p = sub.add_parser("put-many", add_help=False, help="spam items into kestrel")
-    p.add_argument("-c", dest="clients", type=int, default=100, metavar="CLIENTS",
+    p.add_argument("-c", dest="clients", type=_positive, default=100, metavar="CLIENTS",
                    help="use CLIENTS concurrent clients (default: %(default)s)")
     p.add_argument("-n", dest="items", type=int, default=10000, metavar="ITEMS",
                    help="put ITEMS items into the queue (default: %(default)s)")
     p.add_argument("-b", dest="bytes", type=int, default=1024, metavar="BYTES",
                    help="put BYTES per queue item (default: %(default)s)")
-    p.add_argument("-r", dest="rollup", type=int, default=1, metavar="ITEMS",
+    p.add_argument("-r", dest="rollup", type=_positive, default=1, metavar="ITEMS",
                    help="roll up ITEMS items into a single multi-put/multi-get request "
                         "(default: 1)")
     p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
                    help="use queue NAME as prefix (default: %(default)s)")
-    p.add_argument("-Q", dest="queues", type=int, default=1, metavar="QUEUES",
+    p.add_argument("-Q", dest="queues", type=_positive, default=1, metavar="QUEUES",
                    help="use QUEUES different queues (default: %(default)s)")
     p.add_argument("-g", dest="get", action="store_true", help="get the items afterwards")
     _common(p, monitor=False)
@@ -847,7 +866,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="put ITEMS total items into the queue (default: %(default)s)")
     p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
                    help="use queue NAME (default: %(default)s)")
-    p.add_argument("-c", dest="clients", type=int, default=100, metavar="CLIENTS",
+    p.add_argument("-c", dest="clients", type=_positive, default=100, metavar="CLIENTS",
                    help="use CLIENTS consumers (default: %(default)s)")
     p.add_argument("-k", dest="kill", type=int, default=0, metavar="PERCENT",
                    help="kill PERCENT %% of clients before they can read the response "
@@ -865,7 +884,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop RATE items (fraction, default: %(default)f)")
     p.add_argument("-q", dest="queue", default="spam-thrift", metavar="NAME",
                    help="use queue NAME (default: %(default)s)")
-    p.add_argument("-t", dest="threads", type=int, default=1, metavar="THREADS",
+    p.add_argument("-t", dest="threads", type=_positive, default=1, metavar="THREADS",
                    help="create THREADS consumers (default: %(default)s)")
     p.add_argument("-a", dest="auto_abort", type=int, default=5000, metavar="MSEC",
                    help="auto-abort unconfirmed reads after MSEC (default: %(default)s)")

@@ -258,7 +258,8 @@ def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,
         size = packer.pack()
     except (PackError, OSError) as e:
         out.flush()
-        err.write(f"\n{e}\n".encode())
+        prefix = "\n" if shown_progress else ""  # end the progress line first
+        err.write(f"{prefix}{e}\n".encode())
         return 1
     out.write(b"\r" + b" " * 40 + b"\n")
     out.write(f"Done. New journal size: {size}\n".encode())

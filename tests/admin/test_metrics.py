@@ -6,7 +6,11 @@ import timeit
 
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
 
+from kestrel.item import QItem
 from kestrel.metrics import (
     BUCKETS,
     GLOBAL_METRICS,
@@ -16,6 +20,8 @@ from kestrel.metrics import (
     bucket_bounds,
     bucket_index,
 )
+
+success_result_of = SynchronousTestCase().successResultOf
 
 
 @given(st.integers(0, 2**63 - 1))
@@ -64,11 +70,12 @@ def test_summary_has_ostrichs_fields() -> None:
 
 
 def test_negative_and_float_values() -> None:
-    """Negative durations (a clock step back) count as 0; floats are truncated."""
+    """Negative durations (a clock step back) count as 0; floats are rounded."""
     h = Histogram()
     h.add(-5)
     h.add(2.9)
-    assert (h.count, h.minimum, h.maximum, h.total) == (2, 0, 2, 2)
+    h.add(1.2)
+    assert (h.count, h.minimum, h.maximum, h.total) == (3, 0, 3, 4)
 
 
 def test_cumulative_counts_are_monotonic() -> None:
@@ -100,3 +107,32 @@ def test_add_is_cheap() -> None:
     h = Histogram()
     per_call = min(timeit.repeat(lambda: h.add(12345), number=20000, repeat=3)) / 20000
     assert per_call < 5e-6
+
+
+def test_write_recorder_times_a_deferred(clock: Clock) -> None:
+    """write_recorder records, in usec, the clock time until the add's Deferred fires."""
+    m = Metrics()
+    d: Deferred[bool] = Deferred()
+    d.addBoth(m.write_recorder(clock, "jobs"))
+    clock.advance(0.0025)
+    d.callback(True)
+    assert success_result_of(d) is True
+    assert m.set_latency_usec.maximum == 2500
+    assert m.queue("jobs").set_latency_usec.count == 1
+
+
+def test_read_recorder_splits_hits_and_misses(clock: Clock) -> None:
+    """A hit records hit latency and delivery latency; a miss records miss latency."""
+    m = Metrics()
+    item = QItem(b"x", add_time_ms=int(clock.seconds() * 1000) - 750)
+    record = m.read_recorder(clock, "jobs")
+    clock.advance(0.001)
+    assert record(item) is item
+    assert m.get_hit_latency_usec.maximum == 1000
+    assert m.delivery_latency_msec.maximum == 751
+    assert m.queue("jobs").delivery_latency_msec.count == 1
+    miss = m.read_recorder(clock, "jobs")
+    clock.advance(0.5)
+    assert miss(None) is None
+    assert m.get_miss_latency_usec.maximum == 500_000
+    assert m.get_hit_latency_usec.count == 1

@@ -837,3 +837,25 @@ def test_restart_required_changes_lists_server_level_keys_only() -> None:
     assert old.restart_required_changes(new) == ["text_port", "queue_path"]
     assert old.restart_required_changes(old) == []
     assert old.restart_required_changes(attrs.evolve(old, queues={})) == []
+
+
+# -- the default status file -----------------------------------------------------------------
+
+
+def test_default_status_file_moves_out_of_queue_path(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    Without status_file, queue_path: . puts the status file beside the queue
+    folder, not inside it; a queue_path elsewhere keeps ./kestrel-status.
+    """
+    monkeypatch.chdir(tmp_path)
+    assert parse_config("queue_path: .").status_file == str(tmp_path) + ".kestrel-status"
+    assert parse_config("queue_path: ./q").status_file == "./kestrel-status"
+    assert DEFAULT_CONFIG.with_overrides(queue_path=".").status_file == (
+        str(tmp_path) + ".kestrel-status")
+
+
+def test_explicit_status_file_inside_dot_is_refused() -> None:
+    """A status_file set explicitly inside queue_path: . is still refused."""
+    with pytest.raises(ConfigError, match="status_file: must not be inside queue_path"):
+        parse_config("queue_path: .\nstatus_file: ./kestrel-status\n")

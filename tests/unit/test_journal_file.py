@@ -9,11 +9,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
@@ -114,6 +117,31 @@ def test_replay_truncated_at_every_byte_offset(tmp_path: Path, clock: Clock) -> 
         j.add(QItem(b"after", 7))
         j.close()
         assert replayed(d, clock) == [*SMALL[:whole], rec.Add(b"after", 7, 0)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(SMALL), max_size=8), st.binary(min_size=1, max_size=12),
+       st.data())
+def test_replay_of_damaged_bytes_never_raises(good: list[rec.Record], garbage: bytes,
+                                              data: st.DataObject) -> None:
+    """
+    Whatever bytes overwrite part of a journal, replay does not raise: it
+    yields exactly the records that decode before the damage, and cuts the
+    file there.
+    """
+    raw = bytearray(b"".join(r.encode() for r in good))
+    at = data.draw(st.integers(0, len(raw)))
+    raw[at:at + len(garbage)] = garbage
+    expected = rec.decode_prefix(bytes(raw))
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as d, capturedLogs():
+        (Path(d) / "q").write_bytes(bytes(raw))
+        j, got = open_journal(Path(d), clock)
+        j.close()
+        assert got == [r if not isinstance(r, rec.LegacyAdd) else rec.Add(r.data, 0,
+                                                                           r.expiry_s * 1000)
+                       for r in expected.records]
+        assert (Path(d) / "q").stat().st_size == expected.end
 
 
 def test_invalid_opcode_cuts_rest_of_file(tmp_path: Path, clock: Clock) -> None:
@@ -637,6 +665,32 @@ def test_read_behind_started_during_replay(tmp_path: Path, clock: Clock) -> None
     while j.in_read_behind:
         j.fill_read_behind(got.append, lambda c: None)
     assert seen + [i.data for i in got] == [b"0", b"1", b"2", b"3"]
+    j.close()
+
+
+def test_read_behind_eof_of_current_file_syncs_retries_then_leaves(tmp_path: Path,
+                                                                   clock: Clock) -> None:
+    """
+    At the end of the current file short of the writer (bytes lost under it),
+    read-behind fsyncs and retries once, then leaves with a warning, never raising.
+    """
+    fsync = Fsync()
+    j, _ = open_journal(tmp_path, clock, fsync=fsync)
+    j.add(item(0))
+    j.start_read_behind()
+    j.add(item(1))
+    j.add(item(2))
+    with open(tmp_path / "q", "r+b") as f:
+        f.truncate(j.size - len(rec.encode_add(item(2).data, 0)))
+    got: list[QItem] = []
+    j.fill_read_behind(got.append, lambda c: None)
+    assert [i.data for i in got] == [item(1).data]
+    calls = len(fsync.calls)
+    with capturedLogs() as events:
+        j.fill_read_behind(got.append, lambda c: None)
+    assert len(fsync.calls) == calls + 1
+    assert not j.in_read_behind
+    assert len(warnings_of(events)) == 1
     j.close()
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
-from kestrel.config import DEFAULT_CONFIG
+from kestrel.config import DEFAULT_CONFIG, dump_queue_config, parse_config
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
 
@@ -258,6 +258,32 @@ def test_dump_config(conn: Conn) -> None:
     assert reply.startswith(b"queue 'q' {\r\n  max_items=null\r\n")
     assert b"\r\n  keep_journal=true\r\n" in reply
     assert reply.endswith(b"}\r\nEND\r\n")
+
+
+def test_dump_config_matches_config_notation(clock: Clock, tmp_path: Path) -> None:
+    """
+    dump_config renders every queue named with dump_queue_config, framed like
+    DUMP_STATS, so durations carry units and sync_journal reads never/always/period.
+    """
+    parsed = parse_config("queues:\n  a:\n    max_age: 1.5s\n    sync_journal: 100ms\n"
+                          "  b:\n    sync_journal: always\n")
+    server = make_server(clock, tmp_path, queues=parsed.queues)
+    try:
+        conn = Conn(MemcacheFactory(server))
+        reply = conn.send(b"dump_config a b\r\n")
+        expected = []
+        for name in ("a", "b"):
+            expected.append(f"queue '{name}' {{")
+            expected.extend("  " + line
+                            for line in dump_queue_config(server.config.queue_config(name)))
+            expected.append("}")
+        assert reply == ("\r\n".join(expected) + "\r\nEND\r\n").encode()
+        assert b"\r\n  max_age=1.5s\r\n" in reply
+        assert b"\r\n  sync_journal=100ms\r\n" in reply
+        assert b"\r\n  sync_journal=always\r\n" in reply
+        assert b"\r\n  min_journal_compact_delay=60s\r\n" in reply
+    finally:
+        server.collection.stopService()
 
 
 def test_version(conn: Conn) -> None:

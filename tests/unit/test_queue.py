@@ -742,6 +742,24 @@ def test_replayUnremoveContinueSaveXid(clock: Clock) -> None:
     assert datas(q) == [b"c"]
 
 
+def test_replayedOpenNeverLowersXidCounter(clock: Clock) -> None:
+    """
+    A replayed REMOVE_TENTATIVE_XID raises the xid counter to its xid but never
+    lowers it: a rewritten journal's SAVE_XID stays the floor for new xids.
+    """
+    t = ms(clock)
+    journal = ReplayJournal([
+        rec.SaveXid(50),
+        rec.Add(b"a", t), rec.Add(b"b", t), rec.Add(b"c", t), rec.Add(b"d", t),
+        rec.RemoveTentativeXid(3), rec.ConfirmRemove(3),
+        rec.RemoveTentativeXid(60), rec.ConfirmRemove(60),
+        rec.RemoveTentativeXid(4), rec.ConfirmRemove(4),
+    ])
+    q = make(clock, journal)
+    assert q.xid_counter == 60
+    assert q.remove(transaction=True).xid == 61
+
+
 def test_legacyRemoveTentativeGetsCounterXid(clock: Clock) -> None:
     """A legacy xid-less open read takes the next counter value, so its UNREMOVE matches."""
     t = ms(clock)

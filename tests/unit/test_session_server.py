@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs
 
 from kestrel.config import load_config
 from kestrel.errors import ConfigError
@@ -49,6 +50,31 @@ def test_reload_rereads_the_file(file_server, tmp_path: Path) -> None:
     # server-level settings need a restart
     assert server.config.max_open_transactions == 1
     assert server.max_open_transactions == 1
+
+
+def test_reload_warns_about_server_keys_needing_restart(file_server, tmp_path: Path) -> None:
+    """
+    A reload whose file changes server-level keys logs one warning naming
+    exactly those keys, in field order; the keys keep their old values.
+    """
+    server, _ = file_server
+    write_config(tmp_path, "max_open_transactions: 7\nmemcache_port: 1234\n")
+    with capturedLogs() as events:
+        server.reload()
+    warnings = [e for e in events if e["log_level"] == LogLevel.warn]
+    assert [e["keys"] for e in warnings] == ["memcache_port, max_open_transactions"]
+    assert "need a restart" in warnings[0]["log_format"]
+    assert (server.config.memcache_port, server.config.max_open_transactions) == (22133, 1)
+
+
+def test_reload_of_queue_settings_only_warns_nothing(file_server, tmp_path: Path) -> None:
+    """A reload that changes only default, queues and aliases logs no restart warning."""
+    server, _ = file_server
+    write_config(tmp_path, "default: {max_items: 5}\n")
+    with capturedLogs() as events:
+        server.reload()
+    assert [e for e in events if e["log_level"] == LogLevel.warn] == []
+    assert server.config.default.max_items == 5
 
 
 def test_broken_reload_keeps_old_config(file_server, tmp_path: Path) -> None:

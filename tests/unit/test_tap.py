@@ -36,10 +36,57 @@ def test_options_override_config(tmp_path: Path) -> None:
     path.write_text("memcache_port: 1234\ntext_port: 2345\ndefault: {max_items: 5}\n")
     config = parse("-c", str(path), "--memcache-port", "4321", "--thrift-port", "0",
                    "--queue-path", str(tmp_path / "q"), "--listen-address", "0.0.0.0").config
-    assert (config.memcache_port, config.text_port, config.thrift_port) == (4321, 2345, 0)
+    assert (config.memcache_port, config.text_port, config.thrift_port) == (4321, 2345, None)
     assert config.queue_path == str(tmp_path / "q")
     assert config.listen_address == "0.0.0.0"
     assert config.default.max_items == 5
+
+
+@pytest.mark.parametrize("option, field", [
+    ("--memcache-port", "memcache_port"), ("--text-port", "text_port"),
+    ("--thrift-port", "thrift_port"), ("--admin-port", "admin_port"),
+])
+def test_port_zero_disables_listener(option: str, field: str, tmp_path: Path) -> None:
+    """A port option of 0 disables that listener (None), as 0 does in the config file."""
+    path = tmp_path / "k.yaml"
+    path.write_text(f"{field}: 1234\n")
+    config = parse("-c", str(path), option, "0").config
+    assert getattr(config, field) is None
+
+
+def test_queue_path_rechecks_status_file(tmp_path: Path) -> None:
+    """--queue-path is checked against the config file's status_file: inside it is refused."""
+    path = tmp_path / "k.yaml"
+    path.write_text(f"status_file: {tmp_path / 'q' / 'status'}\n")
+    with pytest.raises(UsageError, match="status_file: must not be inside queue_path"):
+        parse("-c", str(path), "--queue-path", str(tmp_path / "q"))
+
+
+def test_queue_path_dot_moves_default_status_file(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    With the built-in status file, --queue-path . puts the status file beside
+    the queue folder (<abs queue path>.kestrel-status), never inside it.
+    """
+    monkeypatch.chdir(tmp_path)
+    config = parse("--queue-path", ".").config
+    assert config.queue_path == "."
+    assert config.status_file == str(tmp_path) + ".kestrel-status"
+    assert not Path(config.status_file).resolve().is_relative_to(tmp_path.resolve())
+
+
+def test_queue_path_elsewhere_keeps_default_status_file(tmp_path: Path) -> None:
+    """A --queue-path that does not contain ./kestrel-status keeps the default status file."""
+    config = parse("--queue-path", str(tmp_path / "q")).config
+    assert config.status_file == "./kestrel-status"
+
+
+def test_configured_status_file_is_kept(tmp_path: Path) -> None:
+    """A status_file set in the config file outside the new queue path is left alone."""
+    path = tmp_path / "k.yaml"
+    path.write_text(f"status_file: {tmp_path / 'status'}\n")
+    config = parse("-c", str(path), "--queue-path", str(tmp_path / "q")).config
+    assert config.status_file == str(tmp_path / "status")
 
 
 @pytest.mark.parametrize("args", [["--memcache-port", "x"], ["--admin-port", "70000"]])

@@ -12,6 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 from twisted.internet.task import Clock
 from twisted.internet.threads import blockingCallFromThread
+from twisted.logger import formatEvent, globalLogPublisher
 
 from kestrel.serverset import (
     AdvertiseError,
@@ -282,6 +283,8 @@ def test_survives_a_short_zookeeper_outage(publish: Any, observer: KazooClient,
 def test_start_while_zookeeper_is_down_joins_later(zookeeper: ZooKeeperServer,
                                                    running_reactor: Any) -> None:
     """A server started while ZooKeeper is away joins both sets once it is reachable."""
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
     zookeeper.stop()
     status = ServerStatus(running_reactor, None, "writeavoid")
     pub = ServerSetPublisher(zookeeper.hosts, "/svc", status, ENDPOINTS, running_reactor,
@@ -307,3 +310,6 @@ def test_start_while_zookeeper_is_down_joins_later(zookeeper: ZooKeeperServer,
             client.close()
     finally:
         blockingCallFromThread(running_reactor, pub.stopService)
+        globalLogPublisher.removeObserver(events.append)
+    texts = [formatEvent(e) for e in events]
+    assert any(t.startswith("kazoo: ") for t in texts)  # kazoo's warnings reach our log
