@@ -133,16 +133,20 @@ def default_status_file(queue_path: str) -> str:
     return os.path.abspath(queue_path).rstrip(os.sep) + ".kestrel-status"
 
 
+def _normalised(path: str) -> str:
+    """C{path} made absolute, normalised and case-folded where the OS ignores case."""
+    return os.path.normcase(os.path.abspath(path))
+
+
 def _inside(path: str, folder: str) -> bool:
     """Whether C{path} is C{folder} or lies under it (lexically, after normalising)."""
-    path_abs = os.path.normcase(os.path.abspath(path))
-    folder_abs = os.path.normcase(os.path.abspath(folder))
+    path_abs, folder_abs = _normalised(path), _normalised(folder)
     return path_abs == folder_abs or path_abs.startswith(folder_abs.rstrip(os.sep) + os.sep)
 
 
 def _same_path(a: str, b: str) -> bool:
     """Whether two paths name the same location (lexically, after normalising)."""
-    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+    return _normalised(a) == _normalised(b)
 
 
 @attrs.frozen
@@ -749,34 +753,35 @@ def _build_zookeeper(walker: _Walker, node: yaml.Node) -> ZooKeeperConfig | None
     return ZooKeeperConfig(**values) if complete else None
 
 
-def _build_queues(walker: _Walker, node: yaml.Node) -> dict[str, QueueOverride]:
-    """The C{queues:} section: queue name -> its explicitly set keys."""
-    queues: dict[str, QueueOverride] = {}
+def _named_entries(walker: _Walker, node: yaml.Node, section: str,
+                   what: str) -> Iterator[tuple[str, str, yaml.Node]]:
+    """
+    Yield C{(name, key path, value node)} for each entry of the C{queues:} or
+    C{aliases:} mapping C{node} whose name is a legal queue name; note a
+    problem (C{bad <what> name}) for each other entry. A null section is empty.
+    """
     if _is_null(node):
-        return queues
-    for name, key_node, value_node in walker.entries(node, "queues"):
-        path = _join("queues", name)
+        return
+    for name, key_node, value_node in walker.entries(node, section):
+        path = _join(section, name)
         try:
             validate_queue_name(name)
         except InvalidQueueName as e:
-            walker.problems.add(key_node, path, f"bad queue name: {e}")
+            walker.problems.add(key_node, path, f"bad {what} name: {e}")
             continue
-        queues[name] = QueueOverride(walker.queue_settings(value_node, path))
-    return queues
+        yield name, path, value_node
+
+
+def _build_queues(walker: _Walker, node: yaml.Node) -> dict[str, QueueOverride]:
+    """The C{queues:} section: queue name -> its explicitly set keys."""
+    return {name: QueueOverride(walker.queue_settings(value_node, path))
+            for name, path, value_node in _named_entries(walker, node, "queues", "queue")}
 
 
 def _build_aliases(walker: _Walker, node: yaml.Node) -> dict[str, tuple[str, ...]]:
     """The C{aliases:} section: alias name -> destination queue names (a non-empty list)."""
     aliases: dict[str, tuple[str, ...]] = {}
-    if _is_null(node):
-        return aliases
-    for name, key_node, value_node in walker.entries(node, "aliases"):
-        path = _join("aliases", name)
-        try:
-            validate_queue_name(name)
-        except InvalidQueueName as e:
-            walker.problems.add(key_node, path, f"bad alias name: {e}")
-            continue
+    for name, path, value_node in _named_entries(walker, node, "aliases", "alias"):
         if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
             walker.problems.add(value_node, path,
                                 "expected a non-empty list of destination queue names")
@@ -792,7 +797,7 @@ def _build_aliases(walker: _Walker, node: yaml.Node) -> dict[str, tuple[str, ...
 
 
 def _check_server(config: ServerConfig, problems: _Problems, lines: Mapping[str, int]) -> None:
-    """Note problems that involve several keys (paths that must not overlap, alias cycles)."""
+    """Note problems that involve several keys (overlapping paths, aliases of aliases)."""
     if config.status_file is not None and _inside(config.status_file, config.queue_path):
         problems.add(lines.get("status_file", lines.get("queue_path")), "status_file",
                      f"must not be inside queue_path ({config.status_file!r} is in "
@@ -801,24 +806,11 @@ def _check_server(config: ServerConfig, problems: _Problems, lines: Mapping[str,
         problems.add(lines.get("archive_path", lines.get("queue_path")), "archive_path",
                      "must not be the same folder as queue_path")
     for name in sorted(config.aliases):
-        if _alias_cycle(config.aliases, name):
-            problems.add(lines.get(_join("aliases", name)), _join("aliases", name),
-                         "alias reaches itself through other aliases")
-
-
-def _alias_cycle(aliases: Mapping[str, tuple[str, ...]], start: str) -> bool:
-    """Whether following alias destinations from C{start} leads back to C{start}."""
-    seen: set[str] = set()
-    todo = list(aliases.get(start, ()))
-    while todo:
-        name = todo.pop()
-        if name == start:
-            return True
-        if name in seen or name not in aliases:
-            continue
-        seen.add(name)
-        todo.extend(aliases[name])
-    return False
+        for destination in config.aliases[name]:
+            if destination in config.aliases:
+                problems.add(lines.get(_join("aliases", name)), _join("aliases", name),
+                             f"destination {destination!r} is an alias; an alias writes "
+                             "only to queues, and a queue of that name could not be read")
 
 
 def _warnings(config: ServerConfig) -> tuple[str, ...]:

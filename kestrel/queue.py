@@ -79,6 +79,8 @@ class PersistentQueue:
         self._txn_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
         self._notify_remove: Callable[[], None] = _nothing
+        #: Calls a function outside any open write batch (journals without batches: just calls).
+        self.call_unbatched: Callable[..., Any] = getattr(journal, "call_unbatched", _call)
         self.expire_to: Callable[[QItem], object] | None = None
         self.is_fanout_master = "+" not in name
         self.create_time = clock.seconds()
@@ -431,7 +433,12 @@ class PersistentQueue:
             served first come, first served, one item each. Cancelling the
             Deferred leaves the line; no item is taken for it.
         """
-        return self._wait(lambda: self.remove(transaction), deadline, False)
+        item = self.remove(transaction)
+        if item is not None:
+            # The usual case: no closure, no pending read.
+            self.get_items_hit += 1
+            return succeed(item)
+        return self._wait(lambda: self.remove(transaction), deadline, False, item)
 
     def wait_peek(self, deadline: float | None) -> Deferred[QItem | None]:
         """
@@ -440,11 +447,11 @@ class PersistentQueue:
         A woken peeker leaves the item in place and passes the wake-up on, so
         a reader behind it is woken for the same item.
         """
-        return self._wait(self.peek, deadline, True)
+        return self._wait(self.peek, deadline, True, self.peek())
 
     def _wait(self, op: Callable[[], QItem | None], deadline: float | None,
-              passes_wake: bool) -> Deferred[QItem | None]:
-        item = op()
+              passes_wake: bool, item: QItem | None) -> Deferred[QItem | None]:
+        """Answer with C{item} (the result of a first C{op()}), or wait to retry C{op}."""
         if (item is not None or deadline is None or self._closed
                 or deadline <= self._clock.seconds()):
             if item is None:
@@ -783,15 +790,23 @@ class _PendingRead:
             queue._waiters.trigger()
 
     def _finish(self, item: QItem | None) -> None:
+        queue = self._queue
         if item is None:
-            self._queue.get_items_miss += 1
+            queue.get_items_miss += 1
         else:
-            self._queue.get_items_hit += 1
-        self.result.callback(item)
+            queue.get_items_hit += 1
+        # The reader's connection may reply (and serve more requests) at once,
+        # perhaps inside another connection's write batch: the journal records
+        # behind this result must reach the OS first, and its own must not be held.
+        queue.call_unbatched(self.result.callback, item)
 
 
 def _nothing() -> None:
     pass
+
+
+def _call(f: Callable[..., Any], *args: Any) -> Any:
+    return f(*args)
 
 
 def _ignore_cancel(failure: Failure) -> None:

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+import attrs
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from kestrel.server import KestrelServer
 
 _NOT_FIRED = object()
+
+
+@attrs.frozen
+class QueueInfo:
+    """The counters of one queue at a moment, as thrift's C{peek} reports them."""
+
+    items: int
+    bytes: int
+    journal_bytes: int
+    age: int
+    waiters: int
+    open_transactions: int
 
 
 def _result_now(d: Deferred) -> object:
@@ -150,6 +163,7 @@ class ClientSession:
         self._open_reads: dict[str, deque[int]] = {}
         self._external_counts: dict[str, int] = {}
         self._waiters: set[Deferred] = set()
+        self._coalescer = server.collection.write_coalescer
         self.finished = False
 
     # -- checks ------------------------------------------------------------
@@ -426,6 +440,19 @@ class ClientSession:
         return sum(1 for external_id in sorted(set(ids), reverse=True)
                    if table.close(external_id, confirm=False))
 
+    def queue_info(self, name: str) -> QueueInfo | None:
+        """
+        The counters of queue C{name} now, or C{None} when no such queue exists
+        (an alias included); nothing is created and nothing counted.
+        """
+        queue = self._collection.queue(name, create=False)
+        if queue is None:
+            return None
+        return QueueInfo(items=queue.length, bytes=queue.bytes,
+                         journal_bytes=queue.journal.size, age=queue.age,
+                         waiters=queue.waiter_count,
+                         open_transactions=queue.open_transaction_count)
+
     # -- writes ------------------------------------------------------------
 
     def set_item(self, name: str, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
@@ -466,6 +493,39 @@ class ClientSession:
         """
         self._check_writes("flushAllExpired")
         return self._collection.flush_all_expired()
+
+    # -- write batches -----------------------------------------------------
+
+    def hold_writes(self) -> None:
+        """
+        Open a write batch: journal writes are held back until L{release_writes}
+        (or L{flush_writes}) and then reach each file in one write.
+
+        The caller must call L{flush_writes} before it sends any reply that
+        depends on those writes, and L{release_writes} when the batch ends.
+        """
+        self._coalescer.begin()
+
+    def release_writes(self) -> None:
+        """Close a write batch; the outermost one hands the held writes to the OS."""
+        self._coalescer.end()
+
+    def write_failures(self) -> int:
+        """How many held-back journal writes the OS has refused so far (server-wide)."""
+        return self._coalescer.failures
+
+    def flush_writes(self, failures: int) -> bool:
+        """
+        Hand every held-back journal write to the OS now; return whether no
+        held-back write failed since L{write_failures} returned C{failures}.
+
+        A false result means some write acknowledged in memory may not be in
+        its journal: replies that depend on it must not be sent.
+        """
+        coalescer = self._coalescer
+        if coalescer.holding:
+            coalescer.flush()
+        return coalescer.failures == failures
 
     # -- status ------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class ReadWaiters:
         if self._waking:
             self._owed += 1
             return bool(self._waiters)
+        if not self._waiters:
+            # Nobody waits (the usual case on add): nothing to do.
+            return False
         self._waking = True
         try:
             woke = self._wake_one()

@@ -33,8 +33,8 @@ READERS = ("auto", "source", "binaryfile")
 ESTIMATE_NOTE = (
     "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
     "their times are estimates, bracketed between the neighbouring timestamped records "
-    "(or the file's rotation time). Dequeue minutes use the lower bound; time in queue "
-    "is given as a lower and an upper bound.")
+    "(or the file's rotation time, or the live file's modification time). Dequeue minutes "
+    "use the lower bound; time in queue is given as a lower and an upper bound.")
 
 SUMMARY_KEYS = ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
                 "items_left", "truncated_bytes")
@@ -142,6 +142,9 @@ def scan(spark: SparkSession, plan: Plan, reader: str) -> DataFrame:
     local = all(layout.is_local(f.path) for f in plan.files)
     if reader == "binaryfile" or (reader == "auto" and not local):
         return read_binary_files(spark, plan.files)
+    if not local:
+        raise layout.LayoutError("the 'source' reader opens local paths only; "
+                                 "use --reader binaryfile (or auto) for Hadoop URIs")
     parallelism = spark.sparkContext.defaultParallelism
     target = max(parallelism * 2, plan.total_bytes // (64 << 20) + 1)
     return read_journal_source(spark, plan.files, target)
@@ -224,7 +227,10 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
         events = (raw.filter(sf.col("op") != TRAILER_OP).drop("problem")
                   .withColumn("event_ms", sf.coalesce("add_ms", "time_lb_ms", "time_ub_ms")))
         records = sum(t.xid for t in trailers)
-        say(f"writing events ({records:,} records) and files tables")
+        cut = [t for t in trailers if t.size]
+        note = (f"; {len(cut)} file(s) end in a broken record, "
+                f"{sum(t.size for t in cut):,} truncated bytes" if cut else "")
+        say(f"writing events ({records:,} records) and files tables{note}")
         events.write.mode("overwrite").parquet(_join(out, "events"))
         files_pdf = _files_table(plan, trailers)
         spark.createDataFrame(files_pdf, _FILES_DDL).coalesce(1).write.mode(

@@ -218,11 +218,11 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
         return pa.array(data, type=typ, mask=mask)
 
     columns = [
-        pa.array([jf.server] * rows, pa.string()),
-        pa.array([jf.queue] * rows, pa.string()),
-        pa.array([jf.name] * rows, pa.string()),
-        pa.array(np.full(rows, jf.seq, np.int32)),
-        pa.array(np.full(rows, packed)),
+        pa.repeat(pa.scalar(jf.server, pa.string()), rows),
+        pa.repeat(pa.scalar(jf.queue, pa.string()), rows),
+        pa.repeat(pa.scalar(jf.name, pa.string()), rows),
+        pa.repeat(pa.scalar(jf.seq, pa.int32()), rows),
+        pa.repeat(pa.scalar(packed, pa.bool_()), rows),
         pa.array(np.concatenate((filler, [False]))),
         pa.array(np.concatenate((scan.offset, [scan.clean_end]))),
         pa.array(np.concatenate((op, [TRAILER_OP])).astype(np.int8)),

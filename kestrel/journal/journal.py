@@ -26,6 +26,7 @@ import shutil
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
@@ -35,7 +36,9 @@ from twisted.python.failure import Failure
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
-from kestrel.journal.syncfile import PeriodicSyncFile, RunInThread
+from kestrel.journal.syncfile import PeriodicSyncFile, RunInThread, WriteCoalescer
+
+_T = TypeVar("_T")
 
 #: Replay logs its progress every time it has read this many more bytes of a file.
 PROGRESS_BYTES = 64 * 1024 * 1024
@@ -179,7 +182,9 @@ class FileJournal:
     read-behind and packing, as Kestrel's C{Journal} does them.
 
     Writes return the L{PeriodicSyncFile}'s Deferred, which fires when the
-    record is durable under C{sync_policy}.
+    record is durable under C{sync_policy}. With a C{coalescer}, records
+    written while its batch is open reach the OS when it flushes; every
+    other operation on the file (sync, rotate, rewrite, close) flushes first.
 
     @ivar size: bytes in the current file C{<q>}.
     @ivar archived_size: bytes in the rotated files.
@@ -191,7 +196,8 @@ class FileJournal:
     def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
-                 run_in_thread: RunInThread | None = None) -> None:
+                 run_in_thread: RunInThread | None = None,
+                 coalescer: WriteCoalescer | None = None) -> None:
         self.queue_path = queue_path
         self.queue_name = queue_name
         self.archive_path = archive_path
@@ -199,6 +205,7 @@ class FileJournal:
         self._policy = sync_policy
         self._fsync = fsync
         self._run_in_thread = run_in_thread
+        self._coalescer = coalescer
         self._writer: PeriodicSyncFile | _NotOpen = _NotOpen()
         self._reader: _Reader | None = None
         self._reader_file: str | None = None
@@ -281,6 +288,16 @@ class FileJournal:
             ops.append(xid * 4 + _OP_CLOSE)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
+
+    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
+        """
+        Call C{f(*args)} outside any open write batch (see
+        L{WriteCoalescer.call_unbatched}); without a coalescer, just call it.
+        """
+        coalescer = self._coalescer
+        if coalescer is None:
+            return f(*args)
+        return coalescer.call_unbatched(f, *args)
 
     def notify_remove_during_replay(self) -> None:
         """
@@ -480,7 +497,8 @@ class FileJournal:
 
     def _open_writer(self) -> PeriodicSyncFile:
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
-                                fsync=self._fsync, run_in_thread=self._run_in_thread)
+                                fsync=self._fsync, run_in_thread=self._run_in_thread,
+                                coalescer=self._coalescer)
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
         path = self._path(name)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+
+_T = TypeVar("_T")
 
 RunInThread = Callable[[Callable[[], Any]], Deferred[Any]]
 """Runs a blocking callable off the reactor thread; its Deferred fires on the reactor thread."""
@@ -25,6 +27,94 @@ RunInThread = Callable[[Callable[[], Any]], Deferred[Any]]
 
 class SyncFileClosedError(OSError):
     """A write or sync was asked of a L{PeriodicSyncFile} that is closed."""
+
+
+class WriteCoalescer:
+    """
+    Holds back the writes made during a batch, so that each file gets one C{os.write}.
+
+    Outside a batch (L{begin} .. L{end}) the files that share a coalescer
+    write at once, as without one. Inside, their bytes wait in memory until
+    L{flush} or the end of the outermost batch. Whoever opens a batch must
+    call L{flush} before it lets anything depend on those writes (before a
+    reply to them is handed to a transport): only then are they in the OS.
+    """
+
+    __slots__ = ("_depth", "_dirty", "failures")
+
+    def __init__(self) -> None:
+        self._depth = 0
+        #: Files holding back bytes, in the order they first did.
+        self._dirty: list[PeriodicSyncFile] = []
+        #: How many held-back writes the OS refused so far (by any flush).
+        self.failures = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether a batch is open: writes are held back."""
+        return self._depth > 0
+
+    def begin(self) -> None:
+        """Open a batch (batches nest; only the outermost L{end} flushes)."""
+        self._depth += 1
+
+    def end(self) -> bool:
+        """Close a batch; the outermost one flushes. Returns what L{flush} returned."""
+        self._depth -= 1
+        if self._depth > 0:
+            return True
+        self._depth = 0
+        return self.flush() if self._dirty else True
+
+    @property
+    def holding(self) -> bool:
+        """Whether some file holds back bytes that L{flush} would write."""
+        return bool(self._dirty)
+
+    def flush(self) -> bool:
+        """
+        Write every held-back byte to the OS now (one C{os.write} per file).
+
+        Returns false if a file refused its bytes: that file was cut back to
+        where it stood before them, the failure was logged, and the
+        Deferreds of the writes that were waiting to be made durable failed.
+        """
+        ok = True
+        # Whatever a flush sets off (an inline fsync firing acknowledgements)
+        # runs outside the batch, so that its own writes are not held back.
+        depth, self._depth = self._depth, 0
+        try:
+            while self._dirty:
+                dirty, self._dirty = self._dirty, []
+                for sync_file in dirty:
+                    if not sync_file.flush():
+                        ok = False
+        finally:
+            self._depth = depth
+        return ok
+
+    def call_unbatched(self, f: Callable[..., _T], *args: Any) -> _T:
+        """
+        Call C{f(*args)} with any open batch set aside, and return its result.
+
+        Held-back writes reach the OS first, and writes made by C{f} go
+        straight through (or into batches C{f} opens itself). This is how a
+        result leaves for another connection from inside a batch: that
+        connection may reply, and go on serving, at once.
+        """
+        depth = self._depth
+        if not depth:
+            return f(*args)
+        if self._dirty:
+            self.flush()
+        self._depth = 0
+        try:
+            return f(*args)
+        finally:
+            self._depth = depth
+
+    def _hold(self, sync_file: PeriodicSyncFile) -> None:
+        self._dirty.append(sync_file)
 
 
 class PeriodicSyncFile:
@@ -41,6 +131,11 @@ class PeriodicSyncFile:
     With C{run_in_thread} set, fsync runs off the reactor thread; with
     C{None} it runs inline (what unit tests under C{task.Clock} use).
 
+    With a C{coalescer}, writes made while its batch is open are held in
+    memory and reach the OS in one C{os.write} at L{flush} (which the
+    coalescer calls); every other operation (L{sync}, L{close}, a write
+    outside a batch) flushes first, so bytes always reach the file in order.
+
     @ivar position: the size of the file in bytes (every byte written).
     """
 
@@ -48,7 +143,8 @@ class PeriodicSyncFile:
 
     def __init__(self, path: str, clock: IReactorTime, sync_policy: float | None, *,
                  fsync: Callable[[int], None] = os.fsync,
-                 run_in_thread: RunInThread | None = None) -> None:
+                 run_in_thread: RunInThread | None = None,
+                 coalescer: WriteCoalescer | None = None) -> None:
         self.path = path
         self._clock = clock
         self._policy = sync_policy
@@ -64,6 +160,12 @@ class PeriodicSyncFile:
         self._closed = False
         self._close_waiter: Deferred[None] | None = None
         self._close_error: Failure | None = None
+        self._coalescer = coalescer
+        # Bytes held back by the coalescer's batch, and the Deferreds of
+        # those writes that wait to be durable.
+        self._held: list[bytes] = []
+        self._held_size = 0
+        self._held_waiters: list[Deferred[None]] = []
 
     @property
     def closed(self) -> bool:
@@ -84,6 +186,12 @@ class PeriodicSyncFile:
         """
         if self._closed:
             return fail(SyncFileClosedError(f"{self.path} is closed"))
+        coalescer = self._coalescer
+        if coalescer is not None:
+            if coalescer._depth:
+                return self._hold(coalescer, data)
+            if self._held:
+                self.flush()
         fd = self._fd
         try:
             written = os.write(fd, data)
@@ -108,6 +216,66 @@ class PeriodicSyncFile:
             self._timer = self._clock.callLater(policy, self._timer_fired)
         return d
 
+    def _hold(self, coalescer: WriteCoalescer, data: bytes) -> Deferred[None]:
+        """Keep C{data} for the coalescer's flush; the Deferred is as L{write}'s."""
+        if not self._held:
+            coalescer._hold(self)
+        self._held.append(data)
+        self._held_size += len(data)
+        self.position += len(data)
+        if self._policy is None:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._held_waiters.append(d)
+        return d
+
+    def flush(self) -> bool:
+        """
+        Write the bytes held back by the coalescer to the OS now; whether they got there.
+
+        On an OS error the file is cut back to where it stood before them,
+        the error is logged, and the Deferreds of those writes that wait to
+        be durable fail. Under C{sync_policy} 0.0 a successful flush starts
+        the fsync that covers it.
+        """
+        held = self._held
+        if not held:
+            return True
+        size = self._held_size
+        waiters = self._held_waiters
+        self._held = []
+        self._held_size = 0
+        self._held_waiters = []
+        data = held[0] if len(held) == 1 else b"".join(held)
+        fd = self._fd
+        start = self.position - size
+        try:
+            written = os.write(fd, data)
+            while written < size:
+                written += os.write(fd, data[written:])
+        except OSError as e:
+            self.position = start
+            self._cut_back()
+            self._log.error("Write of {count} held-back records to {path} failed: {error}",
+                            count=len(held), path=self.path, error=e)
+            failure = Failure(e)
+            if self._coalescer is not None:
+                self._coalescer.failures += 1
+            for d in waiters:
+                d.errback(failure)
+            return False
+        if waiters:
+            self._pending.extend(waiters)
+            policy = self._policy
+            if policy is not None and policy <= 0.0:
+                if not self._syncing:
+                    self._start_sync()
+                else:
+                    self._sync_again = True
+            elif self._timer is None and policy is not None:
+                self._timer = self._clock.callLater(policy, self._timer_fired)
+        return True
+
     def _cut_back(self) -> None:
         """Drop any partial write beyond C{position} so the file ends at a record boundary."""
         try:
@@ -124,6 +292,8 @@ class PeriodicSyncFile:
         """
         if self._closed:
             return fail(SyncFileClosedError(f"{self.path} is closed"))
+        if self._held:
+            self.flush()
         d: Deferred[None] = Deferred()
         self._pending.append(d)
         if self._syncing:
@@ -134,6 +304,8 @@ class PeriodicSyncFile:
 
     def _timer_fired(self) -> None:
         self._timer = None
+        if self._held:
+            self.flush()
         if self._syncing:
             self._sync_again = True
         elif self._pending:
@@ -184,6 +356,8 @@ class PeriodicSyncFile:
         """
         if self._closed:
             return succeed(None) if self._close_waiter is None else self._chain_close()
+        if self._held:
+            self.flush()
         self._closed = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()

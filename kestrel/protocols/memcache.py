@@ -142,6 +142,8 @@ class MemcacheProtocol(Protocol):
         self._eof = False
         self._idle_call: IDelayedCall | None = None
         self._last_active = 0.0
+        # Held-back journal write failures already seen when replies were last sent.
+        self._write_failures = 0
         self._dispatch: dict[type, Callable[[Any], Reply]] = {
             GetRequest: self._get,
             SetRequest: self._set,
@@ -160,6 +162,7 @@ class MemcacheProtocol(Protocol):
         if self.factory is not None:
             self.factory.connections.add(self)
         self.session = self.server.new_session(self)
+        self._write_failures = self.session.write_failures()
         timeout = self.server.config.client_timeout
         if timeout:
             self._last_active = self.clock.seconds()
@@ -254,7 +257,21 @@ class MemcacheProtocol(Protocol):
                 self._fail(b"SERVER_ERROR internal error\r\n")
 
     def _process(self) -> None:
-        """Serve buffered requests until the buffer runs dry or one must wait."""
+        """
+        Serve buffered requests until the buffer runs dry or one must wait.
+
+        Their journal writes are held back in one write batch, and reach the
+        OS (one write per journal file) before their replies are written.
+        """
+        session = self.session
+        assert session is not None
+        session.hold_writes()
+        try:
+            self._process_batch()
+        finally:
+            session.release_writes()
+
+    def _process_batch(self) -> None:
         self._in_process = True
         if self._parts:
             self._buf = b"".join([self._buf, *self._parts])
@@ -353,9 +370,24 @@ class MemcacheProtocol(Protocol):
                 self.transport.resumeProducing()
 
     def _flush(self) -> None:
-        """Write every queued reply in one C{write}."""
+        """
+        Write every queued reply in one C{write}, once the journal writes they
+        depend on are in the OS.
+
+        If a held-back journal write failed since replies were last sent, the
+        queued replies may acknowledge what is not journaled: they are
+        dropped, and the connection ends with C{SERVER_ERROR}.
+        """
         out = self._out
         if out:
+            session = self.session
+            if session is not None and not session.flush_writes(self._write_failures):
+                out.clear()
+                self._closing = True
+                self._log.error("Replies dropped: a journal write failed")
+                self.transport.write(b"SERVER_ERROR journal write failed\r\n")
+                self.transport.loseConnection()
+                return
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             self.stats.bytes_written += len(data)

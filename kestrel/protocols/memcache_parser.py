@@ -225,13 +225,38 @@ def parse_set(tokens: list[bytes]) -> SetRequest:
     return SetRequest(tokens[1], exptime, length, noreply, flags_error)
 
 
+#: Recently parsed C{get}/C{set} lines and their (immutable) requests.
+_recent: dict[bytes, GetRequest | SetRequest] = {}
+#: How many lines L{_recent} holds before it starts afresh.
+RECENT_LIMIT = 1024
+#: Longer lines are never remembered, which bounds the memory L{_recent} holds.
+RECENT_LINE_LIMIT = 250
+
+
 def parse_line(line: bytes) -> Request:
     """
     Parse one request line (without its line ending) into a request object.
 
     Raises L{MemcacheParseError} for anything that must be answered with
-    C{CLIENT_ERROR}.
+    C{CLIENT_ERROR}. Request objects must be treated as immutable: the
+    C{get} and C{set} request of a line seen recently is returned again
+    (clients repeat the same few lines, and parsing them is the costliest
+    step of a pipelined request).
     """
+    request = _recent.get(line)
+    if request is not None:
+        return request
+    parsed = _parse_line(line)
+    cls = parsed.__class__
+    if (cls is GetRequest or cls is SetRequest) and len(line) <= RECENT_LINE_LIMIT:
+        if len(_recent) >= RECENT_LIMIT:
+            _recent.clear()
+        _recent[line] = parsed  # type: ignore[assignment]
+    return parsed
+
+
+def _parse_line(line: bytes) -> Request:
+    """Parse one request line, with no memory of earlier ones (see L{parse_line})."""
     tokens = line.split()
     if not tokens:
         raise MemcacheParseError("empty request", True)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -340,7 +340,7 @@ class TextProtocol(Protocol):
                 waits.append(d)
         if not waits:
             return self._stored(name, outcomes)
-        return _all_done(waits).addCallback(lambda _: self._stored(name, outcomes))
+        return DeferredList(waits).addCallback(lambda _: self._stored(name, outcomes))
 
     def _stored(self, name: str, outcomes: list[list[Any]]) -> bytes:
         """C{+<n>}, n counting the items the queue accepted."""
@@ -447,21 +447,6 @@ def _then(outcome: Any, reply: bytes) -> Any:
     if isinstance(outcome, Deferred):
         return outcome.addCallback(lambda _: reply)
     return reply
-
-
-def _all_done(waits: list[Deferred[Any]]) -> Deferred[None]:
-    """A Deferred firing once every one of C{waits} has fired (they never fail)."""
-    done: Deferred[None] = Deferred()
-    remaining = [len(waits)]
-
-    def one_done(_: object) -> None:
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            done.callback(None)
-
-    for d in waits:
-        d.addBoth(one_done)
-    return done
 
 
 class TextFactory(Factory):

@@ -329,20 +329,19 @@ class ThriftCalls:
         return d.addCallback(self._queue_info, queue_name)
 
     def _queue_info(self, item: Any, queue_name: str) -> Any:
-        """Build the IDL's C{QueueInfo} from a peeked item and the queue's stats."""
-        stats = dict(self._server.collection.dump_stats(queue_name))
-        try:
-            return kestrel_thrift.QueueInfo(
-                head_item=None if item is None else item.data,
-                items=int(stats["items"]),
-                bytes=int(stats["bytes"]),
-                journal_bytes=int(stats["logsize"]),
-                age=int(stats["age"]),
-                waiters=int(stats["waiters"]),
-                open_transactions=int(stats["open_transactions"]),
-            )
-        except KeyError:
-            raise KestrelError(f"No queue statistics for {queue_name!r}") from None
+        """Build the IDL's C{QueueInfo} from a peeked item and the session's queue counters."""
+        info = self._session.queue_info(queue_name)
+        if info is None:
+            raise KestrelError(f"No queue statistics for {queue_name!r}")
+        return kestrel_thrift.QueueInfo(
+            head_item=None if item is None else item.data,
+            items=info.items,
+            bytes=info.bytes,
+            journal_bytes=info.journal_bytes,
+            age=info.age,
+            waiters=info.waiters,
+            open_transactions=info.open_transactions,
+        )
 
     def flush_queue(self, queue_name: str) -> Any:
         """Remove every item of the queue (open reads are kept)."""

@@ -67,3 +67,21 @@ def test_main_runs_the_job(spark: object, tmp_path: os.PathLike,
     assert spark.range(3).count() == 3
     assert main([os.path.join(tmp_path, "missing"), "--out", out]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_a_folder_without_journals_gives_empty_outputs(spark: object, tmp_path: os.PathLike,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder holding only skipped files yields empty tables and a summary naming them."""
+    folder = os.path.join(tmp_path, "srv")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "q~~12"), "wb") as fh:
+        fh.write(b"\x01")
+    out = os.path.join(tmp_path, "out")
+    assert main([folder, "--out", out, "--no-report"]) == 0
+    with open(os.path.join(out, "summary.json")) as fh:
+        summary = json.load(fh)
+    assert summary["servers"] == {}
+    assert summary["skipped_files"] == [{"server": "srv", "file": "q~~12",
+                                         "reason": "temporary file (~~)"}]
+    assert "0 files, 0 records" in capsys.readouterr().err

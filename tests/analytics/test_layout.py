@@ -98,3 +98,13 @@ def test_list_local_reads_folders(tmp_path: os.PathLike) -> None:
     assert plan.total_bytes == 2
     with pytest.raises(LayoutError, match="does not exist"):
         list_local("x", os.path.join(tmp_path, "missing"))
+
+
+def test_source_reader_refuses_uris_before_starting_work() -> None:
+    """The data-source reader opens local paths only; URIs get a clear error naming the fix."""
+    pytest.importorskip("pyspark")
+    from kestrel.analytics.job import scan
+
+    plan = plan_files([Listing("s", "q", "hdfs://nn/k/q", 3, 1)])
+    with pytest.raises(LayoutError, match="--reader binaryfile"):
+        scan(None, plan, "source")

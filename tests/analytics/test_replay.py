@@ -17,7 +17,8 @@ from kestrel.journal import records  # noqa: E402
 from tests.analytics.journals import QueueWriter  # noqa: E402
 
 
-def _replay(buf: bytes, start: int | None = None, end: int | None = None, filler=None):
+def _replay(buf: bytes, start: int | None = None, end: int | None = None,
+            filler: list[bool] | None = None) -> object:
     scan = scan_buffer(buf)
     lb, ub = time_bounds(scan, start, end)
     fill = np.zeros(scan.count, bool) if filler is None else np.asarray(filler)

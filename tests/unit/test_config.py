@@ -526,7 +526,8 @@ zookeeper: {host: h, port: 0}
         "k.yaml:18: queues.r.expire_to_queue: "
         "Queue name contains illegal characters (one of: ~ . /).",
         "k.yaml:20: aliases.z: expected a non-empty list of destination queue names",
-        "k.yaml:21: aliases.y: alias reaches itself through other aliases",
+        "k.yaml:21: aliases.y: destination 'y' is an alias; an alias writes only to queues, "
+        "and a queue of that name could not be read",
         "k.yaml:22: aliases.w[1]: Queue name contains whitespace (' ').",
         "k.yaml:23: zookeeper.port: a port must be between 1 and 65535, got 0",
         "k.yaml:23: zookeeper.path_prefix: required when zookeeper is set",
@@ -643,16 +644,21 @@ def test_archive_path_must_differ_from_queue_path() -> None:
 
 def test_fanout_queue_names_and_aliases() -> None:
     """Fanout children may be configured; aliases map to tuples of destinations."""
-    c = parse_config("queues: {q+f: {max_items: 2}}\naliases: {a: [q, r], b: [a]}\n")
+    c = parse_config("queues: {q+f: {max_items: 2}}\naliases: {a: [q, r], b: [q+f]}\n")
     assert c.queue_config("q+f").max_items == 2
-    assert dict(c.aliases) == {"a": ("q", "r"), "b": ("a",)}
+    assert dict(c.aliases) == {"a": ("q", "r"), "b": ("q+f",)}
 
 
-def test_longer_alias_cycles_are_refused() -> None:
-    """a -> b -> a would recurse forever on write."""
-    assert problems_of("aliases:\n  a: [b]\n  b: [c, a]\n") == [
-        "k.yaml:2: aliases.a: alias reaches itself through other aliases",
-        "k.yaml:3: aliases.b: alias reaches itself through other aliases",
+def test_alias_destinations_must_not_be_aliases() -> None:
+    """
+    An alias writes only to plain queues, so a destination naming an alias
+    (which would fill a queue hidden by that alias) is refused, cycles included.
+    """
+    assert problems_of("aliases:\n  a: [b]\n  b: [c, a]\n  c2: [c]\n") == [
+        "k.yaml:2: aliases.a: destination 'b' is an alias; an alias writes only to queues, "
+        "and a queue of that name could not be read",
+        "k.yaml:3: aliases.b: destination 'a' is an alias; an alias writes only to queues, "
+        "and a queue of that name could not be read",
     ]
 
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kestrel.protocols import memcache_parser
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
@@ -198,3 +199,39 @@ def test_never_crashes(line: bytes) -> None:
         parse_line(line)
     except MemcacheParseError as err:
         assert err.reason
+
+
+def _fields(request: object) -> tuple[object, ...]:
+    return (request.__class__, *(getattr(request, slot) for slot in request.__slots__))
+
+
+@given(st.lists(st.one_of(
+    st.builds(lambda n, o: b"get " + n + b"".join(b"/" + x for x in o), names,
+              st.lists(options, max_size=3)),
+    st.builds(lambda n, e, b: b"set %s 0 %d %d" % (n, e, b), names,
+              st.integers(-5, 5), st.integers(0, 9)),
+    st.binary(max_size=30)), max_size=20))
+def test_remembered_lines_parse_as_fresh_ones(lines: list[bytes]) -> None:
+    """A line parsed again gives the same request (or error) as a parser that remembers nothing."""
+    for line in lines + lines:
+        try:
+            fresh = _fields(memcache_parser._parse_line(line))
+        except MemcacheParseError as e:
+            with pytest.raises(MemcacheParseError) as again:
+                parse_line(line)
+            assert (again.value.reason, again.value.disconnect) == (e.reason, e.disconnect)
+        else:
+            assert _fields(parse_line(line)) == fresh
+
+
+def test_remembered_lines_are_bounded() -> None:
+    """The parser remembers at most RECENT_LIMIT lines, and never a long one or a command."""
+    long_line = b"get " + b"q" * memcache_parser.RECENT_LINE_LIMIT
+    parse_line(long_line)
+    parse_line(b"version")
+    assert long_line not in memcache_parser._recent
+    assert b"version" not in memcache_parser._recent
+    for i in range(memcache_parser.RECENT_LIMIT * 2 + 3):
+        assert parse_line(b"get q%d" % i).name == f"q{i}"
+        assert len(memcache_parser._recent) <= memcache_parser.RECENT_LIMIT
+    assert parse_line(b"get q7") is parse_line(b"get q7")

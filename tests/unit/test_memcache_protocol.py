@@ -20,6 +20,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
 from kestrel.config import DEFAULT_CONFIG, dump_queue_config, parse_config
+from kestrel.journal.records import iter_records
+from kestrel.journal.syncfile import PeriodicSyncFile
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
 
@@ -580,3 +582,101 @@ def test_client_timeout_does_not_spin_while_waiting(clock: Clock, tmp_path: Path
         assert all(call.getTime() >= clock.seconds() + 0.99 for call in clock.getDelayedCalls())
     assert conn.open
     server.collection.stopService()
+
+
+# -- journal writes reach the OS before replies ---------------------------------------------
+
+
+class JournalCheckingTransport(StringTransportWithDisconnection):
+    """A transport that notes, at every write, the journal records already in the file."""
+
+    def __init__(self, journal: Path) -> None:
+        super().__init__()
+        self.journal = journal
+        self.seen: list[tuple[bytes, list[object]]] = []
+
+    def write(self, data: bytes) -> None:
+        on_disk = self.journal.read_bytes() if self.journal.exists() else b""
+        self.seen.append((data, [record for _offset, record in iter_records(on_disk)]))
+        super().write(data)
+
+
+def checking_conn(factory: MemcacheFactory, journal: Path) -> Conn:
+    conn = Conn.__new__(Conn)
+    conn.proto = factory.buildProtocol(None)
+    conn.transport = JournalCheckingTransport(journal)
+    conn.transport.protocol = conn.proto
+    conn.proto.makeConnection(conn.transport)
+    return conn
+
+
+def test_pipelined_writes_are_in_the_journal_before_replies(
+        server: KestrelServer, factory: MemcacheFactory, tmp_path: Path) -> None:
+    """
+    The journal records of a pipelined batch (held back, one write per file)
+    are in the file when the batch's replies are handed to the transport.
+    """
+    journal = tmp_path / "queues" / "q"
+    conn = checking_conn(factory, journal)
+    reply = conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\nget q\r\nset q 0 0 1\r\nc\r\n")
+    assert reply == b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nSTORED\r\n"
+    [(written, records)] = conn.transport.seen
+    assert written == reply
+    assert [type(r).__name__ for r in records] == ["Add", "Add", "Remove", "Add"]
+    assert [r.data for r in records if hasattr(r, "data")] == [b"a", b"b", b"c"]
+
+
+def test_reply_after_crash_loses_nothing(clock: Clock, tmp_path: Path) -> None:
+    """
+    A server that dies right after replying (its journals never closed)
+    replays every acknowledged write.
+    """
+    dead = make_server(clock, tmp_path)
+    conn = Conn(MemcacheFactory(dead))
+    assert conn.send(b"set q 0 0 2\r\nab\r\nset q 0 0 2\r\ncd\r\nget q\r\n").endswith(
+        b"VALUE q 0 2\r\nab\r\nEND\r\n")
+    # No close, no stop: a second server replays the files as a crash leaves them.
+    alive = make_server(clock, tmp_path)
+    try:
+        again = Conn(MemcacheFactory(alive))
+        assert again.send(b"get q\r\nget q\r\n") == b"VALUE q 0 2\r\ncd\r\nEND\r\nEND\r\n"
+    finally:
+        alive.collection.stopService()
+
+
+def test_woken_reader_replies_after_the_journal_has_its_records(
+        server: KestrelServer, factory: MemcacheFactory, tmp_path: Path, clock: Clock) -> None:
+    """
+    A reader woken by another connection's set, inside that connection's
+    batch, replies only once the set and the removal are in the journal file.
+    """
+    journal = tmp_path / "queues" / "q"
+    reader = checking_conn(factory, journal)
+    assert reader.send(b"get q/t=1000\r\n") == b""
+    writer = Conn(factory)
+    assert writer.send(b"set q 0 0 1\r\nz\r\n") == b"STORED\r\n"
+    [(written, records)] = reader.transport.seen
+    assert written == b"VALUE q 0 1\r\nz\r\nEND\r\n"
+    assert [type(r).__name__ for r in records] == ["Add", "Remove"]
+
+
+def test_refused_journal_write_drops_the_replies(
+        server: KestrelServer, factory: MemcacheFactory, clock: Clock) -> None:
+    """
+    When the OS refuses a batch's journal bytes (a full device), its
+    replies are not sent: the client gets SERVER_ERROR and is disconnected,
+    and the server goes on serving.
+    """
+    conn = Conn(factory)
+    assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
+    journal = server.collection.queue("q").journal
+    kept = journal._writer
+    journal._writer = PeriodicSyncFile("/dev/full", clock, None,
+                                       coalescer=server.collection.write_coalescer)
+    reply = conn.send(b"set q 0 0 1\r\nb\r\nget q\r\n")
+    assert reply == b"SERVER_ERROR journal write failed\r\n"
+    assert not conn.open
+    journal._writer.close()
+    journal._writer = kept
+    other = Conn(factory)
+    assert other.send(b"set r 0 0 1\r\nc\r\nget r\r\n") == b"STORED\r\nVALUE r 0 1\r\nc\r\nEND\r\n"

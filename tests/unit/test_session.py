@@ -376,6 +376,30 @@ def test_quiescent_blocks_reads_and_writes(server: KestrelServer) -> None:
     assert s.close_read("q") is True
 
 
+def test_queue_info_reports_counters_without_side_effects(make_server, clock: Clock) -> None:
+    """
+    queue_info gives a queue's counters (items, bytes, journal bytes, age,
+    waiters, open reads); for a missing queue or an alias it is None and
+    creates nothing.
+    """
+    server = make_server("aliases:\n  al: [q]\n")
+    session = server.new_session()
+    add(server, "q", b"aaa", b"bb", b"c")
+    clock.advance(2)
+    assert get(session, "q", opening=True) == b"aaa"
+    waiting = ClientSession(server).get_item("w", clock.seconds() + 10, False, False)
+    info = session.queue_info("q")
+    assert info is not None
+    assert (info.items, info.bytes, info.age, info.waiters, info.open_transactions) == (
+        2, 3, 2000, 0, 1)
+    assert info.journal_bytes == server.collection.queue("q").journal.size > 0
+    assert session.queue_info("w").waiters == 1
+    assert session.queue_info("missing") is None
+    assert session.queue_info("al") is None
+    assert "missing" not in server.collection.queue_names()
+    waiting.cancel()
+
+
 def test_readonly_blocks_every_write(server: KestrelServer) -> None:
     """ReadOnly refuses set, flush, delete, flush_expired, flush_all and flush_all_expired."""
     add(server, "q", b"a")

@@ -1,8 +1,8 @@
 """
 Text protocol (port 2222) over StringTransport, byte for byte, with a fake clock.
 
-The server context is the real one (collection, sessions, status) on memory
-journals; only the socket is replaced by a StringTransport.
+The server context is the real one (collection, sessions, status) with its
+journals in a temporary folder; only the socket is replaced by a StringTransport.
 """
 
 from __future__ import annotations
@@ -57,27 +57,32 @@ class Client:
         return self.take()
 
     def take(self) -> bytes:
+        """Return (and clear) every byte written since the last call."""
         out = self.transport.value()
         self.transport.clear()
         return out
 
     @property
     def connected(self) -> bool:
+        """Whether the server has not closed the connection."""
         return self.transport.connected
 
     def close(self) -> None:
+        """The client goes away."""
         self.transport.loseConnection()
 
 
 @pytest.fixture
 def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
+    """A started server with its queue folder under C{tmp_path}; stopped afterwards."""
     s = make_server(clock, tmp_path)
     yield s
     s.collection.stopService()
 
 
 @pytest.fixture
-def client(server):
+def client(server: KestrelServer) -> Client:
+    """One text connection to C{server}."""
     return Client(server)
 
 

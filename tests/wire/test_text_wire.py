@@ -24,11 +24,13 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def server(kestrel_factory: Callable[..., KestrelProcess]) -> KestrelProcess:
+    """One real server process (text port only) shared by this module's tests."""
     return kestrel_factory(protocols=("text",), config=CONFIG)
 
 
 @pytest.fixture
 def connect(server: KestrelProcess) -> Iterator[Callable[[], LineClient]]:
+    """Make text connections to the server; all are closed after the test."""
     clients: list[LineClient] = []
 
     def make() -> LineClient:
@@ -43,6 +45,7 @@ def connect(server: KestrelProcess) -> Iterator[Callable[[], LineClient]]:
 
 @pytest.fixture
 def client(connect: Callable[[], LineClient]) -> LineClient:
+    """One text connection."""
     return connect()
 
 
