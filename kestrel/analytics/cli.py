@@ -125,10 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"kestrel-analyze: --conf needs KEY=VALUE, not {item!r}", file=sys.stderr)
             return 2
         conf[key] = value
-    if args.reader == "binaryfile" or any("://" in p and not p.startswith("file://")
-                                          for _, p in inputs):
-        # binaryFile rows are whole files: keep Arrow batches to a few files each.
-        conf.setdefault("spark.sql.execution.arrow.maxRecordsPerBatch", "4")
     from pyspark.sql import SparkSession
 
     existing = SparkSession.getActiveSession()  # e.g. a notebook's: reuse it, never stop it

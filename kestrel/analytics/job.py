@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 #: Readers: the Python Data Source, the binaryFile fallback, or pick by input.
 READERS = ("auto", "source", "binaryfile")
 
+ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: Files per Arrow batch while C{binaryFile} feeds whole files to the scanner.
+BINARY_FILE_BATCH = 4
+
 ESTIMATE_NOTE = (
     "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
     "their times are estimates, bracketed between the neighbouring timestamped records "
@@ -135,14 +139,19 @@ def plan_inputs(spark: SparkSession, inputs: Sequence[tuple[str, str]], reader: 
     return layout.plan_files(listings)
 
 
+def uses_binary_file(plan: Plan, reader: str) -> bool:
+    """Return whether L{scan} reads C{plan} with C{binaryFile} (else the data source)."""
+    local = all(layout.is_local(f.path) for f in plan.files)
+    return reader == "binaryfile" or (reader == "auto" and not local)
+
+
 def scan(spark: SparkSession, plan: Plan, reader: str) -> DataFrame:
     """Return the scanned rows of every planned file (records and trailers)."""
     from kestrel.analytics.source import read_binary_files, read_journal_source
 
-    local = all(layout.is_local(f.path) for f in plan.files)
-    if reader == "binaryfile" or (reader == "auto" and not local):
+    if uses_binary_file(plan, reader):
         return read_binary_files(spark, plan.files)
-    if not local:
+    if not all(layout.is_local(f.path) for f in plan.files):
         raise layout.LayoutError("the 'source' reader opens local paths only; "
                                  "use --reader binaryfile (or auto) for Hadoop URIs")
     parallelism = spark.sparkContext.defaultParallelism
@@ -222,8 +231,22 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
         f"{len(plan.queues())} queue(s); {len(plan.skipped)} file(s) skipped")
     raw = scan(spark, plan, reader).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        trailers = raw.filter(sf.col("op") == TRAILER_OP).select(
-            "server", "queue", "file", "file_seq", "xid", "size", "offset", "problem").collect()
+        # binaryFile rows are whole files: while the scan runs (this first action fills the
+        # cache), Arrow batches must hold few of them; the replay wants big batches after.
+        binary = uses_binary_file(plan, reader)
+        saved = spark.conf.get(ARROW_BATCH, None)
+        if binary:
+            spark.conf.set(ARROW_BATCH, str(BINARY_FILE_BATCH))
+        try:
+            trailers = raw.filter(sf.col("op") == TRAILER_OP).select(
+                "server", "queue", "file", "file_seq", "xid", "size", "offset",
+                "problem").collect()
+        finally:
+            if binary:
+                if saved is None:
+                    spark.conf.unset(ARROW_BATCH)
+                else:
+                    spark.conf.set(ARROW_BATCH, saved)
         events = (raw.filter(sf.col("op") != TRAILER_OP).drop("problem")
                   .withColumn("event_ms", sf.coalesce("add_ms", "time_lb_ms", "time_ub_ms")))
         records = sum(t.xid for t in trailers)

@@ -162,6 +162,23 @@ def _size_label(b: int) -> str:
     return f"{lo}" if lo < 1024 else f"{lo // 1024}K"
 
 
+def _duration(ms: int) -> str:
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 7_200_000:
+        return f"{ms / 60_000:.1f} min"
+    return f"{ms / 3_600_000:.1f} h"
+
+
+def _wait(low: int | None, high: int | None) -> str:
+    """Return a wait bracket such as C{1.2 s - 3.0 s}, or a dash when nothing was dequeued."""
+    if low is None or high is None:
+        return "-"
+    return _duration(low) if low == high else f"{_duration(low)} - {_duration(high)}"
+
+
 _COLUMNS = ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
             "items_left", "open_reads", "truncated_bytes", "files", "records")
 
@@ -183,11 +200,14 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
         out.append(f"<li>{esc(i['server'])}: <code>{esc(i['path'])}</code></li>")
     out.append("</ul><h2>Queues</h2><table><tr><th>server</th><th>queue</th>")
     out.extend(f"<th>{c}</th>" for c in _COLUMNS)
-    out.append("</tr>")
+    out.append("<th>time in queue p50 (est.)</th><th>p99 (est.)</th></tr>")
     for server, queues in sorted(summary["servers"].items()):
         for queue, q in sorted(queues.items()):
             out.append(f"<tr><td>{esc(server)}</td><td>{esc(queue)}</td>")
             out.extend(f"<td>{q.get(c, 0):,}</td>" for c in _COLUMNS)
+            waits = q.get("time_in_queue_ms") or {}
+            for p in ("p50", "p99"):
+                out.append(f"<td>{_wait(waits.get(f'lb_{p}'), waits.get(f'ub_{p}'))}</td>")
             out.append("</tr>")
     out.append("</table>")
     if summary["skipped_files"]:

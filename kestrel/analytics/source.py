@@ -128,8 +128,9 @@ def read_binary_files(spark: SparkSession, files: Sequence[JournalFile]) -> Data
     Return the scanned rows of C{files}, read by C{binaryFile} + C{mapInArrow}.
 
     The files' C{path} must be the exact URI that C{binaryFile} reports
-    (as L{list_with_spark} gives). Each Arrow batch holds few files
-    (C{spark.sql.execution.arrow.maxRecordsPerBatch} should be small).
+    (as L{list_with_spark} gives). Each Arrow batch should hold few files:
+    keep C{spark.sql.execution.arrow.maxRecordsPerBatch} small while the
+    rows are computed (L{kestrel.analytics.job.run} does).
     """
     by_path = {f.path: f for f in files}
 

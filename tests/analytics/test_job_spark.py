@@ -247,3 +247,10 @@ def test_report_and_progress(result: tuple, scenario: tuple) -> None:
     assert "http" not in page and "src=" not in page
     assert "estimates" in page.lower()
     assert "alpha" in page and "beta" in page
+
+
+def test_arrow_batch_size_is_restored(result: tuple, spark: object) -> None:
+    """The binaryFile reader's small Arrow batches apply to the scan only, not to later jobs."""
+    from kestrel.analytics.job import ARROW_BATCH
+
+    assert spark.conf.get(ARROW_BATCH) == "4096"
