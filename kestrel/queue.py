@@ -336,9 +336,8 @@ class PersistentQueue:
         self._store(item)
         self._waiters.trigger()
         if cfg.durable_acks:
-            acked: Deferred[bool] = Deferred()
-            d.addCallbacks(lambda _: acked.callback(True), acked.errback)
-            return acked
+            # The journal's Deferred is this write's own: chain on it directly.
+            return d.addCallback(_stored)
         if not d.called:
             d.addErrback(self._write_failed)
         return succeed(True)
@@ -803,6 +802,10 @@ class _PendingRead:
 
 def _nothing() -> None:
     pass
+
+
+def _stored(_: object) -> bool:
+    return True
 
 
 def _call(f: Callable[..., Any], *args: Any) -> Any:

@@ -330,15 +330,20 @@ class PeriodicSyncFile:
             d.addBoth(self._sync_done, covered)
 
     def _sync_done(self, result: object, covered: list[Deferred[None]]) -> None:
-        self._syncing = False
-        if isinstance(result, Failure):
-            self._log.error("fsync of {path} failed ({count} writes failed): {error}",
-                            path=self.path, count=len(covered), error=result.value)
-            for d in covered:
-                d.errback(result)
-        else:
-            for d in covered:
-                d.callback(None)
+        # Writes made by the callbacks below (writers acknowledged, writing
+        # again) all join the next fsync, which starts once every callback
+        # ran: this is what makes one fsync cover a whole group of writers.
+        try:
+            if isinstance(result, Failure):
+                self._log.error("fsync of {path} failed ({count} writes failed): {error}",
+                                path=self.path, count=len(covered), error=result.value)
+                for d in covered:
+                    d.errback(result)
+            else:
+                for d in covered:
+                    d.callback(None)
+        finally:
+            self._syncing = False
         if self._close_waiter is not None:
             self._finish_close()
         elif (not self._syncing and self._pending

@@ -160,23 +160,56 @@ def test_group_commit_one_fsync_covers_pending_writes(tmp_path: Path, clock: Clo
 
 
 def test_write_from_callback_never_overlaps_fsyncs(tmp_path: Path, clock: Clock) -> None:
-    """A write made by a durability callback waits for its own fsync; fsyncs never overlap."""
+    """
+    Writes made by durability callbacks wait for their own fsync; fsyncs never
+    overlap, and the next one starts after every callback ran, covering all
+    their writes (group commit of writers that write again once acknowledged).
+    """
     thread = ManualThread()
     f, fsync = make(tmp_path, clock, 0.0, thread)
     chained: list[Deferred[None]] = []
     d1 = f.write(b"1")
     d1.addCallback(lambda _: chained.extend([f.write(b"2"), f.write(b"3")]))
-    f.write(b"4")
+    d4 = f.write(b"4")
+    d4.addCallback(lambda _: chained.append(f.write(b"5")))
     thread.run_next()
+    assert fired(d1) and not fired(d4)
     assert len(chained) == 2 and not fired(chained[0]) and not fired(chained[1])
     assert len(thread.jobs) == 1, "one fsync at a time"
     thread.run_next()
-    assert fired(chained[0]) and not fired(chained[1])
+    assert fired(d4) and fired(chained[0]) and fired(chained[1])
+    assert len(chained) == 3 and not fired(chained[2])
     assert len(thread.jobs) == 1
     thread.run_next()
-    assert fired(chained[1])
+    assert fired(chained[2])
     assert thread.jobs == []
     assert fsync.calls == 3
+
+
+def test_acknowledged_writers_share_the_next_fsync(tmp_path: Path, clock: Clock) -> None:
+    """
+    N writers that each write again when acknowledged need one fsync per
+    round, not one for the first writer and another for the rest.
+    """
+    thread = ManualThread()
+    f, fsync = make(tmp_path, clock, 0.0, thread)
+    acked = [0]
+
+    def writer(_: object = None) -> None:
+        acked[0] += 1
+        if acked[0] <= 30:
+            f.write(b"x").addCallback(writer)
+
+    first = f.write(b"first")
+    for _ in range(10):
+        first.addCallback(lambda r: (f.write(b"w").addCallback(writer), r)[1])
+    rounds = 0
+    while thread.jobs:
+        thread.run_next()
+        rounds += 1
+        assert len(thread.jobs) <= 1
+    assert acked[0] == 40
+    assert fsync.calls == rounds == 5
 
 
 def test_group_commit_period_with_thread(tmp_path: Path, clock: Clock) -> None:
