@@ -21,8 +21,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,57 +30,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+from servers import free_port, kestrel_process, stop, summary, wait_port
 
 
 @contextmanager
 def kestrel_server(workdir: Path) -> Iterator[int]:
     """Our server on a free port, memcache only; yields the port."""
     port = free_port()
-    config = workdir / "kestrel.yaml"
-    config.write_text(
-        f"listen_address: 127.0.0.1\nmemcache_port: {port}\ntext_port: 0\nthrift_port: 0\n"
-        f"admin_port: 0\nqueue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(workdir / "kestrel.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
-                                 "--config", str(config)], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-    try:
-        wait_port(port, proc)
+    with kestrel_process(workdir, port):
         yield port
-    finally:
-        stop(proc)
+
+
+def install_memcached() -> None:
+    """Install Debian's memcached with apt-get (as root), as the reference server."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    print("memcached not found: installing it with apt-get", file=sys.stderr)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "memcached"], check=False, env=env)
 
 
 @contextmanager
@@ -133,10 +99,6 @@ def measure(port: int, args: argparse.Namespace, conns: int, depth: int) -> list
             for _ in range(args.runs)]
 
 
-def summary(rates: list[float]) -> str:
-    return f"{statistics.median(rates):>9,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Flood txkestrel and memcached with the same pipelined memcache client "
@@ -154,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memcached", action="store_true", help="only flood txkestrel")
     args = parser.parse_args(argv)
     if not args.no_memcached and not os.path.exists(args.memcached):
-        parser.error(f"{args.memcached} not found: apt-get install memcached, or --no-memcached")
+        install_memcached()
+        args.memcached = shutil.which("memcached") or args.memcached
+        if not os.path.exists(args.memcached):
+            parser.error(f"{args.memcached} not found: apt-get install memcached, "
+                         "or --no-memcached")
 
     results: dict[tuple[str, int, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="kestrel-flood-") as tmp:

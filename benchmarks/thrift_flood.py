@@ -21,11 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +37,8 @@ from thriftpy2.transport import TCyFramedTransportFactory, TFramedTransportFacto
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from servers import free_port, kestrel_process, summary  # noqa: E402
+
 try:
     import flood as memcache_flood
 except ImportError:  # the memcache flood is another script; it may be absent
@@ -51,52 +48,13 @@ kestrel_thrift: Any = thriftpy2.load(str(ROOT / "thrift" / "kestrel.thrift"),
                                      module_name="kestrel_flood_thrift")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
-
-
 @contextmanager
 def kestrel_server(workdir: Path, max_open: int) -> Iterator[tuple[int, int]]:
     """Our server with thrift and memcache listeners; yields (thrift port, memcache port)."""
     thrift_port, memcache_port = free_port(), free_port()
-    config = workdir / "kestrel.yaml"
-    config.write_text(
-        f"listen_address: 127.0.0.1\nmemcache_port: {memcache_port}\ntext_port: 0\n"
-        f"thrift_port: {thrift_port}\nadmin_port: 0\nmax_open_transactions: {max_open}\n"
-        f"queue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(workdir / "kestrel.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
-                                 "--config", str(config)], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-    try:
-        wait_port(thrift_port, proc)
-        wait_port(memcache_port, proc)
+    with kestrel_process(workdir, memcache_port, thrift_port,
+                         f"max_open_transactions: {max_open}\n"):
         yield thrift_port, memcache_port
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def thrift_client(port: int) -> Any:
@@ -147,10 +105,6 @@ def thrift_flood(port: int, items: int, conns: int, batch: int, size: int) -> fl
     if errors:
         raise errors[0]
     return items / elapsed
-
-
-def summary(rates: list[float]) -> str:
-    return f"{statistics.median(rates):>9,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,10 @@ C{/shutdown}          POST    stop the server
 ====================  ======  =====================================================
 
 Every report is built from the live objects at request time (no background
-collection). The server context is L{kestrel.server.KestrelServer}; its
-optional C{metrics} attribute is a L{kestrel.metrics.Metrics}. See
+collection). The server context is L{kestrel.server.KestrelServer}: the
+queues are read through its C{collection}, the counters through its
+C{stats}, the latency distributions through its C{metrics} (a
+L{kestrel.metrics.Metrics} that the sessions and journals record into). See
 C{docs/metrics.md}.
 """
 
@@ -39,7 +41,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from kestrel.errors import ConfigError, KestrelError
-from kestrel.metrics import GLOBAL_METRICS, Metrics
+from kestrel.metrics import GLOBAL_METRICS
 
 #: Kestrel reported these for "no limit" (Scala's Int.MaxValue and Long.MaxValue).
 NO_MAX_ITEMS = 2**31 - 1
@@ -56,16 +58,9 @@ QUEUE_COUNTERS = (
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-_EMPTY_METRICS = Metrics()
-
 #: Prometheus names of the global counters whose Kestrel name reads badly with C{_total}.
 _COUNTER_NAMES = {"total_items": "kestrel_items_added",
                   "total_connections": "kestrel_connections_opened"}
-
-
-def _metrics_of(server: Any) -> Metrics:
-    metrics = getattr(server, "metrics", None)
-    return metrics if isinstance(metrics, Metrics) else _EMPTY_METRICS
 
 
 def _queue_gauges(queue: Any) -> dict[str, int | float]:
@@ -90,16 +85,16 @@ def _queue_gauges(queue: Any) -> dict[str, int | float]:
     }
 
 
-def _queues(server: Any) -> Iterator[tuple[str, Any]]:
-    collection = server.collection
+def _queues(collection: Any) -> Iterator[tuple[str, Any]]:
+    """Every live queue of C{collection} (aliases excluded) as C{(name, queue)}."""
     for name in collection.queue_names(include_aliases=False):
         queue = collection.queue(name, create=False)
         if queue is not None:
             yield name, queue
 
 
-def _aliases(server: Any) -> Iterator[tuple[str, Any]]:
-    collection = server.collection
+def _aliases(collection: Any) -> Iterator[tuple[str, Any]]:
+    """Every alias of C{collection} as C{(name, alias)}."""
     for name in collection.alias_names():
         alias = collection.alias(name)
         if alias is not None:
@@ -128,17 +123,17 @@ def stats_report(server: Any) -> dict[str, dict[str, Any]]:
     }
     labels = {"version": server.version, "status": status.status.display_name}
     queue_names = []
-    for name, queue in _queues(server):
+    for name, queue in _queues(collection):
         queue_names.append(name)
         for counter in QUEUE_COUNTERS:
             counters[f"q/{name}/{counter}"] = getattr(queue, counter)
         for gauge, value in _queue_gauges(queue).items():
             gauges[f"q/{name}/{gauge}"] = value
-    for name, alias in _aliases(server):
+    for name, alias in _aliases(collection):
         counters[f"q/{name}/put_items"] = alias.put_items
         counters[f"q/{name}/put_bytes"] = alias.put_bytes
         gauges[f"q/{name}/create_time"] = int(alias.create_time)
-    metrics = _metrics_of(server)
+    metrics = server.metrics
     report = {name: h.summary() for name, h in metrics.global_items()}
     live = set(queue_names)
     for name in metrics.queue_names():
@@ -174,6 +169,7 @@ class KestrelCollector:
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family, built from the server's current state."""
         server = self.server
+        collection = server.collection
         per_queue = {
             "items": GaugeMetricFamily("kestrel_queue_items",
                                        "Items in the queue, open reads excluded", labels=["queue"]),
@@ -193,7 +189,7 @@ class KestrelCollector:
             "expired": CounterMetricFamily("kestrel_queue_expirations", "Items that expired",
                                            labels=["queue"]),
         }
-        for name, queue in _queues(server):
+        for name, queue in _queues(collection):
             gauges = _queue_gauges(queue)
             per_queue["items"].add_metric([name], gauges["items"])
             per_queue["bytes"].add_metric([name], gauges["bytes"])
@@ -206,7 +202,6 @@ class KestrelCollector:
         yield from per_queue.values()
 
         stats = server.stats
-        collection = server.collection
         yield GaugeMetricFamily("kestrel_connections", "Open client connections",
                                 value=stats.curr_connections)
         yield GaugeMetricFamily("kestrel_items", "Items in every queue",
@@ -227,7 +222,7 @@ class KestrelCollector:
                 continue
             name = _COUNTER_NAMES.get(counter, f"kestrel_{counter}")
             yield CounterMetricFamily(name, f"Kestrel's {counter} counter", value=value)
-        metrics = _metrics_of(server)
+        metrics = server.metrics
         for name in GLOBAL_METRICS:
             scaled = _seconds_scale(name)
             if scaled is None:

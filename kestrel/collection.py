@@ -30,7 +30,7 @@ from kestrel.errors import ConfigError, ShuttingDown
 from kestrel.item import QItem
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
-from kestrel.journal.syncfile import WriteCoalescer
+from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
@@ -80,6 +80,10 @@ class QueueCollection(Service):
     (except C{unremove} and C{confirm_remove}, which become no-ops: a queue
     that is closing keeps its open reads, and replay returns them).
 
+    An C{on_fsync} observer (L{FsyncObserver}: C{(seconds, write_delays)})
+    is handed to the journal of every queue created with C{keep_journal}, so
+    it hears of every fsync that makes journal writes durable.
+
     @ivar stats: the global counters (L{ServerStats}).
     @ivar config: the L{ServerConfig} in force (replaced by L{reload}).
     """
@@ -90,10 +94,12 @@ class QueueCollection(Service):
     def __init__(self, config: ServerConfig, clock: IReactorTime, *,
                  run_in_thread: RunInThread | None = None,
                  stats: ServerStats | None = None,
-                 status: ServerStatus | None = None) -> None:
+                 status: ServerStatus | None = None,
+                 on_fsync: FsyncObserver | None = None) -> None:
         self.config = config
         self._clock = clock
         self._run_in_thread = run_in_thread
+        self._on_fsync = on_fsync
         self.stats = stats if stats is not None else ServerStats(clock.seconds())
         #: A L{kestrel.status.ServerStatus} (optional): when it reports a
         #: graceful status at stop, empty queues get their journals compacted.
@@ -249,7 +255,8 @@ class QueueCollection(Service):
             journal: Any = FileJournal(self._path, name, self._clock, config.sync_journal,
                                        archive_path=self._archive_path,
                                        run_in_thread=self._run_in_thread,
-                                       coalescer=self.write_coalescer)
+                                       coalescer=self.write_coalescer,
+                                       on_fsync=self._on_fsync)
         else:
             # keep_journal: false -- forget whatever an earlier run journaled.
             FileJournal(self._path, name, self._clock, None,

@@ -15,7 +15,7 @@ measure with their injected clock and record the difference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -72,11 +72,35 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return mantissa << shift, ((mantissa + 1) << shift) - 1
 
 
+def add_to_both(first: Histogram, second: Histogram, value: int | float) -> None:
+    """
+    Record C{value} in two histograms (a global one and a queue's) as
+    L{Histogram.add} would in each, computing its bucket once: the hot-path
+    form of recording a metric at both levels.
+    """
+    v = value if value.__class__ is int else int(value + 0.5)
+    if v < _EXACT:
+        if v < 0:
+            v = 0
+        index = v
+    else:
+        shift = v.bit_length() - _SUB_BITS - 1
+        index = (shift << _SUB_BITS) + (v >> shift)
+    for h in (first, second):
+        h.buckets[index] += 1
+        if h.count == 0 or v < h.minimum:
+            h.minimum = v
+        if v > h.maximum:
+            h.maximum = v
+        h.count += 1
+        h.total += v
+
+
 class Histogram:
     """
     A distribution of non-negative integers: count, sum, min, max and bucketed counts.
 
-    L{add} is the only method meant for the hot path.
+    L{add} (and L{add_to_both}) are the only ones meant for the hot path.
     """
 
     __slots__ = ("count", "total", "minimum", "maximum", "buckets")
@@ -252,6 +276,46 @@ class Metrics:
         """Yield C{(name, histogram)} for the server-wide metrics in L{GLOBAL_METRICS} order."""
         for name in GLOBAL_METRICS:
             yield name, getattr(self, name)
+
+    def record_set(self, queue: str, usec: float) -> None:
+        """Record one write's C{set_latency_usec}, globally and for C{queue}."""
+        per_queue = self._queues.get(queue) or self.queue(queue)
+        add_to_both(self.set_latency_usec, per_queue.set_latency_usec, usec)
+
+    def record_hit(self, queue: str, usec: float, delivery_msec: float | None = None) -> None:
+        """
+        Record C{get_hit_latency_usec} of a read answered with an item and, for
+        an item removed, its C{delivery_latency_msec}; globally and per queue.
+        """
+        per_queue = self._queues.get(queue) or self.queue(queue)
+        add_to_both(self.get_hit_latency_usec, per_queue.get_hit_latency_usec, usec)
+        if delivery_msec is not None:
+            add_to_both(self.delivery_latency_msec, per_queue.delivery_latency_msec,
+                        delivery_msec)
+
+    def record_miss(self, queue: str, usec: float) -> None:
+        """Record C{get_miss_latency_usec} of a read answered empty, globally and per queue."""
+        per_queue = self._queues.get(queue) or self.queue(queue)
+        add_to_both(self.get_miss_latency_usec, per_queue.get_miss_latency_usec, usec)
+
+    def record_delivery(self, queue: str, msec: float) -> None:
+        """Record C{delivery_latency_msec} (add to delivery) of one item, globally and per queue."""
+        add_to_both(self.delivery_latency_msec, self.queue(queue).delivery_latency_msec, msec)
+
+    def record_get_timeout(self, queue: str, msec: float) -> None:
+        """Record C{get_timeout_msec} of a blocking read that timed out, globally and per queue."""
+        add_to_both(self.get_timeout_msec, self.queue(queue).get_timeout_msec, msec)
+
+    def record_fsync(self, seconds: float, write_delays: Iterable[float] = ()) -> None:
+        """
+        Record one journal fsync, in the journal's observer shape (seconds):
+        C{fsync_delay_usec} (how long it took) and, per write it made durable,
+        C{item_fsync_delay_usec} (from that write until the fsync ended).
+        """
+        self.fsync_delay_usec.add(seconds * 1e6)
+        item = self.item_fsync_delay_usec
+        for delay in write_delays:
+            item.add(delay * 1e6)
 
     def write_recorder(self, clock: _Clock, queue: str) -> Callable[[T], T]:
         """

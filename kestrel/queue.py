@@ -28,10 +28,8 @@ from twisted.python.failure import Failure
 from kestrel.config import QueueConfig
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
-
-#: Xids are signed 32-bit in the journal; the counter wraps to 1 after this.
-MAX_XID = 0x7FFFFFFF
 
 
 class PersistentQueue:
@@ -78,7 +76,6 @@ class PersistentQueue:
         self._rewrite_timer: IDelayedCall | None = None
         self._txn_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
-        self._notify_remove: Callable[[], None] = _nothing
         #: Calls a function outside any open write batch (journals without batches: just calls).
         self.call_unbatched: Callable[..., Any] = getattr(journal, "call_unbatched", _call)
         self.expire_to: Callable[[QItem], object] | None = None
@@ -200,7 +197,6 @@ class PersistentQueue:
             return
         self._log.info("Replaying transaction journal for {queue}", queue=self.name)
         self._xid_counter = 0
-        self._notify_remove = getattr(self.journal, "notify_remove_during_replay", _nothing)
         self._replaying = True
         try:
             self.journal.replay(self._apply)
@@ -220,7 +216,6 @@ class PersistentQueue:
             self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
         elif cls is rec.Remove:
             self._pop_head()
-            self._notify_remove()
         elif cls is rec.RemoveTentativeXid:
             xid = record.xid
             self._replay_open(xid)
@@ -230,14 +225,12 @@ class PersistentQueue:
                 self._xid_counter = xid
         elif cls is rec.ConfirmRemove:
             self._open.pop(record.xid, None)
-            self._notify_remove()
         elif cls is rec.Unremove:
             self._return_to_head(record.xid)
         elif cls is rec.SaveXid:
             self._xid_counter = record.xid
         elif cls is rec.Continue:
             self._open.pop(record.xid, None)
-            self._notify_remove()
             self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
         elif cls is rec.LegacyAdd:
             expiry = record.expiry_s * 1000 if record.expiry_s else 0
@@ -279,9 +272,10 @@ class PersistentQueue:
         success and stores nothing. With C{xid}, open read C{xid} is
         confirmed in the same journal record (CONTINUE).
 
-        The Deferred fires at once, except with C{durable_acks}, where it
-        fires after the fsync covering the journal write (and fails if that
-        fsync fails). A journal write that fails at once stores nothing and
+        The Deferred fires at once, except when the queue acknowledges
+        durably (C{sync_journal: always}, or C{durable_acks} with a sync
+        period), where it fires after the fsync covering the journal write
+        (and fails if that fsync fails). A journal write that fails at once stores nothing and
         fails the Deferred.
 
         @param expiry_ms: absolute epoch ms, 0 for never; capped by C{max_age}.
@@ -335,7 +329,7 @@ class PersistentQueue:
             self._open_since.pop(xid, None)
         self._store(item)
         self._waiters.trigger()
-        if cfg.durable_acks:
+        if cfg.durable_acks or cfg.sync_journal == 0.0:
             # The journal's Deferred is this write's own: chain on it directly.
             return d.addCallback(_stored)
         if not d.called:
@@ -414,12 +408,8 @@ class PersistentQueue:
         return item
 
     def _next_xid(self) -> int:
-        xid = self._xid_counter
-        while True:
-            xid = xid + 1 if xid < MAX_XID else 1
-            if xid not in self._open:
-                self._xid_counter = xid
-                return xid
+        self._xid_counter = xid = next_xid(self._xid_counter, self._open)
+        return xid
 
     def wait_remove(self, deadline: float | None,
                     transaction: bool = False) -> Deferred[QItem | None]:
@@ -701,25 +691,15 @@ class PersistentQueue:
         if (size < cfg.default_journal_size and size <= cfg.max_memory_size
                 and size + journal.archived_size <= cfg.max_journal_size):
             return
-        if not cfg.disable_aggressive_rewrites:
-            if size >= cfg.default_journal_size and self.length == 0:
-                self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
-                self._rewrite_journal()
-            elif (self._allow_rewrites
-                  and size + journal.archived_size > cfg.max_journal_size
-                  and self.bytes < cfg.max_memory_size):
-                self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
-                               queue=self.name, bytes=self.bytes)
-                self._rewrite_journal()
-                self._disallow_rewrites_for_delay()
-            elif size > cfg.max_memory_size:
-                self._log.info("Rotating journal of {queue}", queue=self.name)
-                self._rotate_journal(size + journal.archived_size > cfg.max_journal_size)
-            return
-        if self._allow_rewrites and size >= cfg.default_journal_size and self.length == 0:
-            self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
-            self._rewrite_journal()
-            if journal.size >= cfg.default_journal_size // 2:
+        # Kestrel has two policies: the aggressive one (the default) and the
+        # one of disable_aggressive_rewrites, which takes a break after
+        # rewriting an empty queue that stays large (KEST-366) and rewrites
+        # an empty queue before rotating. Their middle step is the same.
+        aggressive = not cfg.disable_aggressive_rewrites
+        if ((aggressive or self._allow_rewrites)
+                and size >= cfg.default_journal_size and self.length == 0):
+            self._rewrite_empty_journal()
+            if not aggressive and journal.size >= cfg.default_journal_size // 2:
                 self._disallow_rewrites_for_delay()
         elif (self._allow_rewrites
               and size + journal.archived_size > cfg.max_journal_size
@@ -729,13 +709,16 @@ class PersistentQueue:
             self._rewrite_journal()
             self._disallow_rewrites_for_delay()
         elif size > cfg.max_memory_size:
-            if self.length == 0:
-                self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
-                self._rewrite_journal()
+            if not aggressive and self.length == 0:
+                self._rewrite_empty_journal()
             if journal.size > cfg.max_memory_size:
                 self._log.info("Rotating journal of {queue}", queue=self.name)
                 self._rotate_journal(
                     journal.size + journal.archived_size > cfg.max_journal_size)
+
+    def _rewrite_empty_journal(self) -> None:
+        self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
+        self._rewrite_journal()
 
 
 class _PendingRead:
@@ -798,10 +781,6 @@ class _PendingRead:
         # perhaps inside another connection's write batch: the journal records
         # behind this result must reach the OS first, and its own must not be held.
         queue.call_unbatched(self.result.callback, item)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _stored(_: object) -> bool:

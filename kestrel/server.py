@@ -2,15 +2,17 @@
 KestrelServer: the protocol-independent context every protocol factory gets.
 
 It holds the config, the clock, the queue collection, the server status,
-the global stats and the version, counts sessions (for the connection
-limits), owns thrift's process-wide table of open reads, and offers the
-server-wide commands (C{reload}, C{shutdown}). It knows nothing of sockets.
+the global stats, the latency metrics and the version, counts sessions (for
+the connection limits), owns thrift's process-wide table of open reads,
+builds the reports protocols send (C{stats}, C{dump_stats}, C{dump_config}),
+and offers the server-wide commands (C{reload}, C{shutdown}). It knows nothing
+of sockets.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -18,10 +20,11 @@ from twisted.logger import Logger
 
 from kestrel import __version__
 from kestrel.collection import QueueCollection, RunInThread
-from kestrel.config import ServerConfig, load_config
+from kestrel.config import ServerConfig, dump_queue_config, load_config
 from kestrel.errors import ConfigError
+from kestrel.metrics import Metrics
 from kestrel.session import ClientSession, ExternalReads
-from kestrel.stats import ServerStats
+from kestrel.stats import ServerStats, StatList, dump_stat_blocks, stat_entries
 from kestrel.status import ServerStatus
 
 
@@ -36,6 +39,8 @@ class KestrelServer:
     @ivar config: the config in force; a successful L{reload} replaces its
         C{default}, C{queues} and C{aliases} only.
     @ivar shutdown_callback: set by the service layer; L{request_shutdown} calls it.
+    @ivar metrics: the latency distributions (L{Metrics}) sessions record and
+        the admin site reports.
     """
 
     _log = Logger()
@@ -43,12 +48,13 @@ class KestrelServer:
     def __init__(self, config: ServerConfig, clock: IReactorTime,
                  collection: QueueCollection, status: ServerStatus, *,
                  config_path: str | os.PathLike[str] | None = None,
-                 version: str = __version__) -> None:
+                 version: str = __version__, metrics: Metrics | None = None) -> None:
         self.config = config
         self.clock = clock
         self.collection = collection
         self.status = status
         self.stats: ServerStats = collection.stats
+        self.metrics = metrics if metrics is not None else Metrics()
         self.version = version
         self.config_path = config_path
         self.max_open_transactions: int = config.max_open_transactions
@@ -69,12 +75,16 @@ class KestrelServer:
         Build the collection and the status of C{config}, and the server over them.
 
         The collection is not started: the service layer starts it (replay).
+        Every journal fsync is recorded in the server's L{Metrics}
+        (C{fsync_delay_usec}, C{item_fsync_delay_usec}).
         """
         status = ServerStatus(clock, config.status_file, config.default_status,
                               config.status_change_grace_period or 0.0)
+        metrics = Metrics()
         collection = QueueCollection(config, clock, run_in_thread=run_in_thread,
-                                     status=status)
-        return cls(config, clock, collection, status, config_path=config_path, version=version)
+                                     status=status, on_fsync=metrics.record_fsync)
+        return cls(config, clock, collection, status, config_path=config_path, version=version,
+                   metrics=metrics)
 
     # -- sessions ----------------------------------------------------------
 
@@ -108,7 +118,36 @@ class KestrelServer:
         """Count the end of a session."""
         self.stats.curr_connections -= 1
 
+    # -- reports -------------------------------------------------------------
+
+    def stats_entries(self) -> StatList:
+        """Every entry of the memcache C{STATS} reply now, in Kestrel's order."""
+        return stat_entries(self.stats, now=self.clock.seconds(), version=self.version,
+                            source=self.collection)
+
+    def dump_stats(self, names: Sequence[str] = ()) -> list[tuple[str, StatList]]:
+        """
+        The C{DUMP_STATS} report: C{(name, stats)} per queue or alias in
+        C{names} (default: every queue, then every alias); [] for an unknown name.
+        """
+        return dump_stat_blocks(self.collection, names)
+
+    def dump_config(self, names: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+        """
+        The C{DUMP_CONFIG} report: C{(name, lines)} per queue in C{names}
+        (default: every queue, aliases excluded), the lines being its resolved
+        settings as L{dump_queue_config} renders them.
+        """
+        config = self.config
+        return [(name, dump_queue_config(config.queue_config(name)))
+                for name in names or self.collection.queue_names(include_aliases=False)]
+
     # -- server-wide commands ----------------------------------------------
+
+    def delete_queue(self, name: str) -> None:
+        """Delete queue C{name} (see L{QueueCollection.delete}) and forget its metrics."""
+        self.collection.delete(name)
+        self.metrics.remove_queue(name)
 
     def reload(self) -> None:
         """

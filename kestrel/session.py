@@ -159,6 +159,8 @@ class ClientSession:
         self._stats = server.stats
         self._status = server.status
         self._max_open = server.max_open_transactions
+        self._clock = server.clock
+        self._metrics = server.metrics
         self.session_id, self.refuse_writes, self.refuse_reads = server.session_opened()
         self._open_reads: dict[str, deque[int]] = {}
         self._external_counts: dict[str, int] = {}
@@ -184,10 +186,6 @@ class ClientSession:
         """Open reads this session holds on queue C{name} (thrift ones included)."""
         fifo = self._open_reads.get(name)
         return (len(fifo) if fifo else 0) + self._external_counts.get(name, 0)
-
-    def open_read_xids(self, name: str) -> list[int]:
-        """The xids of this session's memcache/text open reads on C{name}, oldest first."""
-        return list(self._open_reads.get(name, ()))
 
     def _add_open_read(self, name: str, xid: int) -> None:
         fifo = self._open_reads.get(name)
@@ -280,6 +278,11 @@ class ClientSession:
         L{AvailabilityError} when reads are blocked and L{TooManyOpenReads}
         when this session already holds C{max_open_transactions} open reads on
         the queue. Counts C{cmd_get} or C{cmd_peek}.
+
+        Metrics: a read answered at once records C{get_hit_latency_usec} or
+        C{get_miss_latency_usec}; an item removed (not peeked) records
+        C{delivery_latency_msec}; a wait that reached its deadline records
+        C{get_timeout_msec}.
         """
         self._check_reads("getItem")
         if opening and self.count_pending_reads(name) >= self._max_open:
@@ -290,13 +293,45 @@ class ClientSession:
             self._stats.cmd_peek += 1
         else:
             self._stats.cmd_get += 1
+        started = self._clock.seconds()
         d = self._collection.remove(name, deadline, opening, peeking)
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)
+            d.addCallback(self._record_waited_read, name, started, deadline, peeking)
+        elif not d.paused:
+            # Answered at once (the hot path): record directly, no callback.
+            result = d.result
+            now = self._clock.seconds()
+            if result is None:
+                self._metrics.record_miss(name, (now - started) * 1e6)
+            elif result.__class__ is QItem:
+                self._metrics.record_hit(name, (now - started) * 1e6,
+                                         None if peeking else now * 1000 - result.add_time_ms)
         if opening:
             d.addCallback(self._got_open_item, name)
         return d
+
+    def _record_read(self, name: str, started: float, result: object, peeking: bool) -> None:
+        """Record the latencies of a read answered at once with C{result}."""
+        now = self._clock.seconds()
+        if result is None:
+            self._metrics.record_miss(name, (now - started) * 1e6)
+        elif result.__class__ is QItem:
+            item: QItem = result  # type: ignore[assignment]
+            self._metrics.record_hit(name, (now - started) * 1e6,
+                                     None if peeking else now * 1000 - item.add_time_ms)
+
+    def _record_waited_read(self, item: QItem | None, name: str, started: float,
+                            deadline: float | None, peeking: bool) -> QItem | None:
+        """Record the latencies of a read that waited: its delivery, or its timeout."""
+        now = self._clock.seconds()
+        if item is not None:
+            if not peeking:
+                self._metrics.record_delivery(name, now * 1000 - item.add_time_ms)
+        elif deadline is not None and now >= deadline:
+            self._metrics.record_get_timeout(name, (now - started) * 1000)
+        return item
 
     def _got_open_item(self, item: QItem | None, name: str) -> QItem | None:
         if item is not None:
@@ -339,12 +374,15 @@ class ClientSession:
                     done.callback(None)
                     return
                 self._stats.cmd_monitor_get += 1
+                started = clock.seconds()
                 d = self._collection.remove(name, deadline, opening, False)
                 result = _result_now(d)
                 if result is _NOT_FIRED:
                     self._add_waiter(d)
+                    d.addCallback(self._record_waited_read, name, started, deadline, False)
                     d.addBoth(resume, d, remaining)
                     return
+                self._record_read(name, started, result, False)
                 if not handle(result):
                     return
                 remaining -= 1
@@ -459,11 +497,26 @@ class ClientSession:
         """
         Add C{data} to C{name} (absolute expiry in epoch ms, 0: never); fire with
         whether it was stored. Raises L{AvailabilityError} when writes are blocked.
+
+        Records C{set_latency_usec}: until the add answered, which for a
+        durable acknowledgement is after the fsync that covers it.
         """
         if self.refuse_writes or self._status.blocks_writes:
             raise AvailabilityError("setItem")
         self._stats.cmd_set += 1
-        return self._collection.add(name, data, expiry_ms)
+        clock = self._clock
+        started = clock.seconds()
+        d = self._collection.add(name, data, expiry_ms)
+        if d.called:
+            # Answered at once (the hot path): record directly, no callback.
+            self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
+            return d
+        return d.addBoth(self._record_set_done, name, started)
+
+    def _record_set_done(self, result: object, name: str, started: float) -> object:
+        """Record C{set_latency_usec} of an add that answered later (durable acks)."""
+        self._metrics.record_set(name, (self._clock.seconds() - started) * 1e6)
+        return result
 
     def flush(self, name: str) -> None:
         """Empty queue C{name} (writes must be allowed)."""
@@ -473,7 +526,7 @@ class ClientSession:
     def delete(self, name: str) -> None:
         """Delete queue C{name} and its journal (writes must be allowed)."""
         self._check_writes("delete")
-        self._collection.delete(name)
+        self.server.delete_queue(name)
 
     def flush_expired(self, name: str) -> int:
         """Discard expired items of C{name}; return how many (writes must be allowed)."""

@@ -151,20 +151,37 @@ def format_stats(entries: Iterable[tuple[str, str]]) -> str:
     return "".join(f"STAT {key} {value}\r\n" for key, value in entries) + "END\r\n"
 
 
-def format_dump_stats(source: StatsSource, names: Sequence[str] = ()) -> str:
+def dump_stat_blocks(source: StatsSource, names: Sequence[str] = ()) -> list[tuple[str, StatList]]:
     """
-    The memcache C{DUMP_STATS} reply text, C{"\\r\\nEND\\r\\n"} included (reference 8.2).
+    The C{DUMP_STATS} report as values: C{(name, stats)} per queue or alias named.
 
-    C{names} defaults to every queue and alias. An unknown name gives an
-    empty block (C{"queue 'x' {\\r\\n  \\r\\n}"}); nothing to report gives
-    C{"\\r\\nEND\\r\\n"}.
+    C{names} defaults to every queue and alias; an unknown name gets [].
+    """
+    return [(name, source.dump_stats(name)) for name in names or source.queue_names()]
+
+
+def format_stat_blocks(blocks: Iterable[tuple[str, StatList]]) -> str:
+    """
+    The memcache C{DUMP_STATS} reply text of L{dump_stat_blocks}, C{"\\r\\nEND\\r\\n"}
+    included (reference 8.2).
+
+    An empty stat list gives an empty block (C{"queue 'x' {\\r\\n  \\r\\n}"});
+    no block at all gives C{"\\r\\nEND\\r\\n"}.
     """
     lines: list[str] = []
-    for name in names or source.queue_names():
+    for name, stats in blocks:
         lines.append(f"queue '{name}' {{")
-        lines.append("  " + "\r\n  ".join(f"{k}={v}" for k, v in source.dump_stats(name)))
+        lines.append("  " + "\r\n  ".join(f"{k}={v}" for k, v in stats))
         lines.append("}")
     return "\r\n".join(lines) + "\r\nEND\r\n"
+
+
+def format_dump_stats(source: StatsSource, names: Sequence[str] = ()) -> str:
+    """
+    The memcache C{DUMP_STATS} reply text for C{names} of C{source} (every
+    queue and alias by default): L{format_stat_blocks} of L{dump_stat_blocks}.
+    """
+    return format_stat_blocks(dump_stat_blocks(source, names))
 
 
 _physical_memory: int | None = None

@@ -32,3 +32,22 @@ def clock() -> Clock:
     c = Clock()
     c.advance(1_767_225_600.0)
     return c
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """
+    With KESTREL_REQUIRE_ALL=1 (as .ci/run sets), a skipped test fails the run.
+
+    Tests skip when a real component is missing (ZooKeeper, Java for Spark,
+    Debian's thrift compiler); in CI that means an install step is broken,
+    which must not pass silently.
+    """
+    if not os.environ.get("KESTREL_REQUIRE_ALL") or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        reporter.write_line(
+            f"KESTREL_REQUIRE_ALL: {len(skipped)} test(s) skipped; every component must be "
+            "installed here", red=True)
+        session.exitstatus = 1

@@ -36,7 +36,12 @@ from twisted.python.failure import Failure
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
-from kestrel.journal.syncfile import PeriodicSyncFile, RunInThread, WriteCoalescer
+from kestrel.journal.syncfile import (
+    FsyncObserver,
+    PeriodicSyncFile,
+    RunInThread,
+    WriteCoalescer,
+)
 
 _T = TypeVar("_T")
 
@@ -185,6 +190,9 @@ class FileJournal:
     record is durable under C{sync_policy}. With a C{coalescer}, records
     written while its batch is open reach the OS when it flushes; every
     other operation on the file (sync, rotate, rewrite, close) flushes first.
+    An C{on_fsync} observer is handed to every current file it opens, so it
+    hears of each fsync that makes records of this queue durable (see
+    L{kestrel.journal.syncfile.FsyncObserver}).
 
     @ivar size: bytes in the current file C{<q>}.
     @ivar archived_size: bytes in the rotated files.
@@ -197,7 +205,8 @@ class FileJournal:
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
                  run_in_thread: RunInThread | None = None,
-                 coalescer: WriteCoalescer | None = None) -> None:
+                 coalescer: WriteCoalescer | None = None,
+                 on_fsync: FsyncObserver | None = None) -> None:
         self.queue_path = queue_path
         self.queue_name = queue_name
         self.archive_path = archive_path
@@ -206,6 +215,7 @@ class FileJournal:
         self._fsync = fsync
         self._run_in_thread = run_in_thread
         self._coalescer = coalescer
+        self._on_fsync = on_fsync
         self._writer: PeriodicSyncFile | _NotOpen = _NotOpen()
         self._reader: _Reader | None = None
         self._reader_file: str | None = None
@@ -298,14 +308,6 @@ class FileJournal:
         if coalescer is None:
             return f(*args)
         return coalescer.call_unbatched(f, *args)
-
-    def notify_remove_during_replay(self) -> None:
-        """
-        Accept Kestrel's C{notifyRemoveDuringReplay}; nothing to do.
-
-        Packing needs no count of removes: it follows the head operations
-        journaled since the checkpoint (see L{start_pack}).
-        """
 
     # -- file listing and the pack rule ------------------------------------
 
@@ -498,7 +500,7 @@ class FileJournal:
     def _open_writer(self) -> PeriodicSyncFile:
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
                                 fsync=self._fsync, run_in_thread=self._run_in_thread,
-                                coalescer=self._coalescer)
+                                coalescer=self._coalescer, on_fsync=self._on_fsync)
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
         path = self._path(name)
@@ -947,8 +949,11 @@ class FileJournal:
         """
         Return the names of the queues with journal files in C{path}.
 
-        Every regular file whose name has no C{~~} names a queue: the text
-        before its first C{.}.
+        Only regular files named C{<q>}, C{<q>.<digits>} or
+        C{<q>.<digits>.pack} name a queue C{<q>}; C{~~} files (a rewrite or
+        pack in progress, cleaned up by the replay of their queue) are
+        passed over silently. Every other regular file is left untouched
+        and logged as a warning naming it; subdirectories are passed over.
         """
         names: set[str] = set()
         try:
@@ -956,9 +961,34 @@ class FileJournal:
         except FileNotFoundError:
             return names
         for entry in entries:
-            if _TEMP_INFIX in entry.name or not entry.is_file():
+            name = entry.name
+            if _TEMP_INFIX in name or not entry.is_file():
                 continue
-            name = entry.name.split(".", 1)[0]
-            if name:
-                names.add(name)
+            queue = journal_queue_name(name)
+            if queue is None:
+                FileJournal._log.warn(
+                    "Ignoring file {file!r} in queue directory {path}: not a journal file",
+                    file=name, path=path)
+            else:
+                names.add(queue)
         return names
+
+
+def journal_queue_name(filename: str) -> str | None:
+    """
+    Return the queue that a journal file named C{filename} belongs to, or C{None}.
+
+    C{<q>}, C{<q>.<digits>} and C{<q>.<digits>.pack} belong to C{<q>} (the
+    same names replay reads); any other name, an empty C{<q>} included,
+    belongs to no queue. C{~~} files are not considered here.
+    """
+    queue, dot, rest = filename.partition(".")
+    if not queue:
+        return None
+    if not dot:
+        return queue
+    if rest.endswith(_PACK_SUFFIX):
+        rest = rest[:-len(_PACK_SUFFIX)]
+    if rest.isdigit() and rest.isascii():
+        return queue
+    return None

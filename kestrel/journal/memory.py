@@ -73,9 +73,6 @@ class MemoryJournal:
                 xid_counter: int = 0) -> None:
         """Do nothing: there is no file to compact."""
 
-    def notify_remove_during_replay(self) -> None:
-        """Do nothing: a memory journal never replays anything."""
-
     def start_pack(self, checkpoint: object, open_items: Iterable[QItem],
                    queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
         """Never called: a memory journal never sets a checkpoint."""

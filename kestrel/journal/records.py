@@ -29,10 +29,29 @@ An expiry of 0 means "never expires".
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
+
+#: Xids are signed 32-bit in the journal; the counter wraps to 1 after this.
+MAX_XID = 0x7FFFFFFF
+
+
+def next_xid(current: int, open_xids: Container[int]) -> int:
+    """
+    Return the xid that follows C{current}: never 0 and never one in C{open_xids}.
+
+    This is Kestrel's xid counter (C{nextXid}): count up from C{current},
+    skipping 0 and every xid still open, except that after L{MAX_XID} the
+    count goes on at 1 (Kestrel's 32-bit counter would turn negative).
+    The caller stores the result as its new counter.
+    """
+    xid = current
+    while True:
+        xid = xid + 1 if xid < MAX_XID else 1
+        if xid and xid not in open_xids:
+            return xid
 
 
 class Opcode(IntEnum):

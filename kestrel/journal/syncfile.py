@@ -11,7 +11,7 @@ write that was pending when it started (group commit).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -23,6 +23,16 @@ _T = TypeVar("_T")
 
 RunInThread = Callable[[Callable[[], Any]], Deferred[Any]]
 """Runs a blocking callable off the reactor thread; its Deferred fires on the reactor thread."""
+
+FsyncObserver = Callable[[float, Sequence[float]], None]
+"""
+Told of every successful fsync of a journal file: C{(seconds, write_delays)}.
+
+C{seconds} is how long the fsync took (clock seconds, from its start until
+its result reached the reactor thread); C{write_delays} holds, for each
+write the fsync made durable, the seconds from that write until then (its
+length is the number of writes covered, possibly 0 for a bare L{sync}).
+"""
 
 
 class SyncFileClosedError(OSError):
@@ -136,6 +146,10 @@ class PeriodicSyncFile:
     coalescer calls); every other operation (L{sync}, L{close}, a write
     outside a batch) flushes first, so bytes always reach the file in order.
 
+    With an C{on_fsync} observer (see L{FsyncObserver}), every successful
+    fsync, the one at L{close} included, is reported to it; each write then
+    also notes its clock time. Without one, nothing is timed.
+
     @ivar position: the size of the file in bytes (every byte written).
     """
 
@@ -144,7 +158,8 @@ class PeriodicSyncFile:
     def __init__(self, path: str, clock: IReactorTime, sync_policy: float | None, *,
                  fsync: Callable[[int], None] = os.fsync,
                  run_in_thread: RunInThread | None = None,
-                 coalescer: WriteCoalescer | None = None) -> None:
+                 coalescer: WriteCoalescer | None = None,
+                 on_fsync: FsyncObserver | None = None) -> None:
         self.path = path
         self._clock = clock
         self._policy = sync_policy
@@ -166,6 +181,13 @@ class PeriodicSyncFile:
         self._held: list[bytes] = []
         self._held_size = 0
         self._held_waiters: list[Deferred[None]] = []
+        self._on_fsync = on_fsync
+        # With an observer: the clock time of every write in _pending (in
+        # order), of every held write, and of those the running fsync covers.
+        self._pending_times: list[float] = []
+        self._held_times: list[float] = []
+        self._covered_times: list[float] = []
+        self._sync_started = 0.0
 
     @property
     def closed(self) -> bool:
@@ -207,6 +229,8 @@ class PeriodicSyncFile:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._pending.append(d)
+        if self._on_fsync is not None:
+            self._pending_times.append(self._clock.seconds())
         if policy <= 0.0:
             if not self._syncing:
                 self._start_sync()
@@ -227,6 +251,8 @@ class PeriodicSyncFile:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._held_waiters.append(d)
+        if self._on_fsync is not None:
+            self._held_times.append(self._clock.seconds())
         return d
 
     def flush(self) -> bool:
@@ -243,9 +269,12 @@ class PeriodicSyncFile:
             return True
         size = self._held_size
         waiters = self._held_waiters
+        times = self._held_times
         self._held = []
         self._held_size = 0
         self._held_waiters = []
+        if times:
+            self._held_times = []
         data = held[0] if len(held) == 1 else b"".join(held)
         fd = self._fd
         start = self.position - size
@@ -266,6 +295,8 @@ class PeriodicSyncFile:
             return False
         if waiters:
             self._pending.extend(waiters)
+            if times:
+                self._pending_times.extend(times)
             policy = self._policy
             if policy is not None and policy <= 0.0:
                 if not self._syncing:
@@ -315,6 +346,10 @@ class PeriodicSyncFile:
         """Start one fsync covering every pending write."""
         covered = self._pending
         self._pending = []
+        if self._on_fsync is not None:
+            self._covered_times = self._pending_times
+            self._pending_times = []
+            self._sync_started = self._clock.seconds()
         self._syncing = True
         self._sync_again = False
         fd = self._fd
@@ -340,10 +375,13 @@ class PeriodicSyncFile:
                 for d in covered:
                     d.errback(result)
             else:
+                if self._on_fsync is not None:
+                    self._report_fsync(self._sync_started, self._covered_times)
                 for d in covered:
                     d.callback(None)
         finally:
             self._syncing = False
+            self._covered_times = []
         if self._close_waiter is not None:
             self._finish_close()
         elif (not self._syncing and self._pending
@@ -369,6 +407,9 @@ class PeriodicSyncFile:
         self._timer = None
         covered = self._pending
         self._pending = []
+        times = self._pending_times
+        self._pending_times = []
+        started = self._clock.seconds() if self._on_fsync is not None else 0.0
         error: Failure | None = None
         try:
             self._fsync(self._fd)
@@ -376,6 +417,9 @@ class PeriodicSyncFile:
             error = Failure()
             self._log.error("fsync of {path} failed at close ({count} writes failed): {error}",
                             path=self.path, count=len(covered), error=error.value)
+        else:
+            if self._on_fsync is not None:
+                self._report_fsync(started, times)
         for d in covered:
             if error is None:
                 d.callback(None)
@@ -388,6 +432,16 @@ class PeriodicSyncFile:
             return self._chain_close()
         os.close(self._fd)
         return succeed(None) if error is None else fail(error)
+
+    def _report_fsync(self, started: float, write_times: list[float]) -> None:
+        """Tell the observer of an fsync that began at C{started} and just ended."""
+        observer = self._on_fsync
+        assert observer is not None
+        now = self._clock.seconds()
+        try:
+            observer(now - started, [now - t for t in write_times])
+        except Exception:
+            self._log.failure("fsync observer of {path} failed", path=self.path)
 
     def _chain_close(self) -> Deferred[None]:
         assert self._close_waiter is not None

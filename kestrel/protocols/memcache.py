@@ -21,13 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
-from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
-from kestrel.config import dump_queue_config
 from kestrel.errors import (
     AvailabilityError,
     ConfigError,
@@ -39,6 +36,7 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import memcache_expiry_ms
+from kestrel.protocols.base import SessionFactory, SessionProtocol
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
@@ -49,12 +47,11 @@ from kestrel.protocols.memcache_parser import (
     SetRequest,
     parse_line,
 )
-from kestrel.stats import format_dump_stats, format_stats, stat_entries
+from kestrel.stats import format_stat_blocks, format_stats
 
 if TYPE_CHECKING:
     from kestrel.item import QItem
     from kestrel.server import KestrelServer
-    from kestrel.session import ClientSession
 
 __all__ = ["MemcacheFactory", "MemcacheProtocol"]
 
@@ -105,28 +102,28 @@ class _CloseAfterReplyError(Exception):
         self.reply = reply
 
 
-@implementer(IHalfCloseableProtocol)
-class MemcacheProtocol(Protocol):
+class MemcacheProtocol(SessionProtocol):
     """
-    One memcache connection over one L{ClientSession}.
+    One memcache connection over one L{kestrel.session.ClientSession}.
 
     The session is created in C{connectionMade} and finished (open reads
-    aborted, waits cancelled) in C{connectionLost}. A client that half-closes
-    (sends its requests, then EOF, as C{nc} does) still gets every reply:
-    the connection closes once the buffered requests are answered.
+    aborted, waits cancelled) in C{connectionLost} (L{SessionProtocol}). A
+    client that half-closes (sends its requests, then EOF, as C{nc} does)
+    still gets every reply: the connection closes once the buffered requests
+    are answered.
     """
 
     _log = Logger()
+    protocol_name = "memcache"
 
     #: Unanswered input (bytes) kept while a request waits before reading pauses.
     BACKLOG_LIMIT = 1024 * 1024
 
     def __init__(self, server: KestrelServer) -> None:
-        self.server = server
+        super().__init__(server)
         self.clock = server.clock
         self.stats = server.stats
         self.max_request_size: int = server.config.max_request_size
-        self.session: ClientSession | None = None
         self._buf = b""
         self._parts: list[bytes] = []
         self._have = 0
@@ -137,9 +134,7 @@ class MemcacheProtocol(Protocol):
         self._waiting = False
         self._in_process = False
         self._closing = False
-        self._finished = False
         self._paused = False
-        self._eof = False
         self._idle_call: IDelayedCall | None = None
         self._last_active = 0.0
         # Held-back journal write failures already seen when replies were last sent.
@@ -155,51 +150,30 @@ class MemcacheProtocol(Protocol):
 
     # -- connection life -------------------------------------------------
 
-    factory: MemcacheFactory | None = None
-
-    def connectionMade(self) -> None:
-        """Open the session and start the idle timer when C{client_timeout} is set."""
-        if self.factory is not None:
-            self.factory.connections.add(self)
-        self.session = self.server.new_session(self)
+    def session_started(self) -> None:
+        """Start the idle timer when C{client_timeout} is set."""
+        assert self.session is not None
         self._write_failures = self.session.write_failures()
         timeout = self.server.config.client_timeout
         if timeout:
             self._last_active = self.clock.seconds()
             self._idle_call = self.clock.callLater(timeout, self._idle_check)
 
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        """Finish the session: its open reads go back to their queues, waits are cancelled."""
-        if self.factory is not None:
-            self.factory.connections.discard(self)
-        self._closing = True
-        self.finish_session()
+    def is_answering(self) -> bool:
+        """Whether a request waits for its reply, or the connection is closing already."""
+        return self._waiting or self._closing
 
-    def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
-        """The client sent EOF: answer what it sent, then close."""
-        self._eof = True
-        if not self._waiting and not self._closing:
-            self._closing = True
-            self.transport.loseConnection()
-
-    def writeConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
-        """The client no longer reads: close."""
+    def close_connection(self) -> None:
+        """Stop serving requests and close once the replies written are sent."""
         self._closing = True
         self.transport.loseConnection()
 
-    def finish_session(self) -> None:
-        """Finish the session once (idempotent); also used by a stopping server."""
-        if self._finished:
-            return
-        self._finished = True
+    def stop_answering(self) -> None:
+        """Serve nothing more; stop the idle timer."""
+        self._closing = True
         if self._idle_call is not None and self._idle_call.active():
             self._idle_call.cancel()
         self._idle_call = None
-        if self.session is not None:
-            try:
-                self.session.finish()
-            except Exception:
-                self._log.failure("Finishing a memcache session failed")
 
     def _idle_check(self) -> None:
         """Close the connection if it was idle (and not waiting) for C{client_timeout}."""
@@ -214,8 +188,7 @@ class MemcacheProtocol(Protocol):
         idle = now - self._last_active
         if idle >= timeout:
             self._log.info("Closing memcache connection idle for {idle:.1f}s", idle=idle)
-            self._closing = True
-            self.transport.loseConnection()
+            self.close_connection()
             return
         self._idle_call = self.clock.callLater(max(timeout - idle, 0.001), self._idle_check)
 
@@ -328,9 +301,8 @@ class MemcacheProtocol(Protocol):
             self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
             self._flush()
-        if self._eof and not self._waiting and not self._closing:
-            self._closing = True
-            self.transport.loseConnection()
+        if self._read_closed and not self._waiting and not self._closing:
+            self.close_connection()
         if self._paused and not self._waiting and not self._closing:
             self._paused = False
             self.transport.resumeProducing()
@@ -363,7 +335,8 @@ class MemcacheProtocol(Protocol):
             self._out.append(reply)
         if not self._in_process:
             self._flush()
-            if self._buf or self._parts or self._pending_set is not None or self._eof:
+            if (self._buf or self._parts or self._pending_set is not None
+                    or self._read_closed):
                 self._process()
             elif self._paused:
                 self._paused = False
@@ -521,11 +494,9 @@ class MemcacheProtocol(Protocol):
         session = self.session
         assert session is not None
         if word == "stats":
-            entries = stat_entries(self.stats, now=self.clock.seconds(),
-                                   version=self.server.version, source=self.server.collection)
-            return _encode(format_stats(entries))
+            return _encode(format_stats(self.server.stats_entries()))
         if word == "dump_stats":
-            return _encode(format_dump_stats(self.server.collection, req.args))
+            return _encode(format_stat_blocks(self.server.dump_stats(req.args)))
         if word == "version":
             return b"VERSION %s\r\n" % _encode(self.server.version)
         if word == "flush_all":
@@ -572,37 +543,20 @@ class MemcacheProtocol(Protocol):
 
     def _dump_config(self, names: tuple[str, ...]) -> bytes:
         """Each queue's resolved settings as C{dump_queue_config} renders them (docs/config.md)."""
-        config = self.server.config
         lines: list[str] = []
-        for name in names or self.server.collection.queue_names(include_aliases=False):
+        for name, settings in self.server.dump_config(names):
             lines.append(f"queue '{name}' {{")
-            lines.extend(f"  {line}" for line in dump_queue_config(config.queue_config(name)))
+            lines.extend(f"  {line}" for line in settings)
             lines.append("}")
         return _encode("\r\n".join(lines) + "\r\nEND\r\n")
 
 
-class MemcacheFactory(Factory):
+class MemcacheFactory(SessionFactory):
     """
     Builds a L{MemcacheProtocol} per connection over one L{KestrelServer}.
 
     It tracks live connections so a stopping server can close them all
-    (L{disconnect_all}) before the journals close.
+    (L{SessionFactory.disconnect_all}) before the journals close.
     """
 
-    def __init__(self, server: KestrelServer) -> None:
-        self.server = server
-        self.connections: set[MemcacheProtocol] = set()
-
-    def buildProtocol(self, addr: object) -> MemcacheProtocol:
-        """Return a new protocol for one connection, tracked until it is lost."""
-        proto = MemcacheProtocol(self.server)
-        proto.factory = self
-        return proto
-
-    def disconnect_all(self) -> None:
-        """Finish every live session now (open reads return to their queues) and drop them."""
-        for proto in list(self.connections):
-            proto.finish_session()
-            if proto.transport is not None:
-                proto.transport.abortConnection()
-        self.connections.clear()
+    protocol = MemcacheProtocol

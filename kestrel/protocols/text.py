@@ -22,11 +22,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
-from twisted.internet.interfaces import IHalfCloseableProtocol
-from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from kestrel.errors import (
     ForbiddenStatus,
@@ -35,10 +32,10 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import relative_expiry_ms
+from kestrel.protocols.base import SessionFactory, SessionProtocol
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
-    from kestrel.session import ClientSession
 
 #: Most data lines one request may carry (Kestrel's C{MAX_PUT_BUFFER}).
 MAX_PUT_BUFFER = 1024
@@ -94,24 +91,25 @@ def string_reply(text: str) -> bytes:
     return b":" + text.encode("latin-1", "replace") + b"\n"
 
 
-@implementer(IHalfCloseableProtocol)
-class TextProtocol(Protocol):
+class TextProtocol(SessionProtocol):
     """
     One text-protocol connection over its own session.
 
     A client that half-closes (C{printf 'get q\\n' | nc -N host 2222}) still
     gets the replies to every complete line it sent; then the connection
-    closes.
+    closes (L{SessionProtocol}).
     """
 
     _log = Logger()
+    protocol_name = "text"
 
     #: Longest line (command or data) accepted; set from C{max_request_size}.
     MAX_LENGTH = 64 * 1024 * 1024
 
     def __init__(self, server: KestrelServer) -> None:
-        self._server = server
+        super().__init__(server)
         self._clock = server.clock
+        self._stats = server.stats
         self.MAX_LENGTH = server.config.max_request_size
         self._buffer = bytearray()
         self._scan_from = 0
@@ -120,8 +118,6 @@ class TextProtocol(Protocol):
         self._waiting = False
         self._processing = False
         self._closed = False
-        self._read_closed = False
-        self._session: ClientSession | None = None
         self._commands: dict[bytes, Callable[[list[bytes], list[bytes]], Any]] = {
             b"put": self._put,
             b"get": self._get,
@@ -140,37 +136,14 @@ class TextProtocol(Protocol):
 
     # -- connection -------------------------------------------------------
 
-    def connectionMade(self) -> None:
-        """Open this connection's session."""
-        factory = getattr(self, "factory", None)
-        if factory is not None:
-            factory.connections.add(self)
-        self._session = self._server.new_session("text")
-        self._stats = self._server.stats
+    def is_answering(self) -> bool:
+        """Whether a request waits for its reply (later lines wait behind it)."""
+        return self._waiting
 
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        """End the session: its open reads go back to their queues."""
-        self.end_session()
-
-    def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
-        """The client will send nothing more: answer what it sent, then close."""
-        self._read_closed = True
-        if not self._waiting:
-            self.transport.loseConnection()
-
-    def writeConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
-        """The client no longer reads: close."""
-        self.transport.loseConnection()
-
-    def end_session(self) -> None:
-        """Stop answering and finish the session (safe to call twice)."""
+    def stop_answering(self) -> None:
+        """Answer nothing more; drop the buffered input."""
         self._closed = True
         self._buffer.clear()
-        factory = getattr(self, "factory", None)
-        if factory is not None:
-            factory.connections.discard(self)
-        if self._session is not None:
-            self._session.finish()
 
     def dataReceived(self, data: bytes) -> None:
         """Buffer bytes and run the complete lines, in order."""
@@ -285,7 +258,7 @@ class TextProtocol(Protocol):
         if isinstance(error, BadRequest):
             return error_reply(str(error))
         if isinstance(error, TooManyOpenReads):
-            limit = self._server.max_open_transactions
+            limit = self.server.max_open_transactions
             return error_reply(f"Too many open transactions; limit={limit}")
         if isinstance(error, UnknownStatus):
             return error_reply("Unknown status.")
@@ -323,7 +296,7 @@ class TextProtocol(Protocol):
         name = self._queue_name(args)
         expiry_msec = parse_int(args[1], "expiration time") if len(args) > 1 else 0
         expiry_ms = relative_expiry_ms(expiry_msec, int(self._clock.seconds() * 1000))
-        set_item = self._session.set_item
+        set_item = self.session.set_item
         outcomes: list[list[Any]] = []
         waits: list[Deferred[Any]] = []
         for data in items:
@@ -357,15 +330,15 @@ class TextProtocol(Protocol):
         """C{get <q> [timeout_ms]}: confirm this connection's reads on q, then open the next."""
         name = self._queue_name(args)
         deadline = self._deadline(args, 1)
-        self._session.close_all_reads(name)
-        return self._session.get_item(name, deadline, True, False).addCallback(_item_data)
+        self.session.close_all_reads(name)
+        return self.session.get_item(name, deadline, True, False).addCallback(_item_data)
 
     def _peek(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{peek <q> [timeout_ms]}: confirm this connection's reads on q, then peek."""
         name = self._queue_name(args)
         deadline = self._deadline(args, 1)
-        self._session.close_all_reads(name)
-        return self._session.get_item(name, deadline, False, True).addCallback(_item_data)
+        self.session.close_all_reads(name)
+        return self.session.get_item(name, deadline, False, True).addCallback(_item_data)
 
     def _monitor(self, args: list[bytes], items: list[bytes]) -> Any:
         """
@@ -376,13 +349,13 @@ class TextProtocol(Protocol):
             raise BadRequest("Queue name & timeout required.")
         name = args[0].decode("latin-1")
         deadline = self._deadline(args, 1)
-        self._session.close_all_reads(name)
+        self.session.close_all_reads(name)
 
         def got_item(item: Any) -> None:
             self._write(item_reply(item.data))
 
-        done = self._session.monitor_until(
-            name, deadline, self._server.max_open_transactions, True, got_item)
+        done = self.session.monitor_until(
+            name, deadline, self.server.max_open_transactions, True, got_item)
         return done.addCallback(lambda _: _NO_ITEM)
 
     def _confirm(self, args: list[bytes], items: list[bytes]) -> bytes:
@@ -394,40 +367,40 @@ class TextProtocol(Protocol):
             raise BadRequest("Queue name & count required.")
         name = args[0].decode("latin-1")
         count = parse_int(args[1], "count")
-        if not self._session.close_reads(name, count):
+        if not self.session.close_reads(name, count):
             raise BadRequest("Not that many transactions open.")
         return count_reply(count)
 
     def _flush(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{flush <q>}: C{+0}."""
-        return _then(self._session.flush(self._queue_name(args)), b"+0\n")
+        return _then(self.session.flush(self._queue_name(args)), b"+0\n")
 
     def _flush_all(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{flush_all}: flush every queue, C{+0}."""
-        return _then(self._session.flush_all(), b"+0\n")
+        return _then(self.session.flush_all(), b"+0\n")
 
     def _delete(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{delete <q>}: C{+0}."""
-        return _then(self._session.delete(self._queue_name(args)), b"+0\n")
+        return _then(self.session.delete(self._queue_name(args)), b"+0\n")
 
     def _status(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{status}: C{:UP} etc.; C{status <name>}: C{+0} once changed."""
         if not args:
-            return string_reply(str(self._session.current_status()).upper())
-        return _then(self._session.set_status(args[0].decode("latin-1")), b"+0\n")
+            return string_reply(str(self.session.current_status()).upper())
+        return _then(self.session.set_status(args[0].decode("latin-1")), b"+0\n")
 
     def _version(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{version}: C{:<version>}."""
-        return string_reply(self._server.version)
+        return string_reply(self.server.version)
 
     def _reload(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{reload}: reread the config file; C{+0}, or C{-<problem>} keeping the old config."""
-        return _then(self._server.reload(), b"+0\n")
+        return _then(self.server.reload(), b"+0\n")
 
     def _shutdown(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{shutdown}: C{+0}, then the server stops cleanly."""
         self._write(b"+0\n")
-        self._server.request_shutdown()
+        self.server.request_shutdown()
         return b""
 
     def _quit(self, args: list[bytes], items: list[bytes]) -> bytes:
@@ -449,26 +422,11 @@ def _then(outcome: Any, reply: bytes) -> Any:
     return reply
 
 
-class TextFactory(Factory):
+class TextFactory(SessionFactory):
     """
     Builds a L{TextProtocol} per connection over one C{KestrelServer}, and
-    tracks the live ones so a stopping server can end them (L{disconnect_all}).
+    tracks the live ones so a stopping server can end them
+    (L{SessionFactory.disconnect_all}).
     """
 
-    def __init__(self, server: KestrelServer) -> None:
-        self.server = server
-        self.connections: set[TextProtocol] = set()
-
-    def buildProtocol(self, addr: Any) -> TextProtocol:
-        """A new connection's protocol."""
-        protocol = TextProtocol(self.server)
-        protocol.factory = self
-        return protocol
-
-    def disconnect_all(self) -> None:
-        """End every live session now (open reads return to their queues) and drop them."""
-        for protocol in list(self.connections):
-            protocol.end_session()
-            if protocol.transport is not None:
-                protocol.transport.abortConnection()
-        self.connections.clear()
+    protocol = TextProtocol

@@ -28,14 +28,12 @@ from typing import TYPE_CHECKING, Any
 import thriftpy2
 from thriftpy2.thrift import TApplicationException, TMessageType, TType
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
-from twisted.internet.interfaces import IHalfCloseableProtocol
-from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from kestrel.errors import KestrelError, UnknownStatus
 from kestrel.item import relative_expiry_ms
+from kestrel.protocols.base import SessionFactory, SessionProtocol
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -375,65 +373,47 @@ class ThriftCalls:
         return self._server.version
 
 
-@implementer(IHalfCloseableProtocol)
-class ThriftProtocol(Protocol):
+class ThriftProtocol(SessionProtocol):
     """
     One thrift connection: 4-byte big-endian length frames, binary protocol,
     strict or non-strict message headers in, strict headers out.
 
     Frames are decoded one at a time: while a call is running, later frames
     wait in order (and the transport is paused). A client that half-closes
-    still gets the replies to the frames it sent.
+    still gets the replies to the frames it sent (L{SessionProtocol}). Its
+    open reads stay open after the connection ends, until confirmed,
+    aborted or auto-aborted.
     """
 
     _log = Logger()
+    protocol_name = "thrift"
 
     #: Largest frame accepted; set from the server's C{max_request_size}.
     MAX_LENGTH = 64 * 1024 * 1024
 
     def __init__(self, server: KestrelServer) -> None:
-        self._server = server
+        super().__init__(server)
         self.MAX_LENGTH = server.config.max_request_size
         self._buffer = bytearray()
         self._frames: deque[bytes] = deque()
         self._busy = False
         self._paused = False
         self._closed = False
-        self._read_closed = False
-        self._session: ClientSession | None = None
         self._calls: ThriftCalls | None = None
 
-    def connectionMade(self) -> None:
-        """Open this connection's session."""
-        factory = getattr(self, "factory", None)
-        if factory is not None:
-            factory.connections.add(self)
-        self._session = self._server.new_session("thrift")
-        self._calls = ThriftCalls(self._server, self._session)
+    def session_started(self) -> None:
+        """Bind the IDL's calls to the new session."""
+        assert self.session is not None
+        self._calls = ThriftCalls(self.server, self.session)
 
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        """End the session: thrift open reads stay open until confirmed or auto-aborted."""
-        self.end_session()
+    def is_answering(self) -> bool:
+        """Whether a call is running (later frames wait behind it)."""
+        return self._busy
 
-    def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
-        """The client will send nothing more: answer what it sent, then close."""
-        self._read_closed = True
-        if not self._busy:
-            self.transport.loseConnection()
-
-    def writeConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
-        """The client no longer reads: close."""
-        self.transport.loseConnection()
-
-    def end_session(self) -> None:
-        """Stop answering and finish the session (safe to call twice)."""
+    def stop_answering(self) -> None:
+        """Answer nothing more; drop the frames not yet run."""
         self._closed = True
         self._frames.clear()
-        factory = getattr(self, "factory", None)
-        if factory is not None:
-            factory.connections.discard(self)
-        if self._session is not None:
-            self._session.finish()
 
     def dataReceived(self, data: bytes) -> None:
         """Cut the stream into frames and run them in order."""
@@ -581,26 +561,11 @@ class ThriftProtocol(Protocol):
         self.transport.writeSequence([_FRAME_HEADER.pack(len(payload)), payload])
 
 
-class ThriftFactory(Factory):
+class ThriftFactory(SessionFactory):
     """
     Builds a L{ThriftProtocol} per connection over one C{KestrelServer}, and
-    tracks the live ones so a stopping server can end them (L{disconnect_all}).
+    tracks the live ones so a stopping server can end them
+    (L{SessionFactory.disconnect_all}).
     """
 
-    def __init__(self, server: KestrelServer) -> None:
-        self.server = server
-        self.connections: set[ThriftProtocol] = set()
-
-    def disconnect_all(self) -> None:
-        """End every live session now and drop the connections."""
-        for protocol in list(self.connections):
-            protocol.end_session()
-            if protocol.transport is not None:
-                protocol.transport.abortConnection()
-        self.connections.clear()
-
-    def buildProtocol(self, addr: Any) -> ThriftProtocol:
-        """A new connection's protocol."""
-        protocol = ThriftProtocol(self.server)
-        protocol.factory = self
-        return protocol
+    protocol = ThriftProtocol

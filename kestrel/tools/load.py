@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from kestrel.metrics import Histogram
 
@@ -39,6 +39,8 @@ FILLER = (
 
 #: How long to keep retrying a refused connection before giving up.
 CONNECT_PATIENCE = 10.0
+
+_T = TypeVar("_T")
 
 
 class LoadError(Exception):
@@ -160,24 +162,37 @@ class Connection:
             pass
 
 
-def connect(host: str, port: int, failures: list[int] | None = None) -> socket.socket:
+def patiently(open_connection: Callable[[], _T], host: str, port: int,
+              failures: list[int] | None,
+              errors: type[BaseException] | tuple[type[BaseException], ...] = OSError) -> _T:
     """
-    Connect, retrying refused connections for up to L{CONNECT_PATIENCE} seconds.
+    Return C{open_connection()}, retrying it on C{errors} for up to L{CONNECT_PATIENCE} seconds.
 
-    As Kestrel's C{tryHard}, failures are counted (in C{failures[0]}).
+    As Kestrel's C{tryHard}, failures are counted (in C{failures[0]}); when
+    the patience runs out, L{LoadError} names C{host:port} and the last error.
     """
     deadline = time.monotonic() + CONNECT_PATIENCE
     while True:
         try:
-            sock = socket.create_connection((host, port), timeout=60)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-        except OSError as e:
+            return open_connection()
+        except errors as e:
             if failures is not None:
                 failures[0] += 1
             if time.monotonic() > deadline:
                 raise LoadError(f"Cannot connect to {host}:{port}: {e}") from e
             time.sleep(0.01)
+
+
+def connect(host: str, port: int, failures: list[int] | None = None) -> socket.socket:
+    """
+    Connect a TCP socket (no Nagle delay), retrying refused connections (see L{patiently}).
+    """
+    def open_socket() -> socket.socket:
+        sock = socket.create_connection((host, port), timeout=60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    return patiently(open_socket, host, port, failures)
 
 
 # -- memcache requests and replies
@@ -225,19 +240,14 @@ class ThriftClient:
         from thriftpy2.transport import TFramedTransportFactory
 
         module = thrift_module()
-        deadline = time.monotonic() + CONNECT_PATIENCE
-        while True:
-            try:
-                self.client = make_client(module.Kestrel, host, port, timeout=60_000,
-                                          proto_factory=TBinaryProtocolFactory(),
-                                          trans_factory=TFramedTransportFactory())
-                break
-            except Exception as e:  # thriftpy2 wraps socket errors in its own types
-                if failures is not None:
-                    failures[0] += 1
-                if time.monotonic() > deadline:
-                    raise LoadError(f"Cannot connect to {host}:{port}: {e}") from e
-                time.sleep(0.01)
+
+        def open_client() -> Any:
+            return make_client(module.Kestrel, host, port, timeout=60_000,
+                               proto_factory=TBinaryProtocolFactory(),
+                               trans_factory=TFramedTransportFactory())
+
+        # thriftpy2 wraps socket errors in its own types.
+        self.client = patiently(open_client, host, port, failures, Exception)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
@@ -281,6 +291,74 @@ def run_threads(targets: Sequence[Callable[[], Any]]) -> tuple[list[Any], float]
 def timed(h: Histogram, started_ns: int) -> None:
     """Record the microseconds since C{started_ns} into C{h}."""
     h.add((time.perf_counter_ns() - started_ns) // 1000)
+
+
+def send_expecting(conn: Connection, request: bytes, expected: bytes, n: int, step: int,
+                   h: Histogram) -> None:
+    """
+    Send C{request} and check that the reply is C{expected}, until C{n} items are done.
+
+    Each request does C{step} items; each round trip is timed into C{h}.
+    """
+    i = 0
+    while i < n:
+        t0 = time.perf_counter_ns()
+        conn.send(request)
+        conn.expect(expected, i)
+        timed(h, t0)
+        i += step
+
+
+def get_until(conn: Connection, queue: str, request: bytes, n: int,
+              expected: Callable[[int], bytes], h: Histogram) -> int:
+    """
+    Send the C{get} C{request} until C{n} items came back; return how many came back empty.
+
+    The C{i}-th item must be C{expected(i)}; each round trip is timed into C{h}.
+    """
+    misses = count = 0
+    while count < n:
+        t0 = time.perf_counter_ns()
+        conn.send(request)
+        hit = conn.expect_item(queue, expected(count), count)
+        timed(h, t0)
+        if hit:
+            count += 1
+        else:
+            misses += 1
+    return misses
+
+
+def thrift_put_until(client: ThriftClient, queue: str, n: int, step: int,
+                     batch: Callable[[int], list[bytes]], h: Histogram) -> None:
+    """
+    Put C{batch(i)} (C{step} items) over thrift until C{n} items are in; time each put into C{h}.
+
+    A put that does not report every item of its batch stored is an "Unexpected response".
+    """
+    i = 0
+    while i < n:
+        t0 = time.perf_counter_ns()
+        got = client.put(queue, batch(i), 0)
+        timed(h, t0)
+        if got != step:
+            raise LoadError(f"Unexpected response at {i}!")
+        i += step
+
+
+def flush_first(args: argparse.Namespace, queues: Sequence[str], out: Output) -> None:
+    """Unless C{-F} was given, say so and flush every queue of C{queues}."""
+    if args.flush:
+        out("Flushing queues first.")
+        for queue in queues:
+            flush_queue(args, queue)
+
+
+def monitor_if_asked(args: argparse.Namespace, queue: str, out: Output) -> None:
+    """With C{-M}, monitor C{queue} (over memcache) until the test ends (see L{main})."""
+    if args.monitor:
+        args.stop_monitor = monitor_queue(args.host, 22133 if args.thrift else args.port,
+                                          queue, out)
 
 
 def flush_queue(args: argparse.Namespace, queue: str) -> None:
@@ -346,9 +424,7 @@ def flood(args: argparse.Namespace, out: Output) -> int:
     """Producers and consumers flood C{-n} items through one queue; report throughput."""
     data = b"x" * 1024 * args.kilobytes
     queue, rollup = args.queue, args.rollup
-    if args.flush:
-        out("Flushing queues first.")
-        flush_queue(args, queue)
+    flush_first(args, [queue], out)
     put_times: list[Histogram] = []
     get_times: list[Histogram] = []
 
@@ -357,26 +433,11 @@ def flood(args: argparse.Namespace, out: Output) -> int:
         put_times.append(h)
         if args.thrift:
             client = ThriftClient(args.host, args.port)
-            i = 0
-            while i < n:
-                t0 = time.perf_counter_ns()
-                got = client.put(queue, [data] * rollup, 0)
-                timed(h, t0)
-                if got != rollup:
-                    raise LoadError(f"Unexpected response at {i}!")
-                i += rollup
+            thrift_put_until(client, queue, n, rollup, lambda i: [data] * rollup, h)
             client.close()
             return
         conn = Connection(args.host, args.port)
-        request = b"".join([mc_set(queue, data)] * rollup)
-        expected = STORED * rollup
-        i = 0
-        while i < n:
-            t0 = time.perf_counter_ns()
-            conn.send(request)
-            conn.expect(expected, i)
-            timed(h, t0)
-            i += rollup
+        send_expecting(conn, mc_set(queue, data) * rollup, STORED * rollup, n, rollup, h)
         conn.close()
 
     def consume(n: int) -> int:
@@ -402,15 +463,7 @@ def flood(args: argparse.Namespace, out: Output) -> int:
         conn = Connection(args.host, args.port)
         if rollup == 1:
             request = mc_get(queue, 1000 if args.blocking else None)
-            while count < n:
-                t0 = time.perf_counter_ns()
-                conn.send(request)
-                hit = conn.expect_item(queue, data, count)
-                timed(h, t0)
-                if hit:
-                    count += 1
-                else:
-                    misses += 1
+            misses = get_until(conn, queue, request, n, lambda i: data, h)
         else:
             while count < n:
                 want = min(rollup, n - count)
@@ -443,9 +496,7 @@ def flood(args: argparse.Namespace, out: Output) -> int:
         f"(in chunks of {rollup}) of {args.kilobytes}kB to {queue}")
     out(f"flood: consumers={args.consumers} each reading {per_consumer} items "
         f"(in chunks of {rollup}) from {queue}")
-    if args.monitor:
-        args.stop_monitor = monitor_queue(args.host, 22133 if args.thrift else args.port,
-                                          queue, out)
+    monitor_if_asked(args, queue, out)
     put_times.clear()
     get_times.clear()
     targets: list[Callable[[], Any]] = [lambda: produce(per_producer)] * args.producers
@@ -469,10 +520,7 @@ def put_many(args: argparse.Namespace, out: Output) -> int:
     data = (FILLER * (args.bytes // len(FILLER) + 1)).encode()[:args.bytes]
     names = [args.queue + (str(i % args.queues) if args.queues > 1 else "")
              for i in range(clients)]
-    if args.flush:
-        out("Flushing queues first.")
-        for name in dict.fromkeys(names):
-            flush_queue(args, name)
+    flush_first(args, list(dict.fromkeys(names)), out)
     per_client = args.items // clients
     total = per_client * clients
     failures = [0]
@@ -480,18 +528,17 @@ def put_many(args: argparse.Namespace, out: Output) -> int:
     def session(name: str, h: Histogram, getting: bool) -> None:
         if args.thrift:
             client = ThriftClient(args.host, args.port, failures)
-            i = 0
-            while i < per_client:
-                t0 = time.perf_counter_ns()
-                if getting:
+            if getting:
+                i = 0
+                while i < per_client:
+                    t0 = time.perf_counter_ns()
                     items = client.get(name, rollup, 0, 0)
-                    ok = len(items) == rollup and all(it.data == data for it in items)
-                else:
-                    ok = client.put(name, [data] * rollup, 0) == rollup
-                timed(h, t0)
-                if not ok:
-                    raise LoadError(f"Unexpected response at {i}!")
-                i += rollup
+                    timed(h, t0)
+                    if len(items) != rollup or any(it.data != data for it in items):
+                        raise LoadError(f"Unexpected response at {i}!")
+                    i += rollup
+            else:
+                thrift_put_until(client, name, per_client, rollup, lambda i: [data] * rollup, h)
             client.close()
             return
         conn = Connection(args.host, args.port, failures)
@@ -499,13 +546,7 @@ def put_many(args: argparse.Namespace, out: Output) -> int:
             request, expected = mc_get(name) * rollup, mc_value(name, data) * rollup
         else:
             request, expected = mc_set(name, data) * rollup, STORED * rollup
-        i = 0
-        while i < per_client:
-            t0 = time.perf_counter_ns()
-            conn.send(request)
-            conn.expect(expected, i)
-            timed(h, t0)
-            i += rollup
+        send_expecting(conn, request, expected, per_client, rollup, h)
         conn.close()
 
     def cycle(getting: bool) -> None:
@@ -545,11 +586,8 @@ def many_clients(args: argparse.Namespace, out: Output) -> int:
     transactional = args.transactions or args.kill > 0
     out(f"many-clients: {count} items to {args.host} using {args.clients} clients, "
         f"kill rate {args.kill}%, at {args.sleep} msec/item")
-    if args.flush:
-        out("Flushing queues first.")
-        flush_queue(args, queue)
-    if args.monitor:
-        args.stop_monitor = monitor_queue(args.host, args.port, queue, out)
+    flush_first(args, [queue], out)
+    monitor_if_asked(args, queue, out)
     got = [0]
     lock = threading.Lock()
     set_times = Histogram()
@@ -609,12 +647,8 @@ def packing(args: argparse.Namespace, out: Output) -> int:
     queue, n = args.queue, args.items
     data = "x" * 1024 * args.kilobytes
     out(f"packing: {n} items of {args.kilobytes}kB with {args.pause} second pauses")
-    if args.flush:
-        out("Flushing queues first.")
-        flush_queue(args, queue)
-    if args.monitor:
-        args.stop_monitor = monitor_queue(args.host, 22133 if args.thrift else args.port,
-                                          queue, out)
+    flush_first(args, [queue], out)
+    monitor_if_asked(args, queue, out)
     counters = {"read": 0, "write": 0}
     put_times, get_times = Histogram(), Histogram()
 
@@ -625,11 +659,7 @@ def packing(args: argparse.Namespace, out: Output) -> int:
         h = Histogram()
         if args.thrift:
             client = ThriftClient(args.host, args.port)
-            for i in range(n):
-                t0 = time.perf_counter_ns()
-                if client.put(queue, [item(start + i)], 0) != 1:
-                    raise LoadError(f"Unexpected response at {i}!")
-                timed(h, t0)
+            thrift_put_until(client, queue, n, 1, lambda i: [item(start + i)], h)
             client.close()
         else:
             conn = Connection(args.host, args.port)
@@ -660,16 +690,8 @@ def packing(args: argparse.Namespace, out: Output) -> int:
             client.close()
         else:
             conn = Connection(args.host, args.port)
-            request = mc_get(queue, 1000)
-            while count < n:
-                t0 = time.perf_counter_ns()
-                conn.send(request)
-                hit = conn.expect_item(queue, item(start + count), count)
-                timed(h, t0)
-                if hit:
-                    count += 1
-                else:
-                    misses += 1
+            misses = get_until(conn, queue, mc_get(queue, 1000), n,
+                               lambda i: item(start + i), h)
             conn.close()
         get_times.merge(h)
         return misses
@@ -707,9 +729,7 @@ def leaky_reader(args: argparse.Namespace, out: Output) -> int:
     """Thrift consumers confirm all but a fraction of reads; every item must end up confirmed."""
     queue, total = args.queue, args.items
     out(f"leaky-reader: {args.threads} threads each sending {total} items through {queue}")
-    if args.flush:
-        out("Flushing queues first.")
-        flush_queue(argparse.Namespace(thrift=True, host=args.host, port=args.port), queue)
+    flush_first(args, [queue], out)
     incomplete = set(range(total))
     lock = threading.Lock()
     num_read = [0]
@@ -811,6 +831,35 @@ def _common(p: argparse.ArgumentParser, port: int = 22133, thrift: bool = True,
                        help="monitor queue stats during the test")
 
 
+def _items(p: argparse.ArgumentParser, default: int,
+           help: str = "put ITEMS items into the queue") -> None:
+    p.add_argument("-n", dest="items", type=int, default=default, metavar="ITEMS",
+                   help=help + " (default: %(default)s)")
+
+
+def _kilobytes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-k", dest="kilobytes", type=int, default=1, metavar="KILOBYTES",
+                   help="put KILOBYTES per queue item (default: %(default)s)")
+
+
+def _queue(p: argparse.ArgumentParser, default: str = "spam",
+           help: str = "use queue NAME") -> None:
+    p.add_argument("-q", dest="queue", default=default, metavar="NAME",
+                   help=help + " (default: %(default)s)")
+
+
+def _count(p: argparse.ArgumentParser, flag: str, dest: str, metavar: str, help: str,
+           default: int) -> None:
+    """Add an option taking a count of at least 1."""
+    p.add_argument(flag, dest=dest, type=_positive, default=default, metavar=metavar,
+                   help=help + " (default: %(default)s)")
+
+
+def _rollup(p: argparse.ArgumentParser, request: str) -> None:
+    p.add_argument("-r", dest="rollup", type=_positive, default=1, metavar="ITEMS",
+                   help="roll up ITEMS items into a single " + request)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the C{kestrel-load} command-line parser (one subcommand per load test)."""
     parser = _Parser(prog="kestrel-load", add_help=False,
@@ -821,39 +870,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("flood", add_help=False,
                        help="spin up a producer and consumer and flood N items through kestrel")
-    p.add_argument("-n", dest="items", type=int, default=10000, metavar="ITEMS",
-                   help="put ITEMS items into the queue (default: %(default)s)")
-    p.add_argument("-k", dest="kilobytes", type=int, default=1, metavar="KILOBYTES",
-                   help="put KILOBYTES per queue item (default: %(default)s)")
-    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
-                   help="use queue NAME (default: %(default)s)")
+    _items(p, 10000)
+    _kilobytes(p)
+    _queue(p)
     p.add_argument("-P", dest="prefill", type=int, default=0, metavar="ITEMS",
                    help="prefill ITEMS items into the queue before the test (default: 0)")
-    p.add_argument("-R", dest="producers", type=_positive, default=1, metavar="THREADS",
-                   help="create THREADS producers (default: %(default)s)")
-    p.add_argument("-C", dest="consumers", type=_positive, default=1, metavar="THREADS",
-                   help="create THREADS consumers (default: %(default)s)")
-    p.add_argument("-r", dest="rollup", type=_positive, default=1, metavar="ITEMS",
-                   help="roll up ITEMS items into a single multi-put request (default: 1)")
+    _count(p, "-R", "producers", "THREADS", "create THREADS producers", 1)
+    _count(p, "-C", "consumers", "THREADS", "create THREADS consumers", 1)
+    _rollup(p, "multi-put request (default: 1)")
     p.add_argument("-B", dest="blocking", action="store_true",
                    help="do blocking reads (reads with a timeout)")
     _common(p)
     p.set_defaults(run=flood)
 
     p = sub.add_parser("put-many", add_help=False, help="spam items into kestrel")
-    p.add_argument("-c", dest="clients", type=_positive, default=100, metavar="CLIENTS",
-                   help="use CLIENTS concurrent clients (default: %(default)s)")
-    p.add_argument("-n", dest="items", type=int, default=10000, metavar="ITEMS",
-                   help="put ITEMS items into the queue (default: %(default)s)")
+    _count(p, "-c", "clients", "CLIENTS", "use CLIENTS concurrent clients", 100)
+    _items(p, 10000)
     p.add_argument("-b", dest="bytes", type=int, default=1024, metavar="BYTES",
                    help="put BYTES per queue item (default: %(default)s)")
-    p.add_argument("-r", dest="rollup", type=_positive, default=1, metavar="ITEMS",
-                   help="roll up ITEMS items into a single multi-put/multi-get request "
-                        "(default: 1)")
-    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
-                   help="use queue NAME as prefix (default: %(default)s)")
-    p.add_argument("-Q", dest="queues", type=_positive, default=1, metavar="QUEUES",
-                   help="use QUEUES different queues (default: %(default)s)")
+    _rollup(p, "multi-put/multi-get request (default: 1)")
+    _queue(p, help="use queue NAME as prefix")
+    _count(p, "-Q", "queues", "QUEUES", "use QUEUES different queues", 1)
     p.add_argument("-g", dest="get", action="store_true", help="get the items afterwards")
     _common(p, monitor=False)
     p.set_defaults(run=put_many)
@@ -862,12 +899,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="N clients do timeout reads on a queue while one producer trickles")
     p.add_argument("-s", dest="sleep", type=int, default=100, metavar="MILLISECONDS",
                    help="sleep MILLISECONDS between puts (default: %(default)s)")
-    p.add_argument("-n", dest="items", type=int, default=100, metavar="ITEMS",
-                   help="put ITEMS total items into the queue (default: %(default)s)")
-    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
-                   help="use queue NAME (default: %(default)s)")
-    p.add_argument("-c", dest="clients", type=_positive, default=100, metavar="CLIENTS",
-                   help="use CLIENTS consumers (default: %(default)s)")
+    _items(p, 100, "put ITEMS total items into the queue")
+    _queue(p)
+    _count(p, "-c", "clients", "CLIENTS", "use CLIENTS consumers", 100)
     p.add_argument("-k", dest="kill", type=int, default=0, metavar="PERCENT",
                    help="kill PERCENT %% of clients before they can read the response "
                         "(default: 0; implies -x)")
@@ -878,14 +912,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("leaky-reader", add_help=False,
                        help="deliver N items through kestrel over thrift, with occasional drops")
-    p.add_argument("-n", dest="items", type=int, default=1000, metavar="ITEMS",
-                   help="put ITEMS items into the queue (default: %(default)s)")
+    _items(p, 1000)
     p.add_argument("-d", dest="drop_rate", type=float, default=0.01, metavar="RATE",
                    help="drop RATE items (fraction, default: %(default)f)")
-    p.add_argument("-q", dest="queue", default="spam-thrift", metavar="NAME",
-                   help="use queue NAME (default: %(default)s)")
-    p.add_argument("-t", dest="threads", type=_positive, default=1, metavar="THREADS",
-                   help="create THREADS consumers (default: %(default)s)")
+    _queue(p, "spam-thrift")
+    _count(p, "-t", "threads", "THREADS", "create THREADS consumers", 1)
     p.add_argument("-a", dest="auto_abort", type=int, default=5000, metavar="MSEC",
                    help="auto-abort unconfirmed reads after MSEC (default: %(default)s)")
     p.add_argument("-v", dest="verbose", action="store_true",
@@ -895,12 +926,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("packing", add_help=False,
                        help="write N items, then do read/write cycles with pauses")
-    p.add_argument("-q", dest="queue", default="spam", metavar="NAME",
-                   help="use named queue (default: %(default)s)")
-    p.add_argument("-n", dest="items", type=int, default=25000, metavar="ITEMS",
-                   help="put ITEMS items into the queue (default: %(default)s)")
-    p.add_argument("-k", dest="kilobytes", type=int, default=1, metavar="KILOBYTES",
-                   help="put KILOBYTES per queue item (default: %(default)s)")
+    _queue(p, help="use named queue")
+    _items(p, 25000)
+    _kilobytes(p)
     p.add_argument("-t", dest="pause", type=float, default=1, metavar="SECONDS",
                    help="pause SECONDS between cycles (default: 1)")
     p.add_argument("-c", dest="cycles", type=int, default=100, metavar="CYCLES",

@@ -143,10 +143,7 @@ class QueueDumper:
         elif isinstance(record, rec.RemoveTentativeXid | rec.RemoveTentative):
             xid = getattr(record, "xid", 0)
             if xid == 0:
-                self.current_xid += 1
-                while self.current_xid in self.open_transactions or self.current_xid == 0:
-                    self.current_xid += 1
-                xid = self.current_xid
+                self.current_xid = xid = rec.next_xid(self.current_xid, self.open_transactions)
             self.open_transactions[xid] = self.queue.popleft() if self.queue else None
             self._verbose(f"RSV {xid}\n")
         elif isinstance(record, rec.SaveXid):

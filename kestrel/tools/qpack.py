@@ -137,10 +137,8 @@ class JournalPacker:
             elif isinstance(record, rec.RemoveTentativeXid | rec.RemoveTentative):
                 xid = getattr(record, "xid", 0)
                 if xid == 0:
-                    self.current_xid += 1
-                    while self.current_xid in self.open_transactions or self.current_xid == 0:
-                        self.current_xid += 1
-                    xid = self.current_xid
+                    self.current_xid = xid = rec.next_xid(self.current_xid,
+                                                          self.open_transactions)
                 self.highest_xid = max(self.highest_xid, xid)
                 self.open_transactions[xid] = self._take(f"REMOVE_TENTATIVE {xid}")
             elif isinstance(record, rec.SaveXid):

@@ -15,7 +15,6 @@ from twisted.internet.task import Clock
 
 from kestrel.admin import prometheus_text, stats_report
 from kestrel.config import parse_config
-from kestrel.metrics import Metrics
 from kestrel.server import KestrelServer
 from tests.wire.conftest import KestrelProcess, LineClient
 
@@ -165,7 +164,6 @@ def live_server(tmp_path: Path) -> Any:
     config = parse_config(f"queue_path: {tmp_path / 'q'}\nstatus_file: {tmp_path / 'st'}\n")
     server = KestrelServer.from_config(config, clock)
     server.collection.startService()
-    server.metrics = Metrics()
     yield server
     server.collection.stopService()
 
@@ -198,3 +196,44 @@ def test_reports_include_recorded_latencies(live_server: Any) -> None:
     total = [s.value for s in families["kestrel_fsync_delay_seconds"].samples
              if s.name.endswith("_sum")][0]
     assert total == pytest.approx(0.1244)
+
+
+# -- latency metrics recorded by real traffic
+
+
+def test_real_traffic_records_latencies(kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """
+    After sets, hits, misses, a timed-out blocking get and fsynced writes on a
+    real server, /stats.json and /metrics report non-zero latency distributions.
+    """
+    server = kestrel_factory(protocols=("memcache", "admin"),
+                             config={"queues": {"synced": {"sync_journal": "always"}}})
+    memcache(server, b"set jobs 0 0 5\r\nhello\r\n", b"set synced 0 0 2\r\nok\r\n",
+             b"get jobs\r\n", b"get jobs\r\n", b"get jobs/t=20\r\n", b"get synced\r\n")
+
+    code, body, _ = http(server, "/stats.json")
+    assert code == 200
+    metrics = json.loads(body)["metrics"]
+    for name in ("set_latency_usec", "q/jobs/set_latency_usec", "q/synced/set_latency_usec"):
+        assert metrics[name]["count"] >= 1 and metrics[name]["maximum"] > 0, name
+    assert metrics["get_hit_latency_usec"]["count"] == 2
+    assert metrics["get_hit_latency_usec"]["maximum"] > 0
+    assert metrics["get_miss_latency_usec"]["count"] == 1
+    assert metrics["delivery_latency_msec"]["count"] == 2
+    assert metrics["q/jobs/delivery_latency_msec"]["count"] == 1
+    timeout = metrics["get_timeout_msec"]
+    assert timeout["count"] == 1 and timeout["minimum"] >= 20
+    assert metrics["fsync_delay_usec"]["count"] >= 1
+    assert metrics["fsync_delay_usec"]["maximum"] > 0
+    assert metrics["item_fsync_delay_usec"]["count"] >= 1
+
+    code, body, _ = http(server, "/metrics")
+    assert code == 200
+    samples = {s.name: s.value for family in text_string_to_metric_families(body.decode())
+               for s in family.samples if not s.labels.get("le")}
+    for base in ("set_latency", "get_hit_latency", "get_miss_latency", "delivery_latency",
+                 "get_timeout", "fsync_delay", "item_fsync_delay"):
+        assert samples[f"kestrel_{base}_seconds_count"] >= 1, base
+    assert samples["kestrel_set_latency_seconds_sum"] > 0
+    assert samples["kestrel_fsync_delay_seconds_sum"] > 0
+    assert samples["kestrel_get_timeout_seconds_sum"] >= 0.02

@@ -17,6 +17,7 @@ from kestrel.metrics import (
     QUEUE_METRICS,
     Histogram,
     Metrics,
+    add_to_both,
     bucket_bounds,
     bucket_index,
 )
@@ -136,3 +137,46 @@ def test_read_recorder_splits_hits_and_misses(clock: Clock) -> None:
     assert miss(None) is None
     assert m.get_miss_latency_usec.maximum == 500_000
     assert m.get_hit_latency_usec.count == 1
+
+
+def test_direct_recorders_write_global_and_queue_histograms() -> None:
+    """record_set / record_hit / record_miss / record_get_timeout fill both levels."""
+    m = Metrics()
+    m.record_set("q", 12.4)
+    m.record_hit("q", 30, 2500)
+    m.record_hit("q", 40)  # a peek: no delivery
+    m.record_miss("q", 7)
+    m.record_get_timeout("q", 500)
+    q = m.queue("q")
+    assert (m.set_latency_usec.count, q.set_latency_usec.maximum) == (1, 12)
+    assert (m.get_hit_latency_usec.count, q.get_hit_latency_usec.count) == (2, 2)
+    assert (m.delivery_latency_msec.count, q.delivery_latency_msec.maximum) == (1, 2500)
+    assert (m.get_miss_latency_usec.count, q.get_miss_latency_usec.minimum) == (1, 7)
+    assert (m.get_timeout_msec.total, q.get_timeout_msec.total) == (500, 500)
+
+
+def test_record_fsync_takes_the_journal_observer_shape() -> None:
+    """record_fsync(seconds, write_delays) records microseconds: one fsync, one value per write."""
+    m = Metrics()
+    m.record_fsync(0.0015, [0.002, 0.0035])
+    m.record_fsync(0.001, [])
+    assert (m.fsync_delay_usec.count, m.fsync_delay_usec.minimum,
+            m.fsync_delay_usec.maximum) == (2, 1000, 1500)
+    assert (m.item_fsync_delay_usec.count, m.item_fsync_delay_usec.total) == (2, 5500)
+
+
+@given(st.lists(st.one_of(st.integers(-10, 2**40), st.floats(-10, 1e12)), max_size=30))
+def test_add_to_both_equals_two_adds(values: list[float]) -> None:
+    """add_to_both(a, b, v) leaves a and b exactly as a.add(v) and b.add(v) would."""
+    a, b, expected = Histogram(), Histogram(), Histogram()
+    b.add(3)  # the two need not start equal
+    expected_b = Histogram()
+    expected_b.add(3)
+    for v in values:
+        add_to_both(a, b, v)
+        expected.add(v)
+        expected_b.add(v)
+    for got, want in ((a, expected), (b, expected_b)):
+        assert (got.count, got.total, got.minimum, got.maximum) == (
+            want.count, want.total, want.minimum, want.maximum)
+        assert got.buckets == want.buckets

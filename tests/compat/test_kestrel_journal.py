@@ -113,3 +113,59 @@ def test_kestrel_half_finished_pack(tmp_path: Path, clock: Clock) -> None:
     j.close()
     assert [r.data for r in got] == [b"packed", b"3000", b"current"]  # type: ignore[union-attr]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test", "test.100", "test.3000"]
+
+
+def test_hand_built_kestrel_journal_loads_into_a_queue(tmp_path: Path, clock: Clock) -> None:
+    """
+    A PersistentQueue started on the hand-built Kestrel journal holds the right
+    items in the right order: the legacy tentative remove (opcode 3) takes the
+    next xid, as Kestrel 1.x did, so "legacy" is still open at the end and goes
+    back to the head; everything else follows the records.
+    """
+    from kestrel.config import QueueConfig
+    from kestrel.queue import PersistentQueue
+
+    (tmp_path / "q").write_bytes(kestrel_journal())
+    q = PersistentQueue("q", QueueConfig(), FileJournal(str(tmp_path), "q", clock, None), clock)
+    q.setup()
+    items = []
+    while (item := q.remove()) is not None:
+        items.append(item)
+    assert [i.data for i in items] == [b"legacy", b"continued", b""]
+    now_ms = int(clock.seconds() * 1000)
+    assert (items[0].add_time_ms, items[0].expiry_ms) == (now_ms, 1_800_000_000_000)
+    assert (items[1].add_time_ms, items[2].add_time_ms) == (T2, T2)
+    q.close()
+
+
+def test_queue_writes_kestrels_bytes(tmp_path: Path, clock: Clock) -> None:
+    """
+    The records a PersistentQueue writes for set, open, abort, open, confirm
+    and get are the bytes Kestrel 2.4 writes for the same operations.
+    """
+    from kestrel.config import QueueConfig
+    from kestrel.queue import PersistentQueue
+
+    q = PersistentQueue("q", QueueConfig(), FileJournal(str(tmp_path), "q", clock, None), clock)
+    q.setup()
+    assert int(clock.seconds() * 1000) == T1
+    q.add(b"hello kitty")
+    q.add(b"x", expiry_ms=T2)
+    first = q.remove(transaction=True)
+    assert first is not None and first.xid == 1
+    q.unremove(1)
+    again = q.remove(transaction=True)
+    assert again is not None and again.xid == 2
+    q.confirm_remove(2)
+    last = q.remove()
+    assert last is not None and last.data == b"x"
+    q.close()
+    assert (tmp_path / "q").read_bytes() == b"".join([
+        bytes.fromhex("021b000000") + struct.pack("<qq", T1, 0) + b"hello kitty",
+        bytes.fromhex("0211000000") + struct.pack("<qq", T1, T2) + b"x",
+        bytes.fromhex("0901000000"),
+        bytes.fromhex("0501000000"),
+        bytes.fromhex("0902000000"),
+        bytes.fromhex("0602000000"),
+        b"\x01",
+    ])

@@ -120,6 +120,21 @@ def test_legacy_and_xid_records(tmp_path: Path) -> None:
     assert out.endswith("2 items totalling 7 bytes.\n")
 
 
+def test_xidless_reads_wrap_like_the_server(tmp_path: Path) -> None:
+    """Xid-less RSVs are numbered as the server would: after 2^31-1 comes 1, or 2 if 1 is open."""
+    path = write_journal(
+        tmp_path / "old",
+        rec.Add(b"a", NOW_MS), rec.Add(b"b", NOW_MS), rec.Add(b"c", NOW_MS),
+        rec.SaveXid(rec.MAX_XID - 1),
+        rec.RemoveTentative(),
+        rec.RemoveTentativeXid(1),
+        rec.RemoveTentative(),
+    )
+    _, out, _ = run(str(path))
+    assert [line.split("  ", 1)[1] for line in out.splitlines()[4:8]] == [
+        f"XID {rec.MAX_XID - 1}", f"RSV {rec.MAX_XID}", "RSV 1", "RSV 2"]
+
+
 def test_missing_file_is_reported(tmp_path: Path) -> None:
     """A file that cannot be opened gets Kestrel's message on stderr and exit status 1."""
     status, out, err = run(str(tmp_path / "nope"))

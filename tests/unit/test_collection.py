@@ -586,6 +586,25 @@ def test_replay_logs_progress_per_queue(started) -> None:
     assert summary and summary[0]["count"] == 1
 
 
+def test_start_ignores_files_that_are_not_journals(started, tmp_path: Path) -> None:
+    """
+    A foreign file in the queue directory (twistd.pid) makes no queue, is
+    left untouched, and is named in one warning at start.
+    """
+    c = started()
+    c.add("real", b"abc")
+    result_of(c.stopService())
+    (tmp_path / "queues" / "twistd.pid").write_bytes(b"4242\n")
+    with capturedLogs() as events:
+        c = started()
+    assert c.queue_names() == ["real"]
+    assert files(tmp_path) == {"real", "twistd.pid"}
+    assert (tmp_path / "queues" / "twistd.pid").read_bytes() == b"4242\n"
+    warnings = [e for e in events if e["log_level"].name == "warn"]
+    assert [e.get("file") for e in warnings] == ["twistd.pid"]
+    assert drain(c, "real") == [b"abc"]
+
+
 def test_graceful_stop_compacts_empty_journals(started, tmp_path: Path) -> None:
     """At stop under ReadOnly, an empty queue's journal is rewritten (kept small)."""
     status = ServerStatus(Clock(), None, "up")

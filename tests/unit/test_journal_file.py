@@ -771,6 +771,38 @@ def test_queue_names_in(tmp_path: Path) -> None:
     assert FileJournal.queue_names_in(str(tmp_path / "missing")) == set()
 
 
+def test_queue_names_in_ignores_foreign_files_with_a_warning(tmp_path: Path) -> None:
+    """
+    Only <q>, <q>.<digits> and <q>.<digits>.pack name a queue; every other
+    file (a pid file, a backup) is named in one warning each and left as it is.
+    """
+    journal_names = ["q", "q.17", "r.5.pack", "s.0"]
+    foreign = ["twistd.pid", "q.txt", "q.5.pack.bak", "q.5.", "q..5", "q.pack",
+               ".hidden", "q.\u0661"]
+    for name in journal_names + foreign:
+        (tmp_path / name).write_bytes(b"keep me")
+    (tmp_path / "q~~9").write_bytes(b"")
+    with capturedLogs() as events:
+        assert FileJournal.queue_names_in(str(tmp_path)) == {"q", "r", "s"}
+    warned = sorted(e["file"] for e in events if e["log_level"].name == "warn")
+    assert warned == sorted(foreign)
+    assert all(e["path"] == str(tmp_path) for e in events)
+    for name in foreign:
+        assert (tmp_path / name).read_bytes() == b"keep me"
+
+
+@given(st.text(st.characters(blacklist_characters="/~.\0", codec="utf-8"), min_size=1,
+               max_size=20),
+       st.integers(0, 2**63), st.booleans())
+def test_journal_queue_name_matches_replay(queue: str, ms: int, pack: bool) -> None:
+    """A name is a journal file of <q> exactly when replay would read it as one."""
+    rotated = f"{queue}.{ms}" + (".pack" if pack else "")
+    assert journal_module.journal_queue_name(queue) == queue
+    assert journal_module.journal_queue_name(rotated) == queue
+    assert journal_module.journal_queue_name(f"{queue}.x{ms}") is None
+    assert journal_module.journal_queue_name(rotated + ".old") is None
+
+
 def test_close_is_idempotent_and_stops_writes(tmp_path: Path, clock: Clock) -> None:
     """After close(), writes fail their Deferred; closing again is harmless."""
     j, _ = open_journal(tmp_path, clock)

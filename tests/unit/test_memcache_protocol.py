@@ -10,7 +10,6 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
@@ -19,52 +18,18 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
-from kestrel.config import DEFAULT_CONFIG, dump_queue_config, parse_config
+from kestrel.config import dump_queue_config, parse_config
 from kestrel.journal.records import iter_records
 from kestrel.journal.syncfile import PeriodicSyncFile
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
+from tests.support import StringClient, make_server
 
 EPOCH = 1_767_225_600.0
 
 
-def make_server(clock: Clock, path: Path, **overrides: Any) -> KestrelServer:
-    """A started server over a fresh queue directory (no status file)."""
-    config = attrs.evolve(DEFAULT_CONFIG, queue_path=str(path / "queues"), status_file=None,
-                          expiration_timer_frequency=None, **overrides)
-    server = KestrelServer.from_config(config, clock, config_path=None)
-    server.collection.startService()
-    return server
-
-
-class Conn:
-    """One client connection: a protocol on a StringTransportWithDisconnection."""
-
-    def __init__(self, factory: MemcacheFactory) -> None:
-        self.proto: MemcacheProtocol = factory.buildProtocol(None)
-        self.transport = StringTransportWithDisconnection()
-        self.transport.protocol = self.proto
-        self.proto.makeConnection(self.transport)
-
-    def send(self, data: bytes) -> bytes:
-        """Feed C{data}; return (and clear) what the server wrote since the last call."""
-        self.proto.dataReceived(data)
-        return self.take()
-
-    def take(self) -> bytes:
-        """What the server wrote since the last call."""
-        out = self.transport.value()
-        self.transport.clear()
-        return out
-
-    @property
-    def open(self) -> bool:
-        """Whether the server has not closed the connection."""
-        return self.transport.connected
-
-    def drop(self) -> None:
-        """The client goes away."""
-        self.transport.loseConnection()
+#: The connection helper of every test here.
+Conn = StringClient
 
 
 @pytest.fixture
@@ -93,7 +58,8 @@ def test_set_then_get(conn: Conn) -> None:
 
 def test_pipelined_requests_one_write(conn: Conn) -> None:
     """Pipelined requests in one read are answered in order in a single write."""
-    conn.proto.dataReceived(b"set q 0 0 1\r\na\r\nset q 0 0 2\r\nbb\r\nget q\r\nget q\r\nget q\r\n")
+    conn.protocol.dataReceived(
+        b"set q 0 0 1\r\na\r\nset q 0 0 2\r\nbb\r\nget q\r\nget q\r\nget q\r\n")
     assert conn.transport.io.getvalue() == (
         b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nVALUE q 0 2\r\nbb\r\nEND\r\nEND\r\n")
 
@@ -144,7 +110,7 @@ def test_disconnect_returns_open_read(conn: Conn, factory: MemcacheFactory) -> N
     """An open read of a connection that ends goes back to the head of the queue."""
     conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
     assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
-    conn.drop()
+    conn.close()
     other = Conn(factory)
     assert other.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
 
@@ -155,7 +121,7 @@ def test_plain_get_with_open_read_is_error(conn: Conn) -> None:
     conn.send(b"get q/open\r\n")
     reply = conn.send(b"get q\r\n")
     assert reply.startswith(b"ERROR") and reply.endswith(b"\r\n")
-    assert not conn.open
+    assert not conn.connected
 
 
 def test_second_open_over_limit_is_error(conn: Conn) -> None:
@@ -163,7 +129,7 @@ def test_second_open_over_limit_is_error(conn: Conn) -> None:
     conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
     conn.send(b"get q/open\r\n")
     assert conn.send(b"get q/open\r\n") == b"ERROR too many open reads\r\n"
-    assert not conn.open
+    assert not conn.connected
 
 
 def test_peek(conn: Conn) -> None:
@@ -300,7 +266,7 @@ def test_status_changes(conn: Conn, factory: MemcacheFactory) -> None:
     assert conn.send(b"status\r\n") == b"READONLY\r\n"
     assert conn.send(b"get q\r\n") == b"END\r\n"
     reply = conn.send(b"set q 0 0 1\r\na\r\n")
-    assert reply.startswith(b"SERVER_ERROR") and not conn.open
+    assert reply.startswith(b"SERVER_ERROR") and not conn.connected
     other = Conn(factory)
     assert other.send(b"status up\r\n") == b"END\r\n"
     assert other.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -310,7 +276,7 @@ def test_status_changes(conn: Conn, factory: MemcacheFactory) -> None:
 def test_status_bad_name(conn: Conn, line: bytes) -> None:
     """An unknown or forbidden status is CLIENT_ERROR and a close."""
     assert conn.send(line).startswith(b"CLIENT_ERROR ")
-    assert not conn.open
+    assert not conn.connected
 
 
 def test_reload_without_file(conn: Conn) -> None:
@@ -329,19 +295,19 @@ def test_reload_broken_file(clock: Clock, tmp_path: Path) -> None:
     path.write_text("bogus_key: 1\n")
     reply = conn.send(b"reload\r\n")
     assert reply.startswith(b"ERROR reload failed: ") and b"bogus_key" in reply
-    assert conn.open
+    assert conn.connected
     server.collection.stopService()
 
 
 def test_shutdown_and_quit(conn: Conn, factory: MemcacheFactory) -> None:
     """shutdown asks the server to stop and closes without a reply; quit just closes."""
     calls: list[int] = []
-    conn.proto.server.shutdown_callback = lambda: calls.append(1)
+    conn.protocol.server.shutdown_callback = lambda: calls.append(1)
     assert conn.send(b"shutdown\r\n") == b""
-    assert calls == [1] and not conn.open
+    assert calls == [1] and not conn.connected
     other = Conn(factory)
     assert other.send(b"quit\r\nversion\r\n") == b""
-    assert not other.open
+    assert not other.connected
 
 
 @pytest.mark.parametrize("line, reply", [
@@ -358,7 +324,7 @@ def test_bad_input_closes(conn: Conn, line: bytes, reply: bytes) -> None:
     out = conn.send(line + b"version\r\n")
     assert out.startswith(reply) and out.endswith(b"\r\n")
     assert b"VERSION" not in out
-    assert not conn.open
+    assert not conn.connected
 
 
 def test_missing_key_keeps_connection(conn: Conn) -> None:
@@ -366,7 +332,7 @@ def test_missing_key_keeps_connection(conn: Conn) -> None:
     assert conn.send(b"get\r\ndelete\r\nversion\r\n") == (
         b"CLIENT_ERROR missing queue name\r\nCLIENT_ERROR missing queue name\r\n"
         b"VERSION 0.1.0\r\n")
-    assert conn.open
+    assert conn.connected
 
 
 def test_bad_flags_keeps_connection(conn: Conn) -> None:
@@ -386,7 +352,7 @@ def test_oversized_set_refused_without_reading(clock: Clock, tmp_path: Path) -> 
     conn = Conn(MemcacheFactory(server))
     assert conn.send(b"set q 0 0 101\r\n") == (
         b"CLIENT_ERROR item of 101 bytes is larger than max_request_size (100)\r\n")
-    assert not conn.open
+    assert not conn.connected
     server.collection.stopService()
 
 
@@ -396,7 +362,7 @@ def test_oversized_line_refused(clock: Clock, tmp_path: Path) -> None:
     conn = Conn(MemcacheFactory(server))
     assert conn.send(b"get " + b"x" * 60) == b""
     assert conn.send(b"x" * 60) == b"CLIENT_ERROR request line too long\r\n"
-    assert not conn.open
+    assert not conn.connected
     server.collection.stopService()
 
 
@@ -418,9 +384,9 @@ def test_client_timeout(clock: Clock, tmp_path: Path) -> None:
     clock.advance(6)
     conn.send(b"version\r\n")
     clock.advance(6)
-    assert conn.open
+    assert conn.connected
     clock.advance(4.1)
-    assert not conn.open
+    assert not conn.connected
     server.collection.stopService()
 
 
@@ -430,13 +396,13 @@ def test_client_timeout_spares_waiting_get(clock: Clock, tmp_path: Path) -> None
     conn = Conn(MemcacheFactory(server))
     conn.send(b"get q/t=4500\r\n")
     clock.advance(4)
-    assert conn.open
+    assert conn.connected
     clock.advance(0.6)
     assert conn.take() == b"END\r\n"
     clock.advance(0.8)
-    assert conn.open
+    assert conn.connected
     clock.advance(0.3)
-    assert not conn.open
+    assert not conn.connected
     server.collection.stopService()
 
 
@@ -454,7 +420,7 @@ def test_backlog_pauses_reading(conn: Conn, factory: MemcacheFactory) -> None:
 def test_waiting_get_cancelled_on_disconnect(conn: Conn, factory: MemcacheFactory) -> None:
     """A get waiting when its connection drops does not swallow the next item."""
     conn.send(b"get q/t=10000\r\n")
-    conn.drop()
+    conn.close()
     other = Conn(factory)
     other.send(b"set q 0 0 1\r\na\r\n")
     assert other.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
@@ -465,7 +431,7 @@ def test_stopping_server_finishes_sessions(conn: Conn, factory: MemcacheFactory)
     conn.send(b"set q 0 0 1\r\na\r\n")
     conn.send(b"get q/open\r\n")
     factory.disconnect_all()
-    assert conn.proto.session.finished
+    assert conn.protocol.session.finished
     assert Conn(factory).send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
 
 
@@ -488,11 +454,11 @@ def reply_to(chunks: list[bytes]) -> tuple[bytes, bool]:
         server = make_server(clock, Path(tmp))
         conn = Conn(MemcacheFactory(server))
         for chunk in chunks:  # all at the same instant: only the split differs
-            conn.proto.dataReceived(chunk)
+            conn.protocol.dataReceived(chunk)
         for _ in range(40):  # long enough for every queued `get q/t=100` to time out
             clock.advance(0.05)
         out = conn.transport.io.getvalue()
-        still_open = conn.open
+        still_open = conn.connected
         server.collection.stopService()
     return out, still_open
 
@@ -510,20 +476,20 @@ def test_chunking_is_invisible(commands: list[bytes], data: st.DataObject) -> No
 
 def test_half_close_answers_then_closes(conn: Conn) -> None:
     """A client that sends EOF after its requests gets every reply, then the close."""
-    conn.proto.dataReceived(b"set q 0 0 1\r\na\r\nget q\r\n")
-    conn.proto.readConnectionLost()
+    conn.protocol.dataReceived(b"set q 0 0 1\r\na\r\nget q\r\n")
+    conn.protocol.readConnectionLost()
     assert conn.take() == b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\n"
-    assert not conn.open
+    assert not conn.connected
 
 
 def test_half_close_waits_for_blocked_get(conn: Conn, clock: Clock) -> None:
     """EOF behind a waiting get: the get and the requests after it are answered first."""
-    conn.proto.dataReceived(b"get q/t=500\r\nversion\r\n")
-    conn.proto.readConnectionLost()
-    assert conn.open
+    conn.protocol.dataReceived(b"get q/t=500\r\nversion\r\n")
+    conn.protocol.readConnectionLost()
+    assert conn.connected
     clock.advance(0.6)
     assert conn.take() == b"END\r\nVERSION 0.1.0\r\n"
-    assert not conn.open
+    assert not conn.connected
 
 
 def test_unexpected_failure_is_logged_not_raised(conn: Conn) -> None:
@@ -533,11 +499,11 @@ def test_unexpected_failure_is_logged_not_raised(conn: Conn) -> None:
     def broken(name: str, *args: object) -> None:
         raise RuntimeError("boom")
 
-    conn.proto.session.flush = broken  # a failing domain call stands in for a bug
+    conn.protocol.session.flush = broken  # a failing domain call stands in for a bug
     with capturedLogs() as events:
         out = conn.send(b"flush q\r\nversion\r\n")
     assert out == b"SERVER_ERROR internal error\r\n"
-    assert not conn.open
+    assert not conn.connected
     assert any(e.get("log_failure") is not None for e in events)
 
 
@@ -557,7 +523,7 @@ def test_long_line_in_pieces_refused(clock: Clock, tmp_path: Path) -> None:
     for _ in range(3):
         conn.send(b"x" * 30)
     assert conn.send(b"x" * 30) == b"CLIENT_ERROR request line too long\r\n"
-    assert not conn.open
+    assert not conn.connected
     server.collection.stopService()
 
 
@@ -568,7 +534,7 @@ def test_status_change_rejected_in_grace_period(clock: Clock, tmp_path: Path) ->
     assert conn.send(b"status readonly\r\n") == b"END\r\n"
     reply = conn.send(b"status quiescent\r\nstatus\r\n")
     assert reply.startswith(b"ERROR ") and reply.endswith(b"\r\nREADONLY\r\n")
-    assert conn.open
+    assert conn.connected
     server.collection.stopService()
 
 
@@ -580,7 +546,7 @@ def test_client_timeout_does_not_spin_while_waiting(clock: Clock, tmp_path: Path
     for _ in range(3):
         clock.advance(1.0)
         assert all(call.getTime() >= clock.seconds() + 0.99 for call in clock.getDelayedCalls())
-    assert conn.open
+    assert conn.connected
     server.collection.stopService()
 
 
@@ -603,10 +569,10 @@ class JournalCheckingTransport(StringTransportWithDisconnection):
 
 def checking_conn(factory: MemcacheFactory, journal: Path) -> Conn:
     conn = Conn.__new__(Conn)
-    conn.proto = factory.buildProtocol(None)
+    conn.protocol = factory.buildProtocol(None)
     conn.transport = JournalCheckingTransport(journal)
-    conn.transport.protocol = conn.proto
-    conn.proto.makeConnection(conn.transport)
+    conn.transport.protocol = conn.protocol
+    conn.protocol.makeConnection(conn.transport)
     return conn
 
 
@@ -675,7 +641,7 @@ def test_refused_journal_write_drops_the_replies(
                                        coalescer=server.collection.write_coalescer)
     reply = conn.send(b"set q 0 0 1\r\nb\r\nget q\r\n")
     assert reply == b"SERVER_ERROR journal write failed\r\n"
-    assert not conn.open
+    assert not conn.connected
     journal._writer.close()
     journal._writer = kept
     other = Conn(factory)

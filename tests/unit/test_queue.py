@@ -20,7 +20,8 @@ from kestrel.config import QueueConfig
 from kestrel.item import QItem, memcache_expiry_ms, relative_expiry_ms
 from kestrel.journal import records as rec
 from kestrel.journal.memory import MemoryJournal
-from kestrel.queue import MAX_XID, PersistentQueue
+from kestrel.journal.records import MAX_XID
+from kestrel.queue import PersistentQueue
 
 PENDING = object()
 
@@ -77,7 +78,7 @@ def ms(clock: Clock) -> int:
 # ----- adding and removing
 
 
-def test_fifoAndCounters(clock: Clock) -> None:
+def test_fifo_and_counters(clock: Clock) -> None:
     """Items come out in the order they went in; length, bytes and totals follow."""
     q = make(clock)
     for data in (b"a", b"bb", b"ccc"):
@@ -90,7 +91,7 @@ def test_fifoAndCounters(clock: Clock) -> None:
     assert q.remove() is None
 
 
-def test_addJournalsAddxThenRemove(clock: Clock) -> None:
+def test_add_journals_addx_then_remove(clock: Clock) -> None:
     """An add journals the item with its add time and expiry; a remove journals REMOVE."""
     q = make(clock)
     now = ms(clock)
@@ -99,21 +100,21 @@ def test_addJournalsAddxThenRemove(clock: Clock) -> None:
     assert q.journal.records == [rec.Add(b"x", now, now + 5000), rec.REMOVE]
 
 
-def test_addTimeCanBeGiven(clock: Clock) -> None:
+def test_add_time_can_be_given(clock: Clock) -> None:
     """add_time_ms sets the item's add time (used when moving items between queues)."""
     q = make(clock)
     value(q.add(b"x", add_time_ms=1234))
     assert q.peek().add_time_ms == 1234
 
 
-def test_maxItemsRefuses(clock: Clock) -> None:
+def test_max_items_refuses(clock: Clock) -> None:
     """A queue at max_items refuses the add and keeps what it had."""
     q = make(clock, max_items=2)
     assert [value(q.add(b"%d" % i)) for i in range(3)] == [True, True, False]
     assert datas(q) == [b"0", b"1"]
 
 
-def test_maxSizeIsCheckedBeforeAdding(clock: Clock) -> None:
+def test_max_size_is_checked_before_adding(clock: Clock) -> None:
     """max_size refuses only once the queue holds max_size bytes: it may exceed it by one item."""
     q = make(clock, max_size=5)
     assert value(q.add(b"1234")) is True
@@ -122,7 +123,7 @@ def test_maxSizeIsCheckedBeforeAdding(clock: Clock) -> None:
     assert value(q.add(b"9")) is False
 
 
-def test_maxItemSize(clock: Clock) -> None:
+def test_max_item_size(clock: Clock) -> None:
     """An item of exactly max_item_size bytes is accepted; one byte more is refused."""
     q = make(clock, max_item_size=3)
     assert value(q.add(b"abc")) is True
@@ -130,7 +131,7 @@ def test_maxItemSize(clock: Clock) -> None:
     assert q.length == 1
 
 
-def test_maxItemSizeRefusesEvenWhenDiscarding(clock: Clock) -> None:
+def test_max_item_size_refuses_even_when_discarding(clock: Clock) -> None:
     """discard_old_when_full never makes room for an item over max_item_size."""
     q = make(clock, max_item_size=1, max_items=1, discard_old_when_full=True)
     value(q.add(b"a"))
@@ -138,7 +139,7 @@ def test_maxItemSizeRefusesEvenWhenDiscarding(clock: Clock) -> None:
     assert datas(q) == [b"a"] and q.discarded == 0
 
 
-def test_discardOldWhenFull(clock: Clock) -> None:
+def test_discard_old_when_full(clock: Clock) -> None:
     """With discard_old_when_full a full queue drops its oldest items and accepts the new one."""
     q = make(clock, max_items=2, discard_old_when_full=True)
     for data in (b"a", b"b", b"c", b"d"):
@@ -148,7 +149,7 @@ def test_discardOldWhenFull(clock: Clock) -> None:
     assert datas(q) == [b"c", b"d"]
 
 
-def test_configChangeTakesEffectAtOnce(clock: Clock) -> None:
+def test_config_change_takes_effect_at_once(clock: Clock) -> None:
     """Assigning a new config applies its limits to the very next add."""
     q = make(clock)
     value(q.add(b"a"))
@@ -159,7 +160,7 @@ def test_configChangeTakesEffectAtOnce(clock: Clock) -> None:
     assert value(q.add(b"c")) is True
 
 
-def test_fanoutOnlyMasterStoresNothing(clock: Clock) -> None:
+def test_fanout_only_master_stores_nothing(clock: Clock) -> None:
     """A fanout_only master reports success and stores and journals nothing; a child stores."""
     master = make(clock, name="m", fanout_only=True)
     child = make(clock, name="m+c", fanout_only=True)
@@ -169,7 +170,7 @@ def test_fanoutOnlyMasterStoresNothing(clock: Clock) -> None:
     assert child.length == 1
 
 
-def test_fanoutMasterFlagIsSettable(clock: Clock) -> None:
+def test_fanout_master_flag_is_settable(clock: Clock) -> None:
     """The collection may tell a queue it is not a fanout master: then fanout_only stores."""
     q = make(clock, fanout_only=True)
     q.is_fanout_master = False
@@ -177,7 +178,7 @@ def test_fanoutMasterFlagIsSettable(clock: Clock) -> None:
     assert q.length == 1
 
 
-def test_closedQueueRefusesAndGivesNothing(clock: Clock) -> None:
+def test_closed_queue_refuses_and_gives_nothing(clock: Clock) -> None:
     """After close, adds are refused, reads return nothing, and the journal is closed."""
     q = make(clock)
     value(q.add(b"a"))
@@ -188,7 +189,7 @@ def test_closedQueueRefusesAndGivesNothing(clock: Clock) -> None:
     assert value(q.close()) is None
 
 
-def test_addWithXidContinues(clock: Clock) -> None:
+def test_add_with_xid_continues(clock: Clock) -> None:
     """add with an xid confirms that open read and appends, in one CONTINUE record."""
     q = make(clock)
     value(q.add(b"a"))
@@ -199,7 +200,7 @@ def test_addWithXidContinues(clock: Clock) -> None:
     assert datas(q) == [b"b"]
 
 
-def test_journalWriteFailingAtOnceStoresNothing(clock: Clock) -> None:
+def test_journal_write_failing_at_once_stores_nothing(clock: Clock) -> None:
     """If the journal write fails at once, the add fails and the item is not queued."""
 
     class BrokenJournal(MemoryJournal):
@@ -217,7 +218,7 @@ def test_journalWriteFailingAtOnceStoresNothing(clock: Clock) -> None:
 # ----- expiry
 
 
-def test_expiryIsStrictlyBeforeNow(clock: Clock) -> None:
+def test_expiry_is_strictly_before_now(clock: Clock) -> None:
     """An item expiring exactly now is still live; one millisecond later it is gone."""
     q = make(clock)
     value(q.add(b"a", expiry_ms=ms(clock) + 1000))
@@ -229,7 +230,7 @@ def test_expiryIsStrictlyBeforeNow(clock: Clock) -> None:
     assert q.journal.records[-1] == rec.REMOVE
 
 
-def test_memcacheRelativeAndAbsoluteExpiry(clock: Clock) -> None:
+def test_memcache_relative_and_absolute_expiry(clock: Clock) -> None:
     """Memcache expiries below 1,000,000 s are relative, others absolute epoch seconds."""
     q = make(clock)
     now = ms(clock)
@@ -245,7 +246,7 @@ def test_memcacheRelativeAndAbsoluteExpiry(clock: Clock) -> None:
     assert datas(q) == [b"never", b"rel-ms"]
 
 
-def test_negativeMemcacheExpiryIsAlreadyExpired(clock: Clock) -> None:
+def test_negative_memcache_expiry_is_already_expired(clock: Clock) -> None:
     """A negative memcache exptime stores the item, but it is never handed out."""
     q = make(clock)
     assert value(q.add(b"a", expiry_ms=memcache_expiry_ms(-1, ms(clock)))) is True
@@ -253,7 +254,7 @@ def test_negativeMemcacheExpiryIsAlreadyExpired(clock: Clock) -> None:
     assert q.expired_items == 1
 
 
-def test_expiredItemsDoNotCountAgainstLimits(clock: Clock) -> None:
+def test_expired_items_do_not_count_against_limits(clock: Clock) -> None:
     """Expired head items are discarded before the fullness check (decisions.md)."""
     q = make(clock, max_items=2, max_size=100)
     value(q.add(b"a", expiry_ms=ms(clock) + 100))
@@ -264,7 +265,7 @@ def test_expiredItemsDoNotCountAgainstLimits(clock: Clock) -> None:
     assert datas(q) == [b"c"]
 
 
-def test_maxAgeCapsExpiryAtAdd(clock: Clock) -> None:
+def test_max_age_caps_expiry_at_add(clock: Clock) -> None:
     """max_age caps a later expiry and gives one to an item without expiry."""
     q = make(clock, max_age=10.0)
     now = ms(clock)
@@ -274,7 +275,7 @@ def test_maxAgeCapsExpiryAtAdd(clock: Clock) -> None:
     assert [i.expiry_ms for i in q._items] == [now + 10_000, now + 10_000, now + 5_000]
 
 
-def test_maxAgeIsReappliedWithCurrentConfig(clock: Clock) -> None:
+def test_max_age_is_reapplied_with_current_config(clock: Clock) -> None:
     """Lowering max_age expires items that were stored without any expiry."""
     q = make(clock)
     value(q.add(b"old"))
@@ -285,7 +286,7 @@ def test_maxAgeIsReappliedWithCurrentConfig(clock: Clock) -> None:
     assert q.expired_items == 1
 
 
-def test_maxExpireSweepLimitsDiscardExpired(clock: Clock) -> None:
+def test_max_expire_sweep_limits_discard_expired(clock: Clock) -> None:
     """discard_expired removes at most max_expire_sweep items per call, or the given limit."""
     q = make(clock, max_expire_sweep=2)
     for i in range(5):
@@ -300,7 +301,7 @@ def test_maxExpireSweepLimitsDiscardExpired(clock: Clock) -> None:
     assert q.peek().data == b"live"
 
 
-def test_removeNeverHandsOutExpiredItems(clock: Clock) -> None:
+def test_remove_never_hands_out_expired_items(clock: Clock) -> None:
     """Even with more expired items than max_expire_sweep at the head, remove returns a live one."""
     q = make(clock, max_expire_sweep=1)
     for i in range(4):
@@ -311,7 +312,7 @@ def test_removeNeverHandsOutExpiredItems(clock: Clock) -> None:
     assert q.expired_items == 4
 
 
-def test_expireToReceivesExpiredItems(clock: Clock) -> None:
+def test_expire_to_receives_expired_items(clock: Clock) -> None:
     """Every expired item is passed to expire_to, oldest first."""
     q = make(clock)
     target = make(clock, name="dead")
@@ -325,7 +326,7 @@ def test_expireToReceivesExpiredItems(clock: Clock) -> None:
     assert datas(q) == [b"c"]
 
 
-def test_expireToFailureIsLoggedAndSweepGoesOn(clock: Clock) -> None:
+def test_expire_to_failure_is_logged_and_sweep_goes_on(clock: Clock) -> None:
     """An expire_to hook that raises is logged; the items still count as expired."""
     q = make(clock)
 
@@ -344,7 +345,7 @@ def test_expireToFailureIsLoggedAndSweepGoesOn(clock: Clock) -> None:
 # ----- open reads
 
 
-def test_openConfirm(clock: Clock) -> None:
+def test_open_confirm(clock: Clock) -> None:
     """An open read takes the item out with an xid; confirming it drops it for good."""
     q = make(clock)
     value(q.add(b"a"))
@@ -357,7 +358,7 @@ def test_openConfirm(clock: Clock) -> None:
     assert q.remove() is None
 
 
-def test_abortReturnsToHead(clock: Clock) -> None:
+def test_abort_returns_to_head(clock: Clock) -> None:
     """An aborted read goes back to the head and counts as canceled."""
     q = make(clock)
     value(q.add(b"a"))
@@ -369,7 +370,7 @@ def test_abortReturnsToHead(clock: Clock) -> None:
     assert datas(q) == [b"a", b"b"]
 
 
-def test_abortedReadHolderKeepsStaleCopy(clock: Clock) -> None:
+def test_aborted_read_holder_keeps_stale_copy(clock: Clock) -> None:
     """An item handed out before an abort is not the object handed out on redelivery."""
     q = make(clock)
     value(q.add(b"a"))
@@ -380,7 +381,7 @@ def test_abortedReadHolderKeepsStaleCopy(clock: Clock) -> None:
     assert (first.xid, second.xid, second.data) == (1, 2, b"a")
 
 
-def test_failedRemoveWriteIsLoggedAndQueueGoesOn(clock: Clock) -> None:
+def test_failed_remove_write_is_logged_and_queue_goes_on(clock: Clock) -> None:
     """A journal write failing on remove is logged; the reader still gets its item."""
 
     class FlakyJournal(MemoryJournal):
@@ -396,7 +397,7 @@ def test_failedRemoveWriteIsLoggedAndQueueGoesOn(clock: Clock) -> None:
     assert datas(q) == [b"b"]
 
 
-def test_unknownXidIsLoggedAndIgnored(clock: Clock) -> None:
+def test_unknown_xid_is_logged_and_ignored(clock: Clock) -> None:
     """Confirming or aborting an xid that is not open changes nothing and logs a warning."""
     q = make(clock)
     value(q.add(b"a"))
@@ -407,7 +408,7 @@ def test_unknownXidIsLoggedAndIgnored(clock: Clock) -> None:
     assert [e["xid"] for e in events if "xid" in e] == [7, 8]
 
 
-def test_xidsIncreaseAndSkipZero(clock: Clock) -> None:
+def test_xids_increase_and_skip_zero(clock: Clock) -> None:
     """Xids count up from the replayed counter and wrap past MAX_XID to 1, never 0."""
     q = make(clock, ReplayJournal([rec.SaveXid(MAX_XID - 1)]))
     for data in (b"a", b"b", b"c"):
@@ -415,7 +416,7 @@ def test_xidsIncreaseAndSkipZero(clock: Clock) -> None:
     assert [q.remove(transaction=True).xid for _ in range(3)] == [MAX_XID, 1, 2]
 
 
-def test_xidsSkipOpenOnes(clock: Clock) -> None:
+def test_xids_skip_open_ones(clock: Clock) -> None:
     """A wrapped counter never hands out an xid that is still open."""
     q = make(clock)
     for data in (b"a", b"b", b"c"):
@@ -427,7 +428,7 @@ def test_xidsSkipOpenOnes(clock: Clock) -> None:
     assert (first.xid, second.xid) == (1, 2)
 
 
-def test_transactionsCountsAttemptsOnNonEmptyQueue(clock: Clock) -> None:
+def test_transactions_counts_attempts_on_non_empty_queue(clock: Clock) -> None:
     """The transactions stat counts open-read attempts made while the queue has items."""
     q = make(clock)
     q.remove(transaction=True)
@@ -436,7 +437,7 @@ def test_transactionsCountsAttemptsOnNonEmptyQueue(clock: Clock) -> None:
     assert q.transactions == 1
 
 
-def test_openTransactionTimeoutTimer(clock: Clock) -> None:
+def test_open_transaction_timeout_timer(clock: Clock) -> None:
     """An open read older than open_transaction_timeout is aborted by a timer, even when idle."""
     q = make(clock, open_transaction_timeout=5.0)
     value(q.add(b"a"))
@@ -452,7 +453,7 @@ def test_openTransactionTimeoutTimer(clock: Clock) -> None:
     assert clock.getDelayedCalls() != []
 
 
-def test_openTransactionTimeoutFollowsEachRead(clock: Clock) -> None:
+def test_open_transaction_timeout_follows_each_read(clock: Clock) -> None:
     """Each open read gets its own timeout; a confirmed one is never aborted."""
     q = make(clock, open_transaction_timeout=5.0)
     for data in (b"a", b"b", b"c"):
@@ -469,7 +470,7 @@ def test_openTransactionTimeoutFollowsEachRead(clock: Clock) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_timedOutReadsReturnOldestFirst(clock: Clock) -> None:
+def test_timed_out_reads_return_oldest_first(clock: Clock) -> None:
     """Open reads timing out together go back so the first-opened one is at the head."""
     q = make(clock, open_transaction_timeout=1.0)
     for data in (b"a", b"b", b"c"):
@@ -480,7 +481,7 @@ def test_timedOutReadsReturnOldestFirst(clock: Clock) -> None:
     assert datas(q) == [b"a", b"b", b"c"]
 
 
-def test_openTransactionTimeoutFollowsConfig(clock: Clock) -> None:
+def test_open_transaction_timeout_follows_config(clock: Clock) -> None:
     """Setting open_transaction_timeout on a live queue times out reads already open."""
     q = make(clock)
     value(q.add(b"a"))
@@ -496,7 +497,7 @@ def test_openTransactionTimeoutFollowsConfig(clock: Clock) -> None:
     assert q.open_transaction_count == 1
 
 
-def test_openTransactionTimeoutWakesWaiter(clock: Clock) -> None:
+def test_open_transaction_timeout_wakes_waiter(clock: Clock) -> None:
     """A timed-out read wakes a blocked reader, which receives the returned item."""
     q = make(clock, open_transaction_timeout=2.0)
     value(q.add(b"a"))
@@ -510,7 +511,7 @@ def test_openTransactionTimeoutWakesWaiter(clock: Clock) -> None:
 # ----- blocking reads
 
 
-def test_waitRemoveWithoutDeadlineAnswersAtOnce(clock: Clock) -> None:
+def test_wait_remove_without_deadline_answers_at_once(clock: Clock) -> None:
     """A deadline of None (or in the past) means: answer now, item or None."""
     q = make(clock)
     assert value(q.wait_remove(None)) is None
@@ -520,7 +521,7 @@ def test_waitRemoveWithoutDeadlineAnswersAtOnce(clock: Clock) -> None:
     assert (q.get_items_hit, q.get_items_miss) == (1, 2)
 
 
-def test_waitersServedFifoOneItemEach(clock: Clock) -> None:
+def test_waiters_served_fifo_one_item_each(clock: Clock) -> None:
     """Blocked readers get items in arrival order, one each."""
     q = make(clock)
     ds = [q.wait_remove(clock.seconds() + 10) for _ in range(3)]
@@ -532,7 +533,7 @@ def test_waitersServedFifoOneItemEach(clock: Clock) -> None:
     assert q.waiter_count == 1 and q.length == 0
 
 
-def test_waiterTimesOut(clock: Clock) -> None:
+def test_waiter_times_out(clock: Clock) -> None:
     """A blocked reader gets None at its deadline and leaves no timer behind."""
     q = make(clock)
     d = q.wait_remove(clock.seconds() + 0.5)
@@ -544,7 +545,7 @@ def test_waiterTimesOut(clock: Clock) -> None:
     assert q.length == 1
 
 
-def test_cancelledWaiterTakesNothing(clock: Clock) -> None:
+def test_cancelled_waiter_takes_nothing(clock: Clock) -> None:
     """Cancelling a blocked read removes it; the next item goes to the next reader."""
     q = make(clock)
     first = q.wait_remove(clock.seconds() + 10)
@@ -560,7 +561,7 @@ def test_cancelledWaiterTakesNothing(clock: Clock) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_abortedHandoffReachesNextWaiter(clock: Clock) -> None:
+def test_aborted_handoff_reaches_next_waiter(clock: Clock) -> None:
     """A reader that gets an item and aborts it at once passes it on to the next reader."""
     q = make(clock)
     first = q.wait_remove(clock.seconds() + 10, transaction=True)
@@ -573,7 +574,7 @@ def test_abortedHandoffReachesNextWaiter(clock: Clock) -> None:
     assert q.length == 0 and q.open_transaction_count == 0
 
 
-def test_waitPeekPassesWakeOn(clock: Clock) -> None:
+def test_wait_peek_passes_wake_on(clock: Clock) -> None:
     """A woken peeker leaves the item and passes the wake-up to the reader behind it."""
     q = make(clock)
     peeker = q.wait_peek(clock.seconds() + 10)
@@ -584,7 +585,7 @@ def test_waitPeekPassesWakeOn(clock: Clock) -> None:
     assert q.length == 0
 
 
-def test_wokenReaderThatFindsNothingKeepsWaiting(clock: Clock) -> None:
+def test_woken_reader_that_finds_nothing_keeps_waiting(clock: Clock) -> None:
     """A reader woken when the item is already gone waits again until its deadline."""
     q = make(clock, max_age=1.0)
     d = q.wait_remove(clock.seconds() + 10)
@@ -594,7 +595,7 @@ def test_wokenReaderThatFindsNothingKeepsWaiting(clock: Clock) -> None:
     assert value(d).data == b"b"
 
 
-def test_closeAnswersWaiters(clock: Clock) -> None:
+def test_close_answers_waiters(clock: Clock) -> None:
     """Closing the queue answers every blocked reader with None."""
     q = make(clock)
     ds = [q.wait_remove(clock.seconds() + 10), q.wait_peek(clock.seconds() + 10)]
@@ -603,7 +604,7 @@ def test_closeAnswersWaiters(clock: Clock) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_evictWaiters(clock: Clock) -> None:
+def test_evict_waiters(clock: Clock) -> None:
     """evict_waiters answers every blocked reader with None; the queue keeps working."""
     q = make(clock)
     d = q.wait_remove(clock.seconds() + 10)
@@ -616,7 +617,7 @@ def test_evictWaiters(clock: Clock) -> None:
 # ----- whole queue and stats
 
 
-def test_flushLeavesOpenReads(clock: Clock) -> None:
+def test_flush_leaves_open_reads(clock: Clock) -> None:
     """flush removes every queued item, counts itself, and leaves open reads open."""
     q = make(clock)
     for data in (b"a", b"b", b"c"):
@@ -628,7 +629,7 @@ def test_flushLeavesOpenReads(clock: Clock) -> None:
     assert datas(q) == [b"a"]
 
 
-def test_ageIsLastWaitAndZeroWhenEmpty(clock: Clock) -> None:
+def test_age_is_last_wait_and_zero_when_empty(clock: Clock) -> None:
     """age is how long the last fetched item waited (ms), and 0 once the queue is empty."""
     q = make(clock)
     value(q.add(b"a"))
@@ -643,7 +644,7 @@ def test_ageIsLastWaitAndZeroWhenEmpty(clock: Clock) -> None:
     assert q.age == 0
 
 
-def test_dumpStatsOrderAndValues(clock: Clock) -> None:
+def test_dump_stats_order_and_values(clock: Clock) -> None:
     """dump_stats lists Kestrel's per-queue stats in Kestrel's order."""
     q = make(clock)
     value(q.add(b"abc"))
@@ -660,7 +661,7 @@ def test_dumpStatsOrderAndValues(clock: Clock) -> None:
     ]
 
 
-def test_createTimeAndMaxQueueAge(clock: Clock) -> None:
+def test_create_time_and_max_queue_age(clock: Clock) -> None:
     """A queue is ready for expiration once empty and older than max_queue_age."""
     q = make(clock, max_queue_age=60.0)
     assert q.create_time == clock.seconds()
@@ -671,7 +672,7 @@ def test_createTimeAndMaxQueueAge(clock: Clock) -> None:
     assert not make(clock).is_ready_for_expiration()
 
 
-def test_durableAcksOnMemoryJournalFireAtOnce(clock: Clock) -> None:
+def test_durable_acks_on_memory_journal_fire_at_once(clock: Clock) -> None:
     """With durable_acks on a journal that is durable at once, the add fires at once."""
     q = make(clock, durable_acks=True)
     assert value(q.add(b"a")) is True
@@ -680,7 +681,7 @@ def test_durableAcksOnMemoryJournalFireAtOnce(clock: Clock) -> None:
 # ----- replay
 
 
-def test_replayRebuildsState(clock: Clock) -> None:
+def test_replay_rebuilds_state(clock: Clock) -> None:
     """Replayed records rebuild the queue; adds count in total_items; no expiry on replay."""
     t = ms(clock)
     journal = ReplayJournal([
@@ -697,7 +698,7 @@ def test_replayRebuildsState(clock: Clock) -> None:
     assert q.expired_items == 1
 
 
-def test_replayReturnsOpenReadsToHeadInXidOrder(clock: Clock) -> None:
+def test_replay_returns_open_reads_to_head_in_xid_order(clock: Clock) -> None:
     """Reads open at the end of replay are aborted (UNREMOVE, descending xid): ascending at head."""
     t = ms(clock)
     journal = ReplayJournal([
@@ -715,7 +716,7 @@ def test_replayReturnsOpenReadsToHeadInXidOrder(clock: Clock) -> None:
     assert datas(q) == [b"c", b"d", b"e"]
 
 
-def test_replayedOpenItemsOrder(clock: Clock) -> None:
+def test_replayed_open_items_order(clock: Clock) -> None:
     """After replay the formerly open items are delivered first, lowest xid first."""
     t = ms(clock)
     journal = ReplayJournal([
@@ -726,7 +727,7 @@ def test_replayedOpenItemsOrder(clock: Clock) -> None:
     assert datas(q) == [b"b", b"a", b"c"]
 
 
-def test_replayUnremoveContinueSaveXid(clock: Clock) -> None:
+def test_replay_unremove_continue_save_xid(clock: Clock) -> None:
     """UNREMOVE, CONTINUE and SAVE_XID replay as Kestrel defines them."""
     t = ms(clock)
     journal = ReplayJournal([
@@ -742,7 +743,7 @@ def test_replayUnremoveContinueSaveXid(clock: Clock) -> None:
     assert datas(q) == [b"c"]
 
 
-def test_replayedOpenNeverLowersXidCounter(clock: Clock) -> None:
+def test_replayed_open_never_lowers_xid_counter(clock: Clock) -> None:
     """
     A replayed REMOVE_TENTATIVE_XID raises the xid counter to its xid but never
     lowers it: a rewritten journal's SAVE_XID stays the floor for new xids.
@@ -760,7 +761,7 @@ def test_replayedOpenNeverLowersXidCounter(clock: Clock) -> None:
     assert q.remove(transaction=True).xid == 61
 
 
-def test_legacyRemoveTentativeGetsCounterXid(clock: Clock) -> None:
+def test_legacy_remove_tentative_gets_counter_xid(clock: Clock) -> None:
     """A legacy xid-less open read takes the next counter value, so its UNREMOVE matches."""
     t = ms(clock)
     journal = ReplayJournal([
@@ -772,7 +773,7 @@ def test_legacyRemoveTentativeGetsCounterXid(clock: Clock) -> None:
     assert datas(q) == [b"b"]
 
 
-def test_keepJournalFalseErasesOnSetup(clock: Clock) -> None:
+def test_keep_journal_false_erases_on_setup(clock: Clock) -> None:
     """With keep_journal false, setup erases the journal instead of replaying it."""
     journal = ReplayJournal([rec.Add(b"a", ms(clock))])
     journal.records.append(rec.REMOVE)
@@ -780,7 +781,7 @@ def test_keepJournalFalseErasesOnSetup(clock: Clock) -> None:
     assert q.length == 0 and journal.records == []
 
 
-def test_manyPeekersAndHandoffsDoNotNest(clock: Clock) -> None:
+def test_many_peekers_and_handoffs_do_not_nest(clock: Clock) -> None:
     """Thousands of woken peekers pass the wake-up along without deep recursion."""
     q = make(clock)
     peekers = [q.wait_peek(clock.seconds() + 10) for _ in range(3000)]

@@ -45,7 +45,7 @@ def files(path) -> list[str]:
     return sorted(os.listdir(str(path)))
 
 
-def test_itemsSurviveRestart(tmp_path, clock: Clock) -> None:
+def test_items_survive_restart(tmp_path, clock: Clock) -> None:
     """Every acknowledged item, removed or not, is where it was after a restart."""
     q = open_queue(tmp_path, clock)
     for i in range(5):
@@ -56,7 +56,7 @@ def test_itemsSurviveRestart(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"item1", b"item2", b"item3", b"item4"]
 
 
-def test_openReadsReturnToHeadAfterRestart(tmp_path, clock: Clock) -> None:
+def test_open_reads_return_to_head_after_restart(tmp_path, clock: Clock) -> None:
     """Reads open at a crash come back first, oldest xid first; xids continue from the journal."""
     q = open_queue(tmp_path, clock)
     for data in (b"a", b"b", b"c", b"d"):
@@ -74,7 +74,7 @@ def test_openReadsReturnToHeadAfterRestart(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"a"]
 
 
-def test_readBehindKeepsMemoryBounded(tmp_path, clock: Clock) -> None:
+def test_read_behind_keeps_memory_bounded(tmp_path, clock: Clock) -> None:
     """Past max_memory_size new items stay on disk and are read back in order."""
     q = open_queue(tmp_path, clock, max_memory_size=40)
     for i in range(20):
@@ -91,7 +91,7 @@ def test_readBehindKeepsMemoryBounded(tmp_path, clock: Clock) -> None:
     assert (q.length, q.bytes, q.memory_bytes) == (0, 0, 0)
 
 
-def test_readBehindAcrossRestart(tmp_path, clock: Clock) -> None:
+def test_read_behind_across_restart(tmp_path, clock: Clock) -> None:
     """A queue larger than max_memory_size replays into read-behind and loses nothing."""
     q = open_queue(tmp_path, clock, max_memory_size=40)
     for i in range(30):
@@ -109,7 +109,7 @@ def test_readBehindAcrossRestart(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"%09d" % i for i in range(3, 35)]
 
 
-def test_rotationsAndRewritesKeepOrder(tmp_path, clock: Clock) -> None:
+def test_rotations_and_rewrites_keep_order(tmp_path, clock: Clock) -> None:
     """A journal past max_memory_size rotates, past max_journal_size it is rewritten: in order."""
     config = dict(max_memory_size=64, max_journal_size=256, default_journal_size=10_000,
                   min_journal_compact_delay=None)
@@ -129,7 +129,7 @@ def test_rotationsAndRewritesKeepOrder(tmp_path, clock: Clock) -> None:
     assert datas(q) == expected
 
 
-def test_rewriteWhenEmpty(tmp_path, clock: Clock) -> None:
+def test_rewrite_when_empty(tmp_path, clock: Clock) -> None:
     """A journal past default_journal_size is rewritten as soon as the queue is empty."""
     q = open_queue(tmp_path, clock, default_journal_size=200)
     for i in range(10):
@@ -148,7 +148,7 @@ def test_rewriteWhenEmpty(tmp_path, clock: Clock) -> None:
     assert datas(q) == [opened.data, b"fresh"]
 
 
-def test_sizeRewriteWaitsForCompactDelay(tmp_path, clock: Clock) -> None:
+def test_size_rewrite_waits_for_compact_delay(tmp_path, clock: Clock) -> None:
     """After a size-triggered rewrite, the next waits for min_journal_compact_delay."""
     config = dict(max_journal_size=300, min_journal_compact_delay=60.0)
     q = open_queue(tmp_path, clock, **config)
@@ -170,7 +170,7 @@ def test_sizeRewriteWaitsForCompactDelay(tmp_path, clock: Clock) -> None:
     assert datas(q) == expected + [b"y", b"z"]
 
 
-def test_nonAggressivePolicyRotatesWhenNotEmpty(tmp_path, clock: Clock) -> None:
+def test_non_aggressive_policy_rotates_when_not_empty(tmp_path, clock: Clock) -> None:
     """With disable_aggressive_rewrites an empty queue is rewritten, a busy one rotated."""
     config = dict(disable_aggressive_rewrites=True, default_journal_size=1000,
                   max_memory_size=150, max_journal_size=1 << 20)
@@ -188,7 +188,7 @@ def test_nonAggressivePolicyRotatesWhenNotEmpty(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"%019d" % i for i in range(4, 9)]
 
 
-def test_gracefulCloseRewritesEmptyQueue(tmp_path, clock: Clock) -> None:
+def test_graceful_close_rewrites_empty_queue(tmp_path, clock: Clock) -> None:
     """A graceful close of an empty queue leaves only its open reads in the journal."""
     q = open_queue(tmp_path, clock)
     for data in (b"a", b"b"):
@@ -202,7 +202,7 @@ def test_gracefulCloseRewritesEmptyQueue(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"a"]
 
 
-def test_destroyJournalRemovesFiles(tmp_path, clock: Clock) -> None:
+def test_destroy_journal_removes_files(tmp_path, clock: Clock) -> None:
     """destroy_journal deletes the queue's journal files."""
     q = open_queue(tmp_path, clock)
     value(q.add(b"a"))
@@ -210,7 +210,7 @@ def test_destroyJournalRemovesFiles(tmp_path, clock: Clock) -> None:
     assert files(tmp_path) == []
 
 
-def test_durableAckWaitsForFsync(tmp_path, clock: Clock) -> None:
+def test_durable_ack_waits_for_fsync(tmp_path, clock: Clock) -> None:
     """With durable_acks and a periodic fsync, the add fires only after the fsync ran."""
     syncs: list[int] = []
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=syncs.append, durable_acks=True)
@@ -223,13 +223,44 @@ def test_durableAckWaitsForFsync(tmp_path, clock: Clock) -> None:
     assert len(syncs) == 1
 
 
-def test_nonDurableAckDoesNotWait(tmp_path, clock: Clock) -> None:
+def test_always_sync_acknowledges_only_after_its_fsync(tmp_path, clock: Clock) -> None:
+    """
+    With sync_journal: always (and no durable_acks) an add fires only once the
+    fsync covering it, running off the reactor thread, has finished; adds made
+    meanwhile share the next fsync.
+    """
+    from twisted.internet.defer import Deferred
+
+    fsyncs: list[Deferred] = []
+
+    def run_in_thread(f):
+        d: Deferred = Deferred()
+        fsyncs.append(d)
+        d.addCallback(lambda _: f())
+        return d
+
+    journal = FileJournal(str(tmp_path), "q", clock, 0.0, fsync=lambda fd: None,
+                          run_in_thread=run_in_thread)
+    q = PersistentQueue("q", QueueConfig(sync_journal=0.0), journal, clock)
+    q.setup()
+    first = q.add(b"a")
+    assert value(first) is PENDING and len(fsyncs) == 1
+    later = [q.add(b"b"), q.add(b"c")]
+    assert all(value(d) is PENDING for d in later) and len(fsyncs) == 1
+    fsyncs[0].callback(None)
+    assert value(first) is True
+    assert all(value(d) is PENDING for d in later) and len(fsyncs) == 2
+    fsyncs[1].callback(None)
+    assert all(value(d) is True for d in later)
+
+
+def test_non_durable_ack_does_not_wait(tmp_path, clock: Clock) -> None:
     """Without durable_acks the add fires at once even with a pending periodic fsync."""
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=lambda fd: None)
     assert value(q.add(b"a")) is True
 
 
-def test_durableAckFsyncFailureErrbacks(tmp_path, clock: Clock) -> None:
+def test_durable_ack_fsync_failure_errbacks(tmp_path, clock: Clock) -> None:
     """An fsync failure fails the add's Deferred; the queue goes on working."""
     state = {"fail": True}
 
@@ -251,7 +282,7 @@ def test_durableAckFsyncFailureErrbacks(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"a", b"b"]
 
 
-def test_configReloadChangesReadBehindThreshold(tmp_path, clock: Clock) -> None:
+def test_config_reload_changes_read_behind_threshold(tmp_path, clock: Clock) -> None:
     """A lowered max_memory_size applies to the next add."""
     q = open_queue(tmp_path, clock)
     for i in range(4):
@@ -295,7 +326,7 @@ def churn_in_read_behind(q: PersistentQueue, clock: Clock, cycles: int) -> tuple
     return opened, queued
 
 
-def test_readBehindWithRotationsSurvivesRestart(tmp_path, clock: Clock) -> None:
+def test_read_behind_with_rotations_survives_restart(tmp_path, clock: Clock) -> None:
     """Rotating while deep in read-behind, with open reads, loses and reorders nothing."""
     config = dict(max_memory_size=64, max_journal_size=1 << 30)
     q = open_queue(tmp_path, clock, **config)
@@ -305,7 +336,7 @@ def test_readBehindWithRotationsSurvivesRestart(tmp_path, clock: Clock) -> None:
     assert datas(q) == opened + queued
 
 
-def test_checkpointPackSurvivesRestart(tmp_path, clock: Clock) -> None:
+def test_checkpoint_pack_survives_restart(tmp_path, clock: Clock) -> None:
     """Packing at a checkpoint while reads are open loses and reorders nothing."""
     config = dict(max_memory_size=64, max_journal_size=256, min_journal_compact_delay=1000.0)
     q = open_queue(tmp_path, clock, **config)
@@ -318,7 +349,7 @@ def test_checkpointPackSurvivesRestart(tmp_path, clock: Clock) -> None:
     assert datas(q) == opened + queued
 
 
-def test_discardOldWhenFullInReadBehind(tmp_path, clock: Clock) -> None:
+def test_discard_old_when_full_in_read_behind(tmp_path, clock: Clock) -> None:
     """Dropping old items while in read-behind refills memory from disk and keeps order."""
     config = dict(max_memory_size=30, max_items=6, discard_old_when_full=True)
     q = open_queue(tmp_path, clock, **config)
@@ -329,7 +360,7 @@ def test_discardOldWhenFullInReadBehind(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"%09d" % i for i in range(4, 10)]
 
 
-def test_expiredItemsInReadBehindAreSwept(tmp_path, clock: Clock) -> None:
+def test_expired_items_in_read_behind_are_swept(tmp_path, clock: Clock) -> None:
     """Expired items read back from disk are discarded like any other."""
     q = open_queue(tmp_path, clock, max_memory_size=30)
     now = int(clock.seconds() * 1000)
@@ -341,7 +372,7 @@ def test_expiredItemsInReadBehindAreSwept(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"%09d" % 7]
 
 
-def test_continueSurvivesRestart(tmp_path, clock: Clock) -> None:
+def test_continue_survives_restart(tmp_path, clock: Clock) -> None:
     """An add with an xid (CONTINUE) confirms the open read and adds the item, after restart too."""
     q = open_queue(tmp_path, clock)
     value(q.add(b"a"))
@@ -354,7 +385,7 @@ def test_continueSurvivesRestart(tmp_path, clock: Clock) -> None:
     assert datas(q) == [b"b", b"c"]
 
 
-def test_gracefulCloseKeepsBusyJournal(tmp_path, clock: Clock) -> None:
+def test_graceful_close_keeps_busy_journal(tmp_path, clock: Clock) -> None:
     """A graceful close of a queue with items does not rewrite its journal."""
     q = open_queue(tmp_path, clock)
     value(q.add(b"a"))
@@ -365,7 +396,8 @@ def test_gracefulCloseKeepsBusyJournal(tmp_path, clock: Clock) -> None:
     assert len(journal_records(tmp_path)) == 3
 
 
-def test_nonAggressiveRewriteBacksOffWhenOpenReadsKeepJournalLarge(tmp_path, clock: Clock) -> None:
+def test_non_aggressive_rewrite_backs_off_when_open_reads_keep_journal_large(
+        tmp_path, clock: Clock) -> None:
     """Without aggressive rewrites, a rewrite still half full of open reads pauses rewrites."""
     config = dict(disable_aggressive_rewrites=True, default_journal_size=200,
                   min_journal_compact_delay=10.0)

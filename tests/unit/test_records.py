@@ -158,3 +158,32 @@ def test_short_block_is_corrupt(head: bytes) -> None:
     """An add block shorter than its fixed fields is corrupt, not merely incomplete."""
     with pytest.raises(rec.CorruptRecord):
         rec.read_record(head + bytes(64))
+
+
+# -- the xid counter -----------------------------------------------------------
+
+
+@given(st.integers(-5, rec.MAX_XID), st.sets(st.integers(-5, 40)))
+def test_next_xid_is_the_first_free_xid_after_the_counter(current: int,
+                                                          open_xids: set[int]) -> None:
+    """
+    next_xid counts up from the counter (going on at 1 after MAX_XID) to the
+    first xid that is neither 0 nor open.
+    """
+    got = rec.next_xid(current, open_xids)
+    assert got != 0 and got not in open_xids
+    assert -5 < got <= rec.MAX_XID
+    if got > current:
+        visited = list(range(current + 1, got))
+    else:  # wrapped
+        visited = [*range(current + 1, rec.MAX_XID + 1), *range(1, got)]
+    assert all(x == 0 or x in open_xids for x in visited)
+
+
+def test_next_xid_wraps_to_one_and_skips_open_xids() -> None:
+    """After MAX_XID the counter goes on at 1, never 0, past every open xid."""
+    assert rec.next_xid(rec.MAX_XID - 1, set()) == rec.MAX_XID
+    assert rec.next_xid(rec.MAX_XID, set()) == 1
+    assert rec.next_xid(rec.MAX_XID, {1, 2}) == 3
+    assert rec.next_xid(-1, set()) == 1
+    assert rec.next_xid(0, {1, 2, 4}) == 3

@@ -134,3 +134,45 @@ def test_status_and_collection_wiring(file_server, tmp_path: Path) -> None:
     server.status.set_status("readonly")
     assert (tmp_path / "status").read_text() == "ReadOnly\n"
     assert server.status.status is Status.READ_ONLY
+
+
+# -- reports protocols send
+
+
+def test_report_values(clock: Clock, tmp_path: Path) -> None:
+    """
+    stats_entries, dump_stats and dump_config give the reports as values:
+    every queue (then alias) by default, the names asked for otherwise.
+    """
+    path = write_config(tmp_path, "queues:\n  jobs: {max_items: 7}\naliases:\n  al: [jobs]\n")
+    server = KestrelServer.from_config(load_config(path), clock)
+    server.collection.startService()
+    try:
+        server.collection.add("jobs", b"abc")
+        entries = dict(server.stats_entries())
+        assert entries["curr_items"] == "1"
+        assert entries["queue_jobs_items"] == "1"
+        assert entries["queue_al_put_items"] == "0"
+        assert [name for name, _ in server.dump_stats()] == ["jobs", "al"]
+        assert dict(server.dump_stats(["jobs"])[0][1])["items"] == "1"
+        assert server.dump_stats(["nope"]) == [("nope", [])]
+        [(name, lines)] = server.dump_config()
+        assert name == "jobs"
+        assert "max_items=7" in lines
+        assert server.dump_config(["other"])[0][0] == "other"
+    finally:
+        server.collection.stopService()
+
+
+def test_delete_queue_forgets_its_metrics(clock: Clock, tmp_path: Path) -> None:
+    """delete_queue deletes the queue and drops its per-queue histograms."""
+    server = KestrelServer.from_config(load_config(write_config(tmp_path)), clock)
+    server.collection.startService()
+    try:
+        server.collection.add("jobs", b"abc")
+        server.metrics.queue("jobs").set_latency_usec.add(5)
+        server.delete_queue("jobs")
+        assert server.collection.queue("jobs", create=False) is None
+        assert server.metrics.queue_names() == []
+    finally:
+        server.collection.stopService()

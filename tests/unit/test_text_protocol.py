@@ -9,67 +9,30 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
-from kestrel.config import DEFAULT_CONFIG, parse_config
-from kestrel.protocols.text import MAX_PUT_BUFFER, TextFactory, TextProtocol, parse_int
+from kestrel.protocols.text import MAX_PUT_BUFFER, TextFactory, parse_int
 from kestrel.server import KestrelServer
+from tests import support
+from tests.support import ManualThread, StringClient
+
+#: A started server (L{tests.support.make_server}) allowing 100 open reads
+#: per queue per connection, as the shipped config does.
+make_server = partial(support.make_server, max_open_transactions=100)
 
 
-def make_server(clock: Clock, path: Path, yaml: str = "", run_in_thread: Any = None,
-                config_path: Path | None = None, **overrides: Any) -> KestrelServer:
-    """
-    A started server over a fresh queue directory, driven by C{clock}; up to
-    100 open reads per queue per connection (as the shipped config). C{yaml}
-    is a config document applied first.
-    """
-    settings = {"max_open_transactions": 100, **overrides}
-    base = parse_config(yaml) if yaml else DEFAULT_CONFIG
-    config = attrs.evolve(base, queue_path=str(path / "queues"), status_file=None,
-                          expiration_timer_frequency=None, **settings)
-    server = KestrelServer.from_config(config, clock, config_path=config_path,
-                                       run_in_thread=run_in_thread)
-    server.collection.startService()
-    return server
-
-
-class Client:
+class Client(StringClient):
     """One text connection over a StringTransport."""
 
-    def __init__(self, server) -> None:
-        self.protocol: TextProtocol = TextFactory(server).buildProtocol(None)
-        self.transport = StringTransportWithDisconnection()
-        self.transport.protocol = self.protocol
-        self.protocol.makeConnection(self.transport)
-
-    def send(self, data: bytes) -> bytes:
-        """Feed C{data}; return (and clear) every byte written since the last call."""
-        self.protocol.dataReceived(data)
-        return self.take()
-
-    def take(self) -> bytes:
-        """Return (and clear) every byte written since the last call."""
-        out = self.transport.value()
-        self.transport.clear()
-        return out
-
-    @property
-    def connected(self) -> bool:
-        """Whether the server has not closed the connection."""
-        return self.transport.connected
-
-    def close(self) -> None:
-        """The client goes away."""
-        self.transport.loseConnection()
+    def __init__(self, server: KestrelServer) -> None:
+        super().__init__(TextFactory(server))
 
 
 @pytest.fixture
@@ -348,30 +311,6 @@ def test_chunking_is_invisible(lines, data) -> None:
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert _replies(chunks) == _replies([stream])
-
-
-class ManualThread:
-    """A run_in_thread that runs each job only when the test says so (fsyncs held back)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Any, Deferred]] = []
-
-    def __call__(self, job: Any) -> Deferred:
-        d: Deferred = Deferred()
-        self.jobs.append((job, d))
-        return d
-
-    def run_all(self) -> None:
-        """Run every job, including those queued meanwhile (the next group commit)."""
-        while self.jobs:
-            job, d = self.jobs.pop(0)
-            d.callback(job())
-
-    def fail_all(self, error: Exception) -> None:
-        """Fail every job (an fsync error), including those queued meanwhile."""
-        while self.jobs:
-            _, d = self.jobs.pop(0)
-            d.errback(error)
 
 
 DURABLE = "default: {sync_journal: always, durable_acks: true}\n"

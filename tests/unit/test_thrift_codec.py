@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.thrift import TMessageType, TType
@@ -65,14 +65,23 @@ def test_truncated_frames_raise_frame_error(args, data) -> None:
 
 
 @given(st.binary(max_size=200))
+@example(b"")
+@example(encode("put", Kestrel.put_args(queue_name="q", items=[b"a"], expiration_msec=0), 1, True))
 def test_garbage_raises_only_frame_error(garbage) -> None:
-    """Arbitrary bytes either decode or raise FrameError."""
+    """Arbitrary bytes either raise FrameError or decode into values of the IDL's types."""
     reader = FrameReader(garbage)
     try:
-        reader.read_message_begin()
-        reader.read_struct(Kestrel.put_args())
+        name, message_type, seqid = reader.read_message_begin()
+        decoded = reader.read_struct(Kestrel.put_args())
     except FrameError:
-        pass
+        return
+    assert isinstance(name, str)
+    assert isinstance(message_type, int)
+    assert isinstance(seqid, int)
+    assert isinstance(decoded, Kestrel.put_args)
+    assert decoded.queue_name is None or isinstance(decoded.queue_name, (str, bytes))
+    assert decoded.items is None or all(isinstance(item, bytes) for item in decoded.items)
+    assert decoded.expiration_msec is None or isinstance(decoded.expiration_msec, int)
 
 
 def test_huge_declared_sizes_fail_fast() -> None:

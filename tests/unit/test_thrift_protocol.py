@@ -11,43 +11,30 @@ from __future__ import annotations
 import struct
 import tempfile
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
-import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport.memory import TMemoryBuffer
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
-from kestrel.config import DEFAULT_CONFIG, parse_config
-from kestrel.protocols.thrift import ThriftFactory, ThriftProtocol, kestrel_thrift
+from kestrel.protocols.thrift import ThriftFactory, kestrel_thrift
 from kestrel.server import KestrelServer
+from tests import support
+from tests.support import ManualThread, StringClient
 
 Kestrel = kestrel_thrift.Kestrel
 Status = kestrel_thrift.Status
 
 
-def make_server(clock: Clock, path: Path, yaml: str = "", run_in_thread: Any = None,
-                config_path: Path | None = None, **overrides: Any) -> KestrelServer:
-    """
-    A started server over a fresh queue directory, driven by C{clock}; up to
-    100 open reads per queue per connection (as the shipped config). C{yaml}
-    is a config document applied first.
-    """
-    settings = {"max_open_transactions": 100, **overrides}
-    base = parse_config(yaml) if yaml else DEFAULT_CONFIG
-    config = attrs.evolve(base, queue_path=str(path / "queues"), status_file=None,
-                          expiration_timer_frequency=None, **settings)
-    server = KestrelServer.from_config(config, clock, config_path=config_path,
-                                       run_in_thread=run_in_thread)
-    server.collection.startService()
-    return server
+#: A started server (L{tests.support.make_server}) allowing 100 open reads
+#: per queue per connection, as the shipped config does.
+make_server = partial(support.make_server, max_open_transactions=100)
 
 
 def call_frame(api: str, seqid: int = 1, strict: bool = True, **kwargs) -> bytes:
@@ -84,24 +71,21 @@ def decode_replies(data: bytes) -> list[tuple[str, int, int, object]]:
     return replies
 
 
-class Client:
-    """One thrift connection over a StringTransport."""
+class Client(StringClient):
+    """One thrift connection over a StringTransport; replies come back decoded."""
 
-    def __init__(self, server) -> None:
-        self.protocol: ThriftProtocol = ThriftFactory(server).buildProtocol(None)
-        self.transport = StringTransportWithDisconnection()
-        self.transport.protocol = self.protocol
-        self.protocol.makeConnection(self.transport)
+    def __init__(self, server: KestrelServer) -> None:
+        super().__init__(ThriftFactory(server))
         self.seqid = 0
 
-    def send(self, data: bytes) -> list[tuple[str, int, int, object]]:
+    def send(self, data: bytes) -> list[tuple[str, int, int, object]]:  # type: ignore[override]
+        """Feed C{data}; return the replies written since the last call, decoded."""
         self.protocol.dataReceived(data)
         return self.take()
 
-    def take(self) -> list[tuple[str, int, int, object]]:
-        out = self.transport.value()
-        self.transport.clear()
-        return decode_replies(out)
+    def take(self) -> list[tuple[str, int, int, object]]:  # type: ignore[override]
+        """The replies written since the last call, decoded."""
+        return decode_replies(super().take())
 
     def call(self, api: str, **kwargs):
         """Send one call; return its result, its exception, or C{PENDING}."""
@@ -112,13 +96,6 @@ class Client:
         [(name, _, seqid, value)] = replies
         assert (name, seqid) == (api, self.seqid)
         return value
-
-    @property
-    def connected(self) -> bool:
-        return self.transport.connected
-
-    def close(self) -> None:
-        self.transport.loseConnection()
 
 
 PENDING = object()
@@ -176,7 +153,7 @@ def test_max_items_zero_returns_nothing(client) -> None:
 def test_get_waits_until_timeout(client, clock) -> None:
     """get with timeout_msec waits for items and answers with what it has at the deadline."""
     assert client.call("get", queue_name="q", max_items=2, timeout_msec=1000) is PENDING
-    other = Client(client.protocol._server)
+    other = Client(client.protocol.server)
     assert other.call("put", queue_name="q", items=[b"one"]) == 1
     assert client.take() == []
     clock.advance(1.0)
@@ -360,30 +337,6 @@ def test_chunking_is_invisible(calls, data) -> None:
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert _replies(chunks) == _replies([stream])
-
-
-class ManualThread:
-    """A run_in_thread that runs each job only when the test says so (fsyncs held back)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Any, Deferred]] = []
-
-    def __call__(self, job: Any) -> Deferred:
-        d: Deferred = Deferred()
-        self.jobs.append((job, d))
-        return d
-
-    def run_all(self) -> None:
-        """Run every job, including those queued meanwhile (the next group commit)."""
-        while self.jobs:
-            job, d = self.jobs.pop(0)
-            d.callback(job())
-
-    def fail_all(self, error: Exception) -> None:
-        """Fail every job (an fsync error), including those queued meanwhile."""
-        while self.jobs:
-            _, d = self.jobs.pop(0)
-            d.errback(error)
 
 
 DURABLE = "default: {sync_journal: always, durable_acks: true}\n"

@@ -19,7 +19,7 @@ def results(ds):
     return out
 
 
-def test_triggerWakesOldestFirst(clock: Clock) -> None:
+def test_trigger_wakes_oldest_first(clock: Clock) -> None:
     """Each trigger wakes exactly one waiter, in the order they joined."""
     w = ReadWaiters(clock)
     ds = [w.wait(clock.seconds() + 10) for _ in range(3)]
@@ -31,12 +31,12 @@ def test_triggerWakesOldestFirst(clock: Clock) -> None:
     assert len(w) == 1
 
 
-def test_triggerWithNoWaiterReportsFalse(clock: Clock) -> None:
+def test_trigger_with_no_waiter_reports_false(clock: Clock) -> None:
     """A trigger with nobody waiting wakes nothing and says so."""
     assert ReadWaiters(clock).trigger() is False
 
 
-def test_deadlineFiresFalseExactlyOnce(clock: Clock) -> None:
+def test_deadline_fires_false_exactly_once(clock: Clock) -> None:
     """At its deadline a waiter fires False and leaves the line; a later trigger skips it."""
     w = ReadWaiters(clock)
     d = w.wait(clock.seconds() + 0.5)
@@ -49,7 +49,7 @@ def test_deadlineFiresFalseExactlyOnce(clock: Clock) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_wokenWaiterTimerIsCancelled(clock: Clock) -> None:
+def test_woken_waiter_timer_is_cancelled(clock: Clock) -> None:
     """Waking a waiter cancels its deadline timer, so it never fires twice."""
     w = ReadWaiters(clock)
     d = w.wait(clock.seconds() + 1)
@@ -59,7 +59,7 @@ def test_wokenWaiterTimerIsCancelled(clock: Clock) -> None:
     assert results([d]) == [True]
 
 
-def test_cancelLeavesTheLineAndWakeGoesToNext(clock: Clock) -> None:
+def test_cancel_leaves_the_line_and_wake_goes_to_next(clock: Clock) -> None:
     """A cancelled waiter fails with CancelledError and the next waiter gets the wake-up."""
     w = ReadWaiters(clock)
     first = w.wait(clock.seconds() + 10)
@@ -74,7 +74,7 @@ def test_cancelLeavesTheLineAndWakeGoesToNext(clock: Clock) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_firedWaiterIsSkippedByTrigger(clock: Clock) -> None:
+def test_fired_waiter_is_skipped_by_trigger(clock: Clock) -> None:
     """A waiter whose Deferred already fired passes the wake-up on (handoff)."""
     w = ReadWaiters(clock)
     gone = w.wait(clock.seconds() + 10)
@@ -84,7 +84,7 @@ def test_firedWaiterIsSkippedByTrigger(clock: Clock) -> None:
     assert results([live]) == [True]
 
 
-def test_frontJoinsAtTheHead(clock: Clock) -> None:
+def test_front_joins_at_the_head(clock: Clock) -> None:
     """A waiter joining with front=True is woken before older waiters."""
     w = ReadWaiters(clock)
     old = w.wait(clock.seconds() + 10)
@@ -93,7 +93,7 @@ def test_frontJoinsAtTheHead(clock: Clock) -> None:
     assert results([again, old]) == [True, "pending"]
 
 
-def test_pastDeadlineFiresOnNextTick(clock: Clock) -> None:
+def test_past_deadline_fires_on_next_tick(clock: Clock) -> None:
     """A deadline already passed times the waiter out at the next clock step."""
     w = ReadWaiters(clock)
     d = w.wait(clock.seconds() - 1)
@@ -101,7 +101,7 @@ def test_pastDeadlineFiresOnNextTick(clock: Clock) -> None:
     assert results([d]) == [False]
 
 
-def test_triggerAllAndEvictAll(clock: Clock) -> None:
+def test_trigger_all_and_evict_all(clock: Clock) -> None:
     """trigger_all wakes every waiter (True); evict_all times every waiter out (False)."""
     w = ReadWaiters(clock)
     woken = [w.wait(clock.seconds() + 10) for _ in range(2)]
@@ -114,7 +114,7 @@ def test_triggerAllAndEvictAll(clock: Clock) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_triggerFromWakeUpIsServedAfterIt(clock: Clock) -> None:
+def test_trigger_from_wake_up_is_served_after_it(clock: Clock) -> None:
     """A waiter passing its wake-up on from its callback wakes the next one, without nesting."""
     w = ReadWaiters(clock)
     order = []

@@ -1,0 +1,89 @@
+"""
+Servers for the flood benchmarks: txkestrel (and memcached) as child processes on free ports.
+
+Shared by `benchmarks/flood.py` and `benchmarks/thrift_flood.py`; not a
+benchmark itself. Every server listens on loopback only and is stopped (SIGTERM,
+then SIGKILL after 30 s) when its context ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """Return a loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Return once C{port} accepts connections; raise if C{proc} dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop C{proc} with SIGTERM (SIGKILL if it is still there after 30 s) and reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
+                    extra_config: str = "") -> Iterator[None]:
+    """
+    Run our server (`python -m twisted kestrel`) with its journals under C{workdir}.
+
+    It listens on C{memcache_port} and, unless 0, C{thrift_port} (text and
+    admin are off); C{extra_config} is more YAML lines. The context is entered
+    once every port accepts connections; the log is C{workdir/kestrel.log}.
+    """
+    config = workdir / "kestrel.yaml"
+    config.write_text(
+        f"listen_address: 127.0.0.1\nmemcache_port: {memcache_port}\ntext_port: 0\n"
+        f"thrift_port: {thrift_port}\nadmin_port: 0\n{extra_config}"
+        f"queue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(workdir / "kestrel.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
+                                 "--config", str(config)], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        for port in (thrift_port, memcache_port):
+            if port:
+                wait_port(port, proc)
+        yield
+    finally:
+        stop(proc)
+
+
+def summary(rates: list[float]) -> str:
+    """Format rates as "median (min-max)"."""
+    return f"{statistics.median(rates):>9,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"

@@ -1,0 +1,94 @@
+"""
+Test support shared by the protocol and session unit tests: a real server
+on a fake clock, one client connection over a StringTransport, and a
+C{run_in_thread} whose jobs (fsyncs) run only when the test says so.
+
+The server is the real one (collection, queues, journals in a temporary
+folder, sessions, status); only the socket is replaced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransportWithDisconnection
+
+from kestrel.config import DEFAULT_CONFIG, parse_config
+from kestrel.server import KestrelServer
+
+
+def make_server(clock: Clock, path: Path, yaml: str = "", run_in_thread: Any = None,
+                config_path: Path | None = None, **overrides: Any) -> KestrelServer:
+    """
+    A started server over a fresh queue directory under C{path}, driven by
+    C{clock}, with no status file and no expiration timer.
+
+    C{yaml} is a config document applied first (else the built-in defaults);
+    C{overrides} are config fields set last.
+    """
+    base = parse_config(yaml) if yaml else DEFAULT_CONFIG
+    config = attrs.evolve(base, queue_path=str(path / "queues"), status_file=None,
+                          expiration_timer_frequency=None, **overrides)
+    server = KestrelServer.from_config(config, clock, config_path=config_path,
+                                       run_in_thread=run_in_thread)
+    server.collection.startService()
+    return server
+
+
+class StringClient:
+    """One client connection: a factory's protocol on a StringTransportWithDisconnection."""
+
+    def __init__(self, factory: Factory) -> None:
+        self.protocol: Any = factory.buildProtocol(None)
+        self.transport = StringTransportWithDisconnection()
+        self.transport.protocol = self.protocol
+        self.protocol.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> bytes:
+        """Feed C{data}; return (and clear) every byte written since the last call."""
+        self.protocol.dataReceived(data)
+        return self.take()
+
+    def take(self) -> bytes:
+        """Return (and clear) every byte the server wrote since the last call."""
+        out = self.transport.value()
+        self.transport.clear()
+        return out
+
+    @property
+    def connected(self) -> bool:
+        """Whether the server has not closed the connection."""
+        return bool(self.transport.connected)
+
+    def close(self) -> None:
+        """The client goes away."""
+        self.transport.loseConnection()
+
+
+class ManualThread:
+    """A run_in_thread that runs each job only when the test says so (fsyncs held back)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, Deferred]] = []
+
+    def __call__(self, job: Any) -> Deferred:
+        d: Deferred = Deferred()
+        self.jobs.append((job, d))
+        return d
+
+    def run_all(self) -> None:
+        """Run every job, including those queued meanwhile (the next group commit)."""
+        while self.jobs:
+            job, d = self.jobs.pop(0)
+            d.callback(job())
+
+    def fail_all(self, error: Exception) -> None:
+        """Fail every job (an fsync error), including those queued meanwhile."""
+        while self.jobs:
+            _, d = self.jobs.pop(0)
+            d.errback(error)
