@@ -7,10 +7,11 @@ log-linear (8 per power of two, exact below 16), so any percentile is
 within about 6% of the true value. Reports compute percentiles by walking
 the 500 buckets, which only the admin endpoints do.
 
-L{Metrics} holds the server-wide histograms by name, plus one
-L{QueueMetrics} per queue (Ostrich's C{q/<name>/...} metrics). The names are
-Kestrel's (reference section 8.3). Nothing here reads a clock: callers
-measure with their injected clock and record the difference.
+L{Metrics} holds one L{QueueMetrics} per queue (Ostrich's C{q/<name>/...}
+metrics) and the server-wide histograms; a server-wide read or write latency
+is the sum of the queues' (each value is recorded once, in its queue). The
+names are Kestrel's (reference section 8.3). Nothing here reads a clock:
+callers measure with their injected clock and record the difference.
 """
 
 from __future__ import annotations
@@ -72,35 +73,11 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return mantissa << shift, ((mantissa + 1) << shift) - 1
 
 
-def add_to_both(first: Histogram, second: Histogram, value: int | float) -> None:
-    """
-    Record C{value} in two histograms (a global one and a queue's) as
-    L{Histogram.add} would in each, computing its bucket once: the hot-path
-    form of recording a metric at both levels.
-    """
-    v = value if value.__class__ is int else int(value + 0.5)
-    if v < _EXACT:
-        if v < 0:
-            v = 0
-        index = v
-    else:
-        shift = v.bit_length() - _SUB_BITS - 1
-        index = (shift << _SUB_BITS) + (v >> shift)
-    for h in (first, second):
-        h.buckets[index] += 1
-        if h.count == 0 or v < h.minimum:
-            h.minimum = v
-        if v > h.maximum:
-            h.maximum = v
-        h.count += 1
-        h.total += v
-
-
 class Histogram:
     """
     A distribution of non-negative integers: count, sum, min, max and bucketed counts.
 
-    L{add} (and L{add_to_both}) are the only ones meant for the hot path.
+    L{add} is the only method meant for the hot path.
     """
 
     __slots__ = ("count", "total", "minimum", "maximum", "buckets")
@@ -234,28 +211,52 @@ class QueueMetrics:
             yield name, getattr(self, name)
 
 
+#: The global metrics that are sums of per-queue ones: recorded per queue only.
+SUMMED_METRICS = ("set_latency_usec", "get_timeout_msec", "delivery_latency_msec",
+                  "get_hit_latency_usec", "get_miss_latency_usec")
+
+
+def _summed(name: str) -> property:
+    """A read-only L{Metrics} attribute: the sum over every queue (deleted ones too) of C{name}."""
+
+    def total(self: Metrics) -> Histogram:
+        return self.summed(name)
+
+    return property(total, doc=f"C{{{name}}} of every queue (a fresh snapshot).")
+
+
 class Metrics:
     """
     Every histogram of one server: the global ones as attributes, per-queue ones by name.
 
-    Call sites keep the object and write, for example,
-    C{metrics.set_latency_usec.add(usec)} and
-    C{metrics.queue(name).set_latency_usec.add(usec)}.
+    The read and write latencies (L{SUMMED_METRICS}) are recorded once, in
+    the queue's histogram (C{record_set}, C{record_hit}, ...: one
+    L{Histogram.add} per value on the hot path); their global attribute is
+    the sum over every queue, deleted ones included, computed when read (a
+    snapshot: adding to it records nothing). C{fsync_delay_usec} and
+    C{item_fsync_delay_usec} are global only and recorded directly.
     """
 
-    def __init__(self) -> None:
-        for name in GLOBAL_METRICS:
-            setattr(self, name, Histogram())
-        self._queues: dict[str, QueueMetrics] = {}
+    set_latency_usec = _summed("set_latency_usec")
+    get_timeout_msec = _summed("get_timeout_msec")
+    delivery_latency_msec = _summed("delivery_latency_msec")
+    get_hit_latency_usec = _summed("get_hit_latency_usec")
+    get_miss_latency_usec = _summed("get_miss_latency_usec")
 
-    # Declared for type checkers; set in __init__.
-    set_latency_usec: Histogram
-    get_timeout_msec: Histogram
-    delivery_latency_msec: Histogram
-    get_hit_latency_usec: Histogram
-    get_miss_latency_usec: Histogram
-    item_fsync_delay_usec: Histogram
-    fsync_delay_usec: Histogram
+    def __init__(self) -> None:
+        self.fsync_delay_usec = Histogram()
+        self.item_fsync_delay_usec = Histogram()
+        self._queues: dict[str, QueueMetrics] = {}
+        # What deleted queues recorded, still part of the global sums.
+        self._retired = QueueMetrics()
+
+    def summed(self, name: str) -> Histogram:
+        """A new histogram holding C{name} (one of L{SUMMED_METRICS}) of every queue."""
+        total = Histogram()
+        total.merge(getattr(self._retired, name))
+        for metrics in self._queues.values():
+            total.merge(getattr(metrics, name))
+        return total
 
     def queue(self, name: str) -> QueueMetrics:
         """Return the histograms of queue C{name}, creating them on first use."""
@@ -265,8 +266,14 @@ class Metrics:
         return metrics
 
     def remove_queue(self, name: str) -> None:
-        """Forget queue C{name}'s histograms (Kestrel drops C{q/<name>/*} on delete)."""
-        self._queues.pop(name, None)
+        """
+        Forget queue C{name}'s histograms (Kestrel drops C{q/<name>/*} on
+        delete); what it recorded stays in the global sums.
+        """
+        metrics = self._queues.pop(name, None)
+        if metrics is not None:
+            for metric in SUMMED_METRICS:
+                getattr(self._retired, metric).merge(getattr(metrics, metric))
 
     def queue_names(self) -> list[str]:
         """The queues that have histograms, sorted."""
@@ -278,33 +285,30 @@ class Metrics:
             yield name, getattr(self, name)
 
     def record_set(self, queue: str, usec: float) -> None:
-        """Record one write's C{set_latency_usec}, globally and for C{queue}."""
-        per_queue = self._queues.get(queue) or self.queue(queue)
-        add_to_both(self.set_latency_usec, per_queue.set_latency_usec, usec)
+        """Record one write's C{set_latency_usec} for C{queue} (and so globally)."""
+        (self._queues.get(queue) or self.queue(queue)).set_latency_usec.add(usec)
 
     def record_hit(self, queue: str, usec: float, delivery_msec: float | None = None) -> None:
         """
-        Record C{get_hit_latency_usec} of a read answered with an item and, for
-        an item removed, its C{delivery_latency_msec}; globally and per queue.
+        Record C{get_hit_latency_usec} of a read of C{queue} answered with an
+        item and, for an item removed, its C{delivery_latency_msec}.
         """
-        per_queue = self._queues.get(queue) or self.queue(queue)
-        add_to_both(self.get_hit_latency_usec, per_queue.get_hit_latency_usec, usec)
+        metrics = self._queues.get(queue) or self.queue(queue)
+        metrics.get_hit_latency_usec.add(usec)
         if delivery_msec is not None:
-            add_to_both(self.delivery_latency_msec, per_queue.delivery_latency_msec,
-                        delivery_msec)
+            metrics.delivery_latency_msec.add(delivery_msec)
 
     def record_miss(self, queue: str, usec: float) -> None:
-        """Record C{get_miss_latency_usec} of a read answered empty, globally and per queue."""
-        per_queue = self._queues.get(queue) or self.queue(queue)
-        add_to_both(self.get_miss_latency_usec, per_queue.get_miss_latency_usec, usec)
+        """Record C{get_miss_latency_usec} of a read of C{queue} answered empty."""
+        (self._queues.get(queue) or self.queue(queue)).get_miss_latency_usec.add(usec)
 
     def record_delivery(self, queue: str, msec: float) -> None:
-        """Record C{delivery_latency_msec} (add to delivery) of one item, globally and per queue."""
-        add_to_both(self.delivery_latency_msec, self.queue(queue).delivery_latency_msec, msec)
+        """Record C{delivery_latency_msec} (add to delivery) of one item of C{queue}."""
+        self.queue(queue).delivery_latency_msec.add(msec)
 
     def record_get_timeout(self, queue: str, msec: float) -> None:
-        """Record C{get_timeout_msec} of a blocking read that timed out, globally and per queue."""
-        add_to_both(self.get_timeout_msec, self.queue(queue).get_timeout_msec, msec)
+        """Record C{get_timeout_msec} of a blocking read of C{queue} that timed out."""
+        self.queue(queue).get_timeout_msec.add(msec)
 
     def record_fsync(self, seconds: float, write_delays: Iterable[float] = ()) -> None:
         """
@@ -323,8 +327,7 @@ class Metrics:
 
         Use: C{collection.add(...).addBoth(metrics.write_recorder(clock, name))}.
         """
-        return elapsed_recorder((self.set_latency_usec, self.queue(queue).set_latency_usec),
-                                clock)
+        return elapsed_recorder((self.queue(queue).set_latency_usec,), clock)
 
     def read_recorder(self, clock: _Clock, queue: str) -> Callable[[Any], Any]:
         """
@@ -332,24 +335,18 @@ class Metrics:
 
         Given the item (anything with C{add_time_ms}), it records
         C{get_hit_latency_usec} and C{delivery_latency_msec} (add to delivery);
-        given None, C{get_miss_latency_usec}; globally and for the queue. Use:
+        given None, C{get_miss_latency_usec}. Use:
         C{collection.remove(...).addCallback(metrics.read_recorder(clock, name))}.
         """
         started = clock.seconds()
-        per_queue = self.queue(queue)
 
         def record(item: Any) -> Any:
             now = clock.seconds()
             usec = (now - started) * 1e6
             if item is None:
-                self.get_miss_latency_usec.add(usec)
-                per_queue.get_miss_latency_usec.add(usec)
+                self.record_miss(queue, usec)
             else:
-                self.get_hit_latency_usec.add(usec)
-                per_queue.get_hit_latency_usec.add(usec)
-                waited = now * 1000 - item.add_time_ms
-                self.delivery_latency_msec.add(waited)
-                per_queue.delivery_latency_msec.add(waited)
+                self.record_hit(queue, usec, now * 1000 - item.add_time_ms)
             return item
 
         return record

@@ -42,7 +42,7 @@ class SessionProtocol(Protocol):
     _log = Logger()
 
     #: The wire protocol's name, given to the session (for its log lines).
-    protocol_name: ClassVar[str] = "memcache"
+    protocol_name: ClassVar[str] = "unnamed"
 
     factory: SessionFactory | None = None
 

@@ -17,7 +17,6 @@ from kestrel.metrics import (
     QUEUE_METRICS,
     Histogram,
     Metrics,
-    add_to_both,
     bucket_bounds,
     bucket_index,
 )
@@ -90,9 +89,12 @@ def test_cumulative_counts_are_monotonic() -> None:
 
 
 def test_metrics_registry_names() -> None:
-    """Global and per-queue metrics carry Kestrel's names; deleted queues vanish."""
+    """
+    Global and per-queue metrics carry Kestrel's names; a global latency is the
+    sum of the queues'; deleted queues vanish from the report, not from the sums.
+    """
     m = Metrics()
-    m.set_latency_usec.add(120)
+    m.record_set("other", 120)
     m.queue("jobs").delivery_latency_msec.add(7)
     report = m.report()
     assert set(GLOBAL_METRICS) <= set(report)
@@ -100,7 +102,12 @@ def test_metrics_registry_names() -> None:
     assert report["set_latency_usec"]["count"] == 1
     assert report["q/jobs/delivery_latency_msec"]["maximum"] == 7
     m.remove_queue("jobs")
-    assert not any(k.startswith("q/") for k in m.report())
+    m.remove_queue("other")
+    report = m.report()
+    assert not any(k.startswith("q/") for k in report)
+    # What deleted queues recorded stays in the global distributions.
+    assert report["set_latency_usec"]["count"] == 1
+    assert report["delivery_latency_msec"]["maximum"] == 7
 
 
 def test_add_is_cheap() -> None:
@@ -165,18 +172,21 @@ def test_record_fsync_takes_the_journal_observer_shape() -> None:
     assert (m.item_fsync_delay_usec.count, m.item_fsync_delay_usec.total) == (2, 5500)
 
 
-@given(st.lists(st.one_of(st.integers(-10, 2**40), st.floats(-10, 1e12)), max_size=30))
-def test_add_to_both_equals_two_adds(values: list[float]) -> None:
-    """add_to_both(a, b, v) leaves a and b exactly as a.add(v) and b.add(v) would."""
-    a, b, expected = Histogram(), Histogram(), Histogram()
-    b.add(3)  # the two need not start equal
-    expected_b = Histogram()
-    expected_b.add(3)
-    for v in values:
-        add_to_both(a, b, v)
-        expected.add(v)
-        expected_b.add(v)
-    for got, want in ((a, expected), (b, expected_b)):
-        assert (got.count, got.total, got.minimum, got.maximum) == (
-            want.count, want.total, want.minimum, want.maximum)
-        assert got.buckets == want.buckets
+@given(st.dictionaries(st.sampled_from(["a", "b", "c"]),
+                       st.lists(st.integers(0, 10**9), max_size=20), max_size=3),
+       st.sets(st.sampled_from(["a", "b", "c"])))
+def test_global_latency_is_the_sum_of_the_queues(recorded: dict[str, list[int]],
+                                                deleted: set[str]) -> None:
+    """A global latency equals one histogram fed every value of every queue, deleted or not."""
+    m = Metrics()
+    expected = Histogram()
+    for queue, values in recorded.items():
+        for v in values:
+            m.record_set(queue, v)
+            expected.add(v)
+    for queue in deleted:
+        m.remove_queue(queue)
+    got = m.set_latency_usec
+    assert (got.count, got.total, got.minimum, got.maximum) == (
+        expected.count, expected.total, expected.minimum, expected.maximum)
+    assert got.buckets == expected.buckets
