@@ -125,6 +125,17 @@ def bench_replay(work: Path, size: int, runs: int) -> None:
     shutil.rmtree(d)
 
 
+#: Extra seconds added to every fsync (--fsync-delay), to emulate a slower disk.
+FSYNC_DELAY = 0.0
+
+
+def disk_fsync(fd: int) -> None:
+    """fsync C{fd}, then wait C{FSYNC_DELAY} seconds more (an emulated slower disk)."""
+    os.fsync(fd)
+    if FSYNC_DELAY:
+        time.sleep(FSYNC_DELAY)
+
+
 def bench_fsync(work: Path, seconds: float) -> float:
     path = work / "fsync.bin"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -135,7 +146,7 @@ def bench_fsync(work: Path, seconds: float) -> float:
     try:
         while True:
             os.write(fd, block)
-            os.fsync(fd)
+            disk_fsync(fd)
             n += 1
             if time.perf_counter() >= deadline:
                 break
@@ -143,15 +154,22 @@ def bench_fsync(work: Path, seconds: float) -> float:
         os.close(fd)
         os.unlink(path)
     rate = n / (time.perf_counter() - start)
-    print(f"raw fsync: {rate:,.0f} fsync/s (1 KiB append + fsync, {n} in {seconds:.1f}s)")
+    emulated = f", emulated +{FSYNC_DELAY * 1000:g} ms per fsync" if FSYNC_DELAY else ""
+    print(f"raw fsync: {rate:,.0f} fsync/s (1 KiB append + fsync, {n} in {seconds:.1f}s"
+          f"{emulated})")
     return rate
 
 
 class Writers:
     """Keep C{concurrency} adds outstanding for C{seconds}; count the acknowledged ones."""
 
-    def __init__(self, add: Callable[[], defer.Deferred[Any]], concurrency: int,
+    #: Adds a writer makes in a row before it lets the reactor turn (timers,
+    #: fsync completions), as a server does between two reads from the network.
+    BURST = 64
+
+    def __init__(self, reactor: Any, add: Callable[[], defer.Deferred[Any]], concurrency: int,
                  seconds: float) -> None:
+        self.reactor = reactor
         self.add = add
         self.concurrency = concurrency
         self.seconds = seconds
@@ -168,12 +186,17 @@ class Writers:
         return self.done
 
     def _loop(self) -> None:
+        burst = self.BURST
         while time.perf_counter() < self.deadline:
             d = self.add()
             if not d.called:
                 d.addCallback(self._acked_then_loop)
                 return
             self.acked += 1
+            burst -= 1
+            if not burst:
+                self.reactor.callLater(0, self._loop)
+                return
         self.running -= 1
         if self.running == 0:
             self.done.callback(self.acked / (time.perf_counter() - self.start_time))
@@ -202,14 +225,22 @@ def bench_adds(reactor: Any, work: Path, seconds: float, via: str, fsync_rate: f
     raw = "not measured" if fsync_rate is None else f"{fsync_rate:,.0f}/s"
     print(f"adds/s through {'PersistentQueue' if via == 'queue' else 'FileJournal'} "
           f"({ITEM} B items, {seconds:.1f}s each; raw fsync {raw})")
-    print(f"  {'sync_journal':<24}{'writers':>8}{'adds/s':>12}{'ratio to raw fsync':>22}")
+    print(f"  {'sync_journal':<24}{'writers':>8}{'adds/s':>12}{'ratio to raw fsync':>22}"
+          f"{'adds per fsync':>16}")
     n = 0
+    fsyncs = [0]
+
+    def counting_fsync(fd: int) -> None:
+        fsyncs[0] += 1
+        disk_fsync(fd)
+
     for label, policy, durable in POLICIES:
         for concurrency in (1, 10, 100):
             n += 1
             d = work / f"adds{n}"
             d.mkdir()
-            journal = FileJournal(str(d), "q", reactor, policy, run_in_thread=run_in_thread)
+            journal = FileJournal(str(d), "q", reactor, policy, run_in_thread=run_in_thread,
+                                  fsync=counting_fsync)
             if via == "queue":
                 from kestrel.queue import PersistentQueue
 
@@ -232,12 +263,17 @@ def bench_adds(reactor: Any, work: Path, seconds: float, via: str, fsync_rate: f
                             item: QItem = item) -> defer.Deferred[Any]:
                         journal.add(item).addErrback(lambda f: None)
                         return defer.succeed(None)
-            rate = yield Writers(add, concurrency, seconds).start()
+            fsyncs[0] = 0
+            writers = Writers(reactor, add, concurrency, seconds)
+            rate = yield writers.start()
+            # (under "never" the only fsync is the one at close)
+            per_fsync = (f"{writers.acked / fsyncs[0]:.1f}"
+                         if fsyncs[0] and policy is not None else "-")
             closing = queue.close() if via == "queue" else journal.close()
             yield closing
             shutil.rmtree(d)
             ratio = "-" if fsync_rate is None else f"{rate / fsync_rate:.2f}"
-            print(f"  {label:<24}{concurrency:>8}{rate:>12,.0f}{ratio:>22}")
+            print(f"  {label:<24}{concurrency:>8}{rate:>12,.0f}{ratio:>22}{per_fsync:>16}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,13 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="drive adds through PersistentQueue (default) or FileJournal")
     parser.add_argument("--skip", action="append", default=[],
                         choices=["replay", "fsync", "adds"], help="skip a part (repeatable)")
+    parser.add_argument("--fsync-delay", type=float, default=0.0, metavar="MS",
+                        help="add MS milliseconds to every fsync, in the raw probe and the "
+                             "journal alike, to emulate a slower disk (default 0)")
     args = parser.parse_args(argv)
-    if args.via == "queue":
-        try:
-            import kestrel.queue  # noqa: F401
-        except ImportError:
-            print("kestrel.queue is not available: driving adds through FileJournal")
-            args.via = "journal"
+    global FSYNC_DELAY
+    FSYNC_DELAY = args.fsync_delay / 1000.0
 
     work = Path(tempfile.mkdtemp(prefix="kestrel-bench-", dir=args.dir))
     try:
