@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from kestrel.errors import AvailabilityError, TooManyOpenReads
+from kestrel.errors import AvailabilityError, KestrelError, TooManyOpenReads
 from kestrel.item import QItem
 from kestrel.status import Status
 
@@ -517,6 +517,42 @@ class ClientSession:
         """Record C{set_latency_usec} of an add that answered later (durable acks)."""
         self._metrics.record_set(name, (self._clock.seconds() - started) * 1e6)
         return result
+
+    def set_items(self, name: str, items: Iterable[bytes], expiry_ms: int = 0, *,
+                  stop_at_refusal: bool = False) -> Deferred[list[object]]:
+        """
+        Offer C{items} to C{name} in order (a text or thrift C{put}); fire with
+        the outcome of each item offered: C{True} (stored), C{False} (refused)
+        or the L{Failure} of its add, once every durable acknowledgement is in.
+
+        With C{stop_at_refusal} (thrift), the items after the first refusal
+        are not offered; without it (text), every item is. A L{KestrelError}
+        raised for the first item (writes blocked, bad queue name) propagates;
+        raised for a later one, it ends the batch there.
+        """
+        outcomes: list[list[object]] = []
+        waits: list[Deferred[object]] = []
+        for data in items:
+            try:
+                d = self.set_item(name, data, expiry_ms)
+            except KestrelError:
+                if not outcomes:
+                    raise
+                break
+            box: list[object] = []
+            d.addBoth(box.append)
+            outcomes.append(box)
+            if not box:
+                waits.append(d)
+            elif stop_at_refusal and box[0] is not True:
+                break
+
+        def collect(_: object = None) -> list[object]:
+            return [box[0] for box in outcomes]
+
+        if not waits:
+            return succeed(collect())
+        return DeferredList(waits).addCallback(collect)
 
     def flush(self, name: str) -> None:
         """Empty queue C{name} (writes must be allowed)."""

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -296,34 +296,17 @@ class TextProtocol(SessionProtocol):
         name = self._queue_name(args)
         expiry_msec = parse_int(args[1], "expiration time") if len(args) > 1 else 0
         expiry_ms = relative_expiry_ms(expiry_msec, int(self._clock.seconds() * 1000))
-        set_item = self.session.set_item
-        outcomes: list[list[Any]] = []
-        waits: list[Deferred[Any]] = []
-        for data in items:
-            try:
-                d = set_item(name, data, expiry_ms)
-            except KestrelError:
-                if not outcomes:
-                    raise
-                break
-            box: list[Any] = []
-            d.addBoth(box.append)
-            outcomes.append(box)
-            if not box:
-                waits.append(d)
-        if not waits:
-            return self._stored(name, outcomes)
-        return DeferredList(waits).addCallback(lambda _: self._stored(name, outcomes))
+        return self.session.set_items(name, items, expiry_ms).addCallback(self._stored, name)
 
-    def _stored(self, name: str, outcomes: list[list[Any]]) -> bytes:
+    def _stored(self, outcomes: list[object], name: str) -> bytes:
         """C{+<n>}, n counting the items the queue accepted."""
         count = 0
-        for box in outcomes:
-            if box[0] is True:
+        for outcome in outcomes:
+            if outcome is True:
                 count += 1
-            elif isinstance(box[0], Failure):
+            elif isinstance(outcome, Failure):
                 self._log.warn("put to {queue}: an item failed: {error}",
-                               queue=name, error=box[0].getErrorMessage())
+                               queue=name, error=outcome.getErrorMessage())
         return count_reply(count)
 
     def _get(self, args: list[bytes], items: list[bytes]) -> Any:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import thriftpy2
 from thriftpy2.thrift import TApplicationException, TMessageType, TType
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -260,34 +260,14 @@ class ThriftCalls:
         """
         now_ms = int(self._clock.seconds() * 1000)
         expiry_ms = relative_expiry_ms(expiration_msec, now_ms)
-        set_item = self._session.set_item
-        outcomes: list[list[Any]] = []
-        waits: list[Deferred[Any]] = []
-        for data in items:
-            try:
-                d = set_item(queue_name, data, expiry_ms)
-            except KestrelError:
-                if not outcomes:
-                    raise
-                break
-            box: list[Any] = []
-            d.addBoth(box.append)
-            outcomes.append(box)
-            if box:
-                if box[0] is not True:
-                    break
-            else:
-                waits.append(d)
-        if not waits:
-            return self._count_stored(queue_name, outcomes)
-        return DeferredList(waits).addCallback(
-            lambda _: self._count_stored(queue_name, outcomes))
+        return self._session.set_items(queue_name, items, expiry_ms,
+                                       stop_at_refusal=True).addCallback(
+            self._count_stored, queue_name)
 
-    def _count_stored(self, queue_name: str, outcomes: list[list[Any]]) -> int:
+    def _count_stored(self, outcomes: list[object], queue_name: str) -> int:
         """How many items were stored before the first refusal or failure."""
         count = 0
-        for box in outcomes:
-            outcome = box[0]
+        for outcome in outcomes:
             if outcome is True:
                 count += 1
                 continue

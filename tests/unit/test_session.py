@@ -579,3 +579,36 @@ def test_monitor_consumer_error_fails_the_stream(server: KestrelServer, clock: C
     assert s.count_pending_reads("q") == 1
     s.finish()
     assert contents(server, "q") == [b"a", b"b"]
+
+
+def test_set_items_stops_at_a_refusal_only_when_asked(make_server) -> None:
+    """
+    set_items offers every item (text put) or stops at the first refusal
+    (thrift put), and reports each offered item's outcome in order.
+    """
+    server = make_server("queues:\n  small: {max_items: 2}\n")
+    session = server.new_session("text")
+    items = [b"a", b"b", b"c", b"d"]
+    assert result_of(session.set_items("small", items)) == [True, True, False, False]
+    assert contents(server, "small") == [b"a", b"b"]
+    thrift = server.new_session("thrift")
+    assert result_of(thrift.set_items("small", items, stop_at_refusal=True)) == [True, True, False]
+    assert contents(server, "small") == [b"a", b"b"]
+
+
+def test_set_items_waits_for_every_durable_acknowledgement(make_server, clock: Clock) -> None:
+    """With durable acks on a sync period, set_items fires only after the covering fsync."""
+    server = make_server("queues:\n  safe: {sync_journal: 50ms, durable_acks: true}\n")
+    session = server.new_session("thrift")
+    d = session.set_items("safe", [b"x", b"y"], stop_at_refusal=True)
+    assert not d.called
+    clock.advance(0.05)
+    assert result_of(d) == [True, True]
+
+
+def test_set_items_raises_when_writes_are_blocked(make_server) -> None:
+    """A refusal of the whole batch (server read-only) is raised, not counted."""
+    server = make_server("default_status: readonly\n")
+    session = server.new_session("text")
+    with pytest.raises(AvailabilityError):
+        session.set_items("q", [b"x"])
