@@ -268,14 +268,16 @@ class MemcacheProtocol(SessionProtocol):
                     continue
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
-                    if len(buf) - pos > self.max_request_size:
+                    # (one more byte may be the "\r" of a line of the largest size)
+                    if len(buf) - pos > self.max_request_size + 1:
                         self._fail(b"CLIENT_ERROR request line too long\r\n")
                     need_newline = True
                     break
-                if nl - pos > self.max_request_size:
+                end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+                if end - pos > self.max_request_size:
                     self._fail(b"CLIENT_ERROR request line too long\r\n")
                     break
-                line = buf[pos:nl - 1] if nl > pos and buf[nl - 1] == 13 else buf[pos:nl]
+                line = buf[pos:end]
                 pos = nl + 1
                 try:
                     request = parse_line(line)

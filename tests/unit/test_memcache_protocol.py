@@ -646,3 +646,25 @@ def test_refused_journal_write_drops_the_replies(
     journal._writer = kept
     other = Conn(factory)
     assert other.send(b"set r 0 0 1\r\nc\r\nget r\r\n") == b"STORED\r\nVALUE r 0 1\r\nc\r\nEND\r\n"
+
+
+def test_line_of_the_largest_size_is_served_with_either_ending(clock: Clock,
+                                                               tmp_path: Path) -> None:
+    """
+    A request line of exactly max_request_size bytes is served whether it ends
+    in \\n or \\r\\n, also when the ending arrives in a read of its own; one
+    byte more is refused.
+    """
+    server = make_server(clock, tmp_path, "max_request_size: 64\n")
+    try:
+        for ending in (b"\n", b"\r\n"):
+            conn = Conn(MemcacheFactory(server))
+            line = b"get q" + b"/" * (64 - 5)
+            assert conn.send(line) == b""
+            assert conn.send(ending) == b"END\r\n"
+        conn = Conn(MemcacheFactory(server))
+        assert conn.send(b"get q" + b"/" * (65 - 5) + b"\r\n") == (
+            b"CLIENT_ERROR request line too long\r\n")
+        assert not conn.connected
+    finally:
+        server.collection.stopService()

@@ -1,5 +1,6 @@
 """
-Wire-test infrastructure: a REAL server process, started as `python -m twisted kestrel`.
+Wire-test infrastructure: a REAL server process, started as `python -m twisted kestrel`
+(or, with `launcher="twistd"`, as the README's `twistd -n kestrel`).
 
 `KestrelProcess` owns one server in its own directory (journals, status
 file, config file, log). It picks free loopback ports for every listener
@@ -10,7 +11,8 @@ config for a `reload`.
 
 Fixtures:
   - `kestrel_factory`: a function building (and, at teardown, stopping)
-    servers: `kestrel_factory(protocols=("memcache",), config={...})`.
+    servers: `kestrel_factory(protocols=("memcache",), config={...})`;
+    `launcher="twistd"` starts it with the `twistd` script instead.
   - `kestrel`: one server per test module with memcache, text and thrift
     listeners (the admin listener too when `kestrel.admin` exists).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +39,8 @@ PROTOCOLS = ("memcache", "text", "thrift", "admin")
 READY = "kestrel ready"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0
+#: How a server is started: Twisted's `twist` runner, or the `twistd` script.
+LAUNCHERS = ("module", "twistd")
 
 
 def free_port() -> int:
@@ -56,13 +61,34 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def twistd_path() -> str:
+    """The C{twistd} script of the running Python (beside it, else the one on C{PATH})."""
+    beside = Path(sys.executable).parent / "twistd"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("twistd")
+    if found is None:
+        raise RuntimeError("no twistd script beside the running Python nor on PATH")
+    return found
+
+
 class KestrelProcess:
-    """One real server process in C{root}, driven from a test."""
+    """
+    One real server process in C{root}, driven from a test.
+
+    C{launcher} is C{"module"} (C{python -m twisted --log-format=text kestrel},
+    run from the checkout) or C{"twistd"} (C{twistd -n kestrel}, the README's
+    form, run from C{root} so that twistd's C{twistd.pid} lands there).
+    """
 
     def __init__(self, root: Path, protocols: tuple[str, ...] = ("memcache",),
-                 config: Mapping[str, Any] | None = None, host: str = "127.0.0.1") -> None:
+                 config: Mapping[str, Any] | None = None, host: str = "127.0.0.1",
+                 launcher: str = "module") -> None:
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {LAUNCHERS}, not {launcher!r}")
         self.root = root
         self.host = host
+        self.launcher = launcher
         root.mkdir(parents=True, exist_ok=True)
         self.queue_path = root / "queues"
         self.status_file = root / "status"
@@ -99,6 +125,13 @@ class KestrelProcess:
 
     # -- process ---------------------------------------------------------
 
+    def command(self) -> list[str]:
+        """The command line that starts this server, per its launcher."""
+        if self.launcher == "twistd":
+            return [twistd_path(), "-n", "kestrel", "--config", str(self.config_path)]
+        return [sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
+                "--config", str(self.config_path)]
+
     def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the server and wait for its C{kestrel ready} line."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
@@ -109,9 +142,8 @@ class KestrelProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
-                 "--config", str(self.config_path)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.command(), cwd=self.root if self.launcher == "twistd" else ROOT, env=env,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         finally:
             log.close()
@@ -189,12 +221,13 @@ class KestrelProcess:
 @pytest.fixture(scope="module")
 def kestrel_factory(tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[Callable[..., KestrelProcess]]:
-    """Build and start servers (`protocols`, `config`, `start`); all are stopped at the end."""
+    """Build and start servers (`protocols`, `config`, `start`, `launcher`); all stop at the end."""
     made: list[KestrelProcess] = []
 
     def make(protocols: tuple[str, ...] = ("memcache",), config: Mapping[str, Any] | None = None,
-             start: bool = True) -> KestrelProcess:
-        server = KestrelProcess(tmp_path_factory.mktemp("kestrel"), protocols, config)
+             start: bool = True, launcher: str = "module") -> KestrelProcess:
+        server = KestrelProcess(tmp_path_factory.mktemp("kestrel"), protocols, config,
+                                launcher=launcher)
         made.append(server)
         if start:
             server.start()

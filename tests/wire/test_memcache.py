@@ -3,7 +3,8 @@ Memcache protocol against a real server process, with real clients.
 
 python-memcached drives the reliable-read options, pymemcache the plain
 memcache commands (noreply included), raw sockets everything else. One
-server serves the whole module; each test uses its own queue names.
+server serves the whole module; each test uses its own queue names. Bad
+input is covered in test_memcache_bad_input.py.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from tests.wire.conftest import KestrelProcess, LineClient
 
 @pytest.fixture(scope="module")
 def server(kestrel_factory: Callable[..., KestrelProcess]) -> KestrelProcess:
-    """One server for the module: memcache only, 10 open reads, an alias, a tiny request limit."""
+    """One server for the module: memcache only, 10 open reads, an alias."""
     return kestrel_factory(config={
         "max_open_transactions": 10,
-        "max_request_size": 4096,
-        "queues": {"small": {"max_item_size": 10}},
         "aliases": {"both": ["dest_a", "dest_b"]},
     })
 
@@ -38,6 +37,7 @@ def raw(server: KestrelProcess) -> Iterator[LineClient]:
 
 
 def new_raw(server: KestrelProcess) -> LineClient:
+    """A raw-socket client of the memcache port (closed by the caller)."""
     return LineClient(server.connect())
 
 
@@ -197,48 +197,6 @@ def test_version_and_pipelining(raw: LineClient) -> None:
     assert raw.line() == b"STORED\r\n"
     assert raw.until(b"END\r\n") == b"VALUE pl 0 1\r\na\r\nEND\r\n"
     assert raw.line() == b"END\r\n"
-
-
-# -- bad input: a clear error, and the server lives on ----------------------------
-
-@pytest.mark.parametrize("request_bytes, reply", [
-    (b"bogus\r\n", b"CLIENT_ERROR unknown command: bogus\r\n"),
-    (b"add q 0 0 1\r\nx\r\n", b"CLIENT_ERROR unknown command: add\r\n"),
-    (b"get ../etc\r\n", b"CLIENT_ERROR bad queue name: "),
-    (b"set a/b 0 0 1\r\nx\r\n", b"CLIENT_ERROR bad queue name: "),
-    (b"get q/t=abc\r\n", b"CLIENT_ERROR bad timeout\r\n"),
-    (b"get q/peek/open\r\n", b"CLIENT_ERROR "),
-    (b"set q 0 0 5000\r\n", b"CLIENT_ERROR item of 5000 bytes is larger than max_request_size"),
-    (b"get " + b"x" * 5000 + b"\r\n", b"CLIENT_ERROR request line too long\r\n"),
-    (b"set q 0 0 -1\r\n", b"CLIENT_ERROR bad byte count\r\n"),
-    (b"status down\r\n", b"CLIENT_ERROR "),
-])
-def test_bad_input(server: KestrelProcess, request_bytes: bytes, reply: bytes) -> None:
-    """Each bad request gets CLIENT_ERROR with a reason, then a close; the server lives on."""
-    client = new_raw(server)
-    client.send(request_bytes)
-    assert client.line().startswith(reply)
-    assert client.closed()
-    client.close()
-    after = new_raw(server)
-    after.send(b"version\r\n")
-    assert after.line().startswith(b"VERSION ")
-    after.close()
-
-
-def test_missing_key_keeps_connection(raw: LineClient) -> None:
-    """`get` without a key is CLIENT_ERROR but the connection stays usable."""
-    raw.send(b"get\r\nversion\r\n")
-    assert raw.line() == b"CLIENT_ERROR missing queue name\r\n"
-    assert raw.line().startswith(b"VERSION ")
-
-
-def test_item_over_max_item_size(raw: LineClient) -> None:
-    """An item over the queue's max_item_size is read and discarded: NOT_STORED."""
-    raw.send(b"set small 0 0 11\r\n01234567890\r\nset small 0 0 2\r\nok\r\n")
-    assert raw.line() == b"NOT_STORED\r\n"
-    assert raw.line() == b"STORED\r\n"
-    assert get_value(raw, b"get small\r\n") == b"ok"
 
 
 def test_half_close_gets_replies(server: KestrelProcess) -> None:

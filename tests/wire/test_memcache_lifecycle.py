@@ -1,6 +1,7 @@
 """
 Server life cycle over memcache against real processes: restart, kill -9,
-reload, SIGHUP, SIGTERM and the `shutdown` command.
+reload, SIGHUP, SIGTERM, the `shutdown` command, and the README's `twistd`
+command line.
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.wire.conftest import KestrelProcess, LineClient
 from tests.wire.test_memcache import get_value
 
 
 def client(server: KestrelProcess) -> LineClient:
+    """A raw-socket client of the server's memcache port."""
     return LineClient(server.connect())
 
 
@@ -119,3 +122,23 @@ def test_all_listeners_start(kestrel: KestrelProcess) -> None:
         if port:
             kestrel.connect(name).close()
     assert "kestrel ready" in kestrel.log()
+
+
+def test_readme_twistd_command(kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """
+    The README's `twistd -n kestrel ...` starts a server that serves, keeps
+    twistd's pid file in its own working directory, and exits 0 on SIGTERM.
+    """
+    server = kestrel_factory(launcher="twistd")
+    assert server.running
+    command = server.proc.args
+    assert Path(command[0]).name == "twistd"
+    assert command[1:3] == ["-n", "kestrel"]
+    assert (server.root / "twistd.pid").read_text().strip() == str(server.proc.pid)
+    c = client(server)
+    store(c, b"readme", b"hello")
+    assert drain(c, b"readme") == [b"hello"]
+    c.close()
+    assert server.stop() == 0
+    assert "kestrel stopped" in server.log()
+    assert not (server.root / "twistd.pid").exists()
