@@ -32,12 +32,15 @@ from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
-from kestrel.queue import PersistentQueue
+from kestrel.queue import PersistentQueue, QueueObserver
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
 from kestrel.status import ServerStatus
 
 T = TypeVar("T")
 RunInThread = Callable[[Callable[[], T]], Deferred]
+
+#: Gives the observer of each queue as it is created (by name), or C{None} for none.
+QueueObserverFactory = Callable[[str], QueueObserver | None]
 
 #: Seconds between two "still replaying" progress lines at startup.
 REPLAY_PROGRESS_INTERVAL = 5.0
@@ -82,7 +85,12 @@ class QueueCollection(Service):
 
     An C{on_fsync} observer (L{FsyncObserver}: C{(seconds, write_delays)})
     is handed to the journal of every queue created with C{keep_journal}, so
-    it hears of every fsync that makes journal writes durable.
+    it hears of every fsync that makes journal writes durable. A
+    C{queue_observer} factory is asked, by name, for the L{QueueObserver} of
+    every queue as it is created (journal rewrite, rotation and read-behind
+    times, request and queue sizes). C{on_delete} is called with the name of
+    every queue deleted, whether by L{delete} or by the C{max_queue_age}
+    sweep (L{delete_expired_queues}), once the queue is closed and erased.
 
     @ivar stats: the global counters (L{ServerStats}).
     @ivar config: the L{ServerConfig} in force (replaced by L{reload}).
@@ -95,11 +103,15 @@ class QueueCollection(Service):
                  run_in_thread: RunInThread | None = None,
                  stats: ServerStats | None = None,
                  status: ServerStatus | None = None,
-                 on_fsync: FsyncObserver | None = None) -> None:
+                 on_fsync: FsyncObserver | None = None,
+                 queue_observer: QueueObserverFactory | None = None,
+                 on_delete: Callable[[str], object] | None = None) -> None:
         self.config = config
         self._clock = clock
         self._run_in_thread = run_in_thread
         self._on_fsync = on_fsync
+        self._queue_observer = queue_observer
+        self._on_delete = on_delete
         self.stats = stats if stats is not None else ServerStats(clock.seconds())
         #: A L{kestrel.status.ServerStatus} (optional): when it reports a
         #: graceful status at stop, empty queues get their journals compacted.
@@ -262,7 +274,8 @@ class QueueCollection(Service):
             FileJournal(self._path, name, self._clock, None,
                         archive_path=self._archive_path).erase()
             journal = MemoryJournal()
-        queue = PersistentQueue(name, config, journal, self._clock)
+        observer = None if self._queue_observer is None else self._queue_observer(name)
+        queue = PersistentQueue(name, config, journal, self._clock, observer=observer)
         self._log.info("Setting up queue {queue}", queue=name)
         self.stats.queue_creates += 1
         queue.setup()
@@ -444,6 +457,7 @@ class QueueCollection(Service):
         """
         Delete queue C{name}: its waiters get "no item", its journal files are
         erased at once, its stats dropped; a fanout child is unregistered.
+        Then C{on_delete(name)} is called (if set), for a queue that existed.
 
         A missing queue or an alias is a no-op. A later reference creates an
         empty queue. Open reads on it become no-ops.
@@ -458,6 +472,11 @@ class QueueCollection(Service):
             queue.destroy_journal()
             self.stats.queue_deletes += 1
             self._log.info("Queue {queue} deleted", queue=name)
+            if self._on_delete is not None:
+                try:
+                    self._on_delete(name)
+                except Exception:
+                    self._log.failure("on_delete observer failed for {queue}", queue=name)
         if FANOUT_SEPARATOR in name:
             children = self._fanouts.get(master_name(name))
             if children is not None and name in children:

@@ -197,7 +197,15 @@ QUEUE_METRICS = (
 
 
 class QueueMetrics:
-    """The histograms of one queue, one attribute per name in L{QUEUE_METRICS}."""
+    """
+    The histograms of one queue, one attribute per name in L{QUEUE_METRICS}.
+
+    It is also the queue's observer (the shape of
+    L{kestrel.queue.QueueObserver}): C{PersistentQueue} calls the methods
+    below, which record C{journal_rewrite_usec}, C{journal_rotation_usec},
+    C{fill_readbehind_usec} (from seconds), C{request_size},
+    C{queue_size}, C{tx_map_size} and C{tx_expire_list_size}.
+    """
 
     __slots__ = QUEUE_METRICS
 
@@ -209,6 +217,32 @@ class QueueMetrics:
         """Yield C{(name, histogram)} in L{QUEUE_METRICS} order."""
         for name in QUEUE_METRICS:
             yield name, getattr(self, name)
+
+    def journal_rewritten(self, seconds: float) -> None:
+        """Record one journal rewrite's C{journal_rewrite_usec}."""
+        self.journal_rewrite_usec.add(seconds * 1e6)
+
+    def journal_rotated(self, seconds: float) -> None:
+        """Record one journal rotation's C{journal_rotation_usec}."""
+        self.journal_rotation_usec.add(seconds * 1e6)
+
+    def read_behind_filled(self, seconds: float) -> None:
+        """Record one read-behind refill's C{fill_readbehind_usec}."""
+        self.fill_readbehind_usec.add(seconds * 1e6)
+
+    def item_added(self, size: int, queue_size: int) -> None:
+        """Record a stored add: its C{request_size} (bytes) and the C{queue_size} after it."""
+        self.request_size.add(size)
+        self.queue_size.add(queue_size)
+
+    def item_removed(self, queue_size: int) -> None:
+        """Record the C{queue_size} (items in memory) after a remove."""
+        self.queue_size.add(queue_size)
+
+    def open_reads_changed(self, open_reads: int, expiring: int) -> None:
+        """Record C{tx_map_size} (open reads) and C{tx_expire_list_size} (those with a timeout)."""
+        self.tx_map_size.add(open_reads)
+        self.tx_expire_list_size.add(expiring)
 
 
 #: The global metrics that are sums of per-queue ones: recorded per queue only.

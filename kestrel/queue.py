@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -30,6 +30,37 @@ from kestrel.item import QItem
 from kestrel.journal import records as rec
 from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
+
+
+class QueueObserver(Protocol):
+    """
+    What a queue reports about itself when observed (Kestrel's per-queue metrics).
+
+    Every method is called synchronously from the queue's own operation and
+    must be cheap and must not raise. A queue built without an observer
+    reads no clock and calls nothing for them. Durations are clock seconds.
+    """
+
+    def journal_rewritten(self, seconds: float) -> None:
+        """A journal rewrite (compaction) took C{seconds}."""
+
+    def journal_rotated(self, seconds: float) -> None:
+        """A journal rotation took C{seconds}."""
+
+    def read_behind_filled(self, seconds: float) -> None:
+        """A read-behind refill (reading items back from the journal) took C{seconds}."""
+
+    def item_added(self, size: int, queue_size: int) -> None:
+        """A client add of C{size} payload bytes was stored; C{queue_size} items are in memory."""
+
+    def item_removed(self, queue_size: int) -> None:
+        """An item was removed for a reader; C{queue_size} items remain in memory."""
+
+    def open_reads_changed(self, open_reads: int, expiring: int) -> None:
+        """
+        The table of open reads changed (opened, confirmed, aborted, continued):
+        it holds C{open_reads}, C{expiring} of them under C{open_transaction_timeout}.
+        """
 
 
 class PersistentQueue:
@@ -54,13 +85,16 @@ class PersistentQueue:
     @ivar is_fanout_master: whether C{fanout_only} makes this queue store
         nothing (Kestrel: every queue whose name has no C{+}). The collection
         may set it.
+    @ivar observer: the L{QueueObserver} told of journal maintenance
+        durations, request and queue sizes, or C{None} (nothing is measured).
     """
 
     _log = Logger()
 
     def __init__(self, name: str, config: QueueConfig, journal: Any,
-                 clock: IReactorTime) -> None:
+                 clock: IReactorTime, *, observer: QueueObserver | None = None) -> None:
         self.name = name
+        self.observer = observer
         self.journal = journal
         self._clock = clock
         self._config = config
@@ -327,7 +361,11 @@ class PersistentQueue:
             return fail(failure)
         if xid is not None and self._open.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
+            self._open_reads_changed()
         self._store(item)
+        observer = self.observer
+        if observer is not None:
+            observer.item_added(size, len(self._items))
         self._waiters.trigger()
         if cfg.durable_acks or cfg.sync_journal == 0.0:
             # The journal's Deferred is this write's own: chain on it directly.
@@ -392,6 +430,11 @@ class PersistentQueue:
             if journal.in_read_behind:
                 self._fill_read_behind()
             self._check_rotate_journal()
+        observer = self.observer
+        if observer is not None:
+            observer.item_removed(len(self._items))
+            if transaction:
+                self._open_reads_changed()
         return item
 
     def _pop_head(self) -> QItem | None:
@@ -469,6 +512,7 @@ class PersistentQueue:
             self._open_since.pop(xid, None)
             self._journal_write(self.journal.unremove, xid)
             self.canceled_transactions += 1
+            self._open_reads_changed()
         else:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
@@ -493,9 +537,18 @@ class PersistentQueue:
         if self._open.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
             self._journal_write(self.journal.confirm_remove, xid)
+            self._open_reads_changed()
         else:
             self._log.warn("{queue}: confirm of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
+
+    def _open_reads_changed(self) -> None:
+        """Tell the observer (if any) the size of the open-read table and of its timed part."""
+        observer = self.observer
+        if observer is not None:
+            count = len(self._open)
+            timed = count if self._config.open_transaction_timeout is not None else 0
+            observer.open_reads_changed(count, timed)
 
     def _time_out_open_reads(self) -> None:
         """Abort every open read older than the timeout; the oldest ends up at the head."""
@@ -640,12 +693,19 @@ class PersistentQueue:
                               queue=self.name)
 
     def _fill_read_behind(self) -> None:
+        """Read items back from the journal until memory is full or the reader catches up."""
         journal = self.journal
         limit = self._config.max_memory_size
+        if not journal.in_read_behind or self.memory_bytes >= limit:
+            return
+        observer = self.observer
+        started = self._clock.seconds() if observer is not None else 0.0
         while journal.in_read_behind and self.memory_bytes < limit:
             journal.fill_read_behind(self._got_item, self._got_checkpoint)
             if not journal.in_read_behind:
                 self._log.info("Coming out of read-behind for {queue}", queue=self.name)
+        if observer is not None:
+            observer.read_behind_filled(self._clock.seconds() - started)
 
     def _got_item(self, item: QItem) -> None:
         self._items.append(item)
@@ -662,13 +722,21 @@ class PersistentQueue:
             self._log.warn("Not rewriting journal of {queue}: {missing} items are not in memory",
                            queue=self.name, missing=self.length - len(self._items))
             return
+        observer = self.observer
+        started = self._clock.seconds() if observer is not None else 0.0
         self.journal.rewrite(self.open_items(), list(self._items),
                              xid_counter=self._xid_counter)
         self.journal_rewrites += 1
+        if observer is not None:
+            observer.journal_rewritten(self._clock.seconds() - started)
 
     def _rotate_journal(self, set_checkpoint: bool) -> None:
+        observer = self.observer
+        started = self._clock.seconds() if observer is not None else 0.0
         self.journal.rotate(self.open_items(), set_checkpoint)
         self.journal_rotations += 1
+        if observer is not None:
+            observer.journal_rotated(self._clock.seconds() - started)
 
     def _disallow_rewrites_for_delay(self) -> None:
         delay = self._config.min_journal_compact_delay

@@ -76,13 +76,18 @@ class KestrelServer:
 
         The collection is not started: the service layer starts it (replay).
         Every journal fsync is recorded in the server's L{Metrics}
-        (C{fsync_delay_usec}, C{item_fsync_delay_usec}).
+        (C{fsync_delay_usec}, C{item_fsync_delay_usec}); each queue reports
+        its journal maintenance times and sizes to its C{QueueMetrics}
+        (C{metrics.queue(name)}), and every queue deleted, by a client or
+        by the C{max_queue_age} sweep, has its metrics dropped.
         """
         status = ServerStatus(clock, config.status_file, config.default_status,
                               config.status_change_grace_period or 0.0)
         metrics = Metrics()
         collection = QueueCollection(config, clock, run_in_thread=run_in_thread,
-                                     status=status, on_fsync=metrics.record_fsync)
+                                     status=status, on_fsync=metrics.record_fsync,
+                                     queue_observer=metrics.queue,
+                                     on_delete=metrics.remove_queue)
         return cls(config, clock, collection, status, config_path=config_path, version=version,
                    metrics=metrics)
 
@@ -145,7 +150,12 @@ class KestrelServer:
     # -- server-wide commands ----------------------------------------------
 
     def delete_queue(self, name: str) -> None:
-        """Delete queue C{name} (see L{QueueCollection.delete}) and forget its metrics."""
+        """
+        Delete queue C{name} (see L{QueueCollection.delete}) and forget its metrics.
+
+        The collection of L{from_config} drops them itself (its C{on_delete});
+        dropping them here too covers a collection built without that hook.
+        """
         self.collection.delete(name)
         self.metrics.remove_queue(name)
 

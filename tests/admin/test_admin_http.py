@@ -237,3 +237,53 @@ def test_real_traffic_records_latencies(kestrel_factory: Callable[..., KestrelPr
     assert samples["kestrel_set_latency_seconds_sum"] > 0
     assert samples["kestrel_fsync_delay_seconds_sum"] > 0
     assert samples["kestrel_get_timeout_seconds_sum"] >= 0.02
+
+
+# -- per-queue journal and size metrics recorded by real traffic
+
+
+def test_journal_maintenance_metrics(kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """
+    With a small max_memory_size, sets rotate the journal and drop the queue
+    to read-behind, and gets refill it: /stats.json reports non-zero
+    q/<name>/journal_rotation_usec and fill_readbehind_usec, and the
+    request_size and queue_size distributions of the traffic.
+    """
+    server = kestrel_factory(protocols=("memcache", "admin"),
+                             config={"default": {"max_memory_size": 1024}})
+    payload = b"p" * 200
+    memcache(server, *[b"set big 0 0 200\r\n" + payload + b"\r\n"] * 20)
+    replies = memcache(server, *[b"get big\r\n"] * 20)
+    assert replies == [b"VALUE big 0 200\r\n" + payload + b"\r\nEND\r\n"] * 20
+
+    code, body, _ = http(server, "/stats.json")
+    assert code == 200
+    doc = json.loads(body)
+    rotations = doc["counters"]["q/big/journal_rotations"]
+    assert rotations >= 1
+    metrics = doc["metrics"]
+    rotation = metrics["q/big/journal_rotation_usec"]
+    assert rotation["count"] == rotations and rotation["maximum"] > 0
+    fill = metrics["q/big/fill_readbehind_usec"]
+    assert fill["count"] >= 1 and fill["maximum"] > 0
+    request = metrics["q/big/request_size"]
+    assert (request["count"], request["minimum"], request["maximum"]) == (20, 200, 200)
+    assert metrics["q/big/queue_size"]["count"] == 40
+    assert metrics["q/big/queue_size"]["maximum"] <= 1024 // 200 + 1  # memory stays bounded
+    for name in ("journal_rewrite_usec", "tx_map_size", "tx_expire_list_size"):
+        assert set(metrics[f"q/big/{name}"]) == PERCENTILE_KEYS
+
+
+def test_deleted_queue_metrics_are_gone(kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """A client delete drops q/<name>/ metrics; the queue set again starts afresh."""
+    server = kestrel_factory(protocols=("memcache", "admin"))
+    memcache(server, b"set doomed 0 0 3\r\nabc\r\n", b"set doomed 0 0 3\r\ndef\r\n")
+    metrics = json.loads(http(server, "/stats.json")[1])["metrics"]
+    assert metrics["q/doomed/request_size"]["count"] == 2
+    assert memcache(server, b"delete doomed\r\n") == [b"DELETED\r\n"]
+    metrics = json.loads(http(server, "/stats.json")[1])["metrics"]
+    assert not [name for name in metrics if name.startswith("q/doomed/")]
+    memcache(server, b"set doomed 0 0 1\r\nx\r\n")
+    metrics = json.loads(http(server, "/stats.json")[1])["metrics"]
+    assert metrics["q/doomed/request_size"]["count"] == 1
+    assert metrics["q/doomed/set_latency_usec"]["count"] == 1

@@ -19,6 +19,7 @@ from kestrel.collection import QueueCollection
 from kestrel.config import ServerConfig, parse_config
 from kestrel.errors import ConfigError, InvalidQueueName, ShuttingDown
 from kestrel.item import QItem
+from kestrel.metrics import QueueMetrics
 from kestrel.status import ServerStatus
 
 
@@ -619,3 +620,52 @@ def test_graceful_stop_compacts_empty_journals(started, tmp_path: Path) -> None:
     assert (tmp_path / "queues" / "q").stat().st_size < before
     assert (tmp_path / "queues" / "busy").stat().st_size > 100
     assert drain(started(), "busy") == [b"x" * 100]
+
+
+# -- observers: per-queue metrics and deletions -------------------------------------
+
+
+def test_queue_observer_is_asked_per_created_queue(started) -> None:
+    """Every queue created (by reference, by expire_to wiring) gets the factory's observer."""
+    observers: dict[str, QueueMetrics] = {}
+
+    def observer_for(name: str) -> QueueMetrics:
+        observers[name] = QueueMetrics()
+        return observers[name]
+
+    c = started("queues:\n  src: {expire_to_queue: dead}\n", queue_observer=observer_for)
+    c.add("jobs", b"abcd")
+    c.queue("src")
+    assert sorted(observers) == ["dead", "jobs", "src"]
+    assert c.queue("jobs").observer is observers["jobs"]
+    assert observers["jobs"].request_size.total == 4
+    assert take(c, "jobs") == b"abcd"
+    assert observers["jobs"].queue_size.count == 2
+
+
+def test_on_delete_hears_explicit_deletes_and_the_age_sweep(started, clock: Clock) -> None:
+    """on_delete gets the name of every queue deleted, by delete() or by max_queue_age."""
+    deleted: list[str] = []
+    c = started("expiration_timer_frequency: 1s\nqueues:\n  temp: {max_queue_age: 5s}\n",
+                on_delete=deleted.append)
+    c.queue("temp")
+    c.add("jobs", b"x")
+    c.delete("jobs")
+    c.delete("never-existed")
+    assert deleted == ["jobs"]
+    clock.advance(6)
+    assert deleted == ["jobs", "temp"]
+    assert "temp" not in c.queue_names()
+
+
+def test_failing_on_delete_is_logged_and_the_delete_stands(started) -> None:
+    """An on_delete that raises is logged; the queue is deleted all the same."""
+    def broken(name: str) -> None:
+        raise RuntimeError(name)
+
+    c = started(on_delete=broken)
+    c.add("jobs", b"x")
+    with capturedLogs() as events:
+        c.delete("jobs")
+    assert c.queue("jobs", create=False) is None
+    assert [e for e in events if e.get("log_failure") is not None]

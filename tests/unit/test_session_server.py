@@ -176,3 +176,51 @@ def test_delete_queue_forgets_its_metrics(clock: Clock, tmp_path: Path) -> None:
         assert server.metrics.queue_names() == []
     finally:
         server.collection.stopService()
+
+
+def test_queues_report_into_their_metrics(clock: Clock, tmp_path: Path) -> None:
+    """Each queue of from_config records its sizes into metrics.queue(name)."""
+    server = KestrelServer.from_config(load_config(write_config(tmp_path)), clock)
+    server.collection.startService()
+    try:
+        server.collection.add("jobs", b"abcde")
+        server.collection.add("jobs", b"xy")
+        queue_metrics = server.metrics.queue("jobs")
+        assert server.collection.queue("jobs").observer is queue_metrics
+        assert (queue_metrics.request_size.count, queue_metrics.request_size.total) == (2, 7)
+        assert queue_metrics.queue_size.maximum == 2
+    finally:
+        server.collection.stopService()
+
+
+def test_age_sweep_drops_the_queues_metrics(clock: Clock, tmp_path: Path) -> None:
+    """
+    A queue deleted by the max_queue_age sweep loses its q/<name>/ histograms:
+    created again under that name, it starts from zero; the global sums keep
+    what it recorded.
+    """
+    path = write_config(tmp_path, "queues:\n  temp: {max_queue_age: 5s}\n")
+    path.write_text(path.read_text().replace("expiration_timer_frequency: null",
+                                              "expiration_timer_frequency: 1s"))
+    server = KestrelServer.from_config(load_config(path), clock)
+    server.collection.startService()
+    try:
+        server.collection.add("temp", b"abc")
+        session = server.new_session("test")
+        session.get_item("temp", None, False, False)
+        server.metrics.record_set("temp", 40)
+        old = server.metrics.queue("temp")
+        assert (old.request_size.count, old.get_hit_latency_usec.count) == (1, 1)
+        clock.advance(6)
+        assert server.collection.queue("temp", create=False) is None
+        assert "temp" not in server.metrics.queue_names()
+        # What it recorded stays in the global sums.
+        assert server.metrics.set_latency_usec.count == 1
+        assert server.metrics.get_hit_latency_usec.count == 1
+        server.collection.add("temp", b"again")
+        fresh = server.metrics.queue("temp")
+        assert (fresh.request_size.count, fresh.set_latency_usec.count) == (1, 0)
+        assert fresh.get_hit_latency_usec.count == 0
+        session.finish()
+    finally:
+        server.collection.stopService()
