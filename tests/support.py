@@ -9,6 +9,8 @@ folder, sessions, status); only the socket is replaced.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,22 @@ def make_server(clock: Clock, path: Path, yaml: str = "", run_in_thread: Any = N
                                        run_in_thread=run_in_thread)
     server.collection.startService()
     return server
+
+
+def replies_to(factory: Callable[[KestrelServer], Factory], chunks: list[bytes]) -> bytes:
+    """
+    Every byte a fresh server answers on one connection of C{factory} when
+    C{chunks} arrive one after the other (for the chunk-splitting properties).
+    """
+    clock = Clock()
+    clock.advance(1_767_225_600.0)
+    with tempfile.TemporaryDirectory() as path:
+        server = make_server(clock, Path(path))
+        client = StringClient(factory(server))
+        for chunk in chunks:
+            client.protocol.dataReceived(chunk)
+        server.collection.stopService()
+    return client.transport.value()
 
 
 class StringClient:

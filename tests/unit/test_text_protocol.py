@@ -7,7 +7,6 @@ journals in a temporary folder; only the socket is replaced by a StringTransport
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -21,7 +20,7 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from kestrel.protocols.text import MAX_PUT_BUFFER, TextFactory, parse_int
 from kestrel.server import KestrelServer
 from tests import support
-from tests.support import ManualThread, StringClient
+from tests.support import ManualThread, StringClient, replies_to
 
 #: A started server (L{tests.support.make_server}) allowing 100 open reads
 #: per queue per connection, as the shipped config does.
@@ -293,15 +292,7 @@ _command_lines = st.one_of(
 
 def _replies(chunks: list[bytes]) -> bytes:
     """Everything a fresh server answers to C{chunks} sent one after the other."""
-    clock = Clock()
-    clock.advance(1_767_225_600.0)
-    with tempfile.TemporaryDirectory() as path:
-        server = make_server(clock, Path(path))
-        client = Client(server)
-        for chunk in chunks:
-            client.protocol.dataReceived(chunk)
-        server.collection.stopService()
-    return client.take()
+    return replies_to(TextFactory, chunks)
 
 
 @given(st.lists(_command_lines, max_size=12), st.data())

@@ -9,7 +9,6 @@ byte for byte.
 from __future__ import annotations
 
 import struct
-import tempfile
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -26,7 +25,7 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from kestrel.protocols.thrift import ThriftFactory, kestrel_thrift
 from kestrel.server import KestrelServer
 from tests import support
-from tests.support import ManualThread, StringClient
+from tests.support import ManualThread, StringClient, replies_to
 
 Kestrel = kestrel_thrift.Kestrel
 Status = kestrel_thrift.Status
@@ -309,15 +308,8 @@ def test_one_mebibyte_item(client) -> None:
 
 
 def _replies(chunks: list[bytes]) -> bytes:
-    clock = Clock()
-    clock.advance(1_767_225_600.0)
-    with tempfile.TemporaryDirectory() as path:
-        server = make_server(clock, Path(path))
-        client = Client(server)
-        for chunk in chunks:
-            client.protocol.dataReceived(chunk)
-        server.collection.stopService()
-    return client.transport.value()
+    """Everything a fresh server answers to C{chunks} sent one after the other."""
+    return replies_to(ThriftFactory, chunks)
 
 
 _calls = st.one_of(
