@@ -111,7 +111,8 @@ class QueueCollection(Service):
         self._run_in_thread = run_in_thread
         self._on_fsync = on_fsync
         self._queue_observer = queue_observer
-        self._on_delete = on_delete
+        #: Called with the name of every deleted queue (see L{delete}); may be set later.
+        self.on_delete = on_delete
         self.stats = stats if stats is not None else ServerStats(clock.seconds())
         #: A L{kestrel.status.ServerStatus} (optional): when it reports a
         #: graceful status at stop, empty queues get their journals compacted.
@@ -472,9 +473,9 @@ class QueueCollection(Service):
             queue.destroy_journal()
             self.stats.queue_deletes += 1
             self._log.info("Queue {queue} deleted", queue=name)
-            if self._on_delete is not None:
+            if self.on_delete is not None:
                 try:
-                    self._on_delete(name)
+                    self.on_delete(name)
                 except Exception:
                     self._log.failure("on_delete observer failed for {queue}", queue=name)
         if FANOUT_SEPARATOR in name:

@@ -65,6 +65,8 @@ class KestrelServer:
         self._next_session_id = 0
         if collection.status is None:
             collection.status = status
+        if collection.on_delete is None:
+            collection.on_delete = self.metrics.remove_queue
 
     @classmethod
     def from_config(cls, config: ServerConfig, clock: IReactorTime, *,
@@ -151,13 +153,10 @@ class KestrelServer:
 
     def delete_queue(self, name: str) -> None:
         """
-        Delete queue C{name} (see L{QueueCollection.delete}) and forget its metrics.
-
-        The collection of L{from_config} drops them itself (its C{on_delete});
-        dropping them here too covers a collection built without that hook.
+        Delete queue C{name} (see L{QueueCollection.delete}); the collection's
+        C{on_delete} hook, which the server always sets, forgets its metrics.
         """
         self.collection.delete(name)
-        self.metrics.remove_queue(name)
 
     def reload(self) -> None:
         """
