@@ -17,8 +17,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kazoo.client import KazooClient
+
+#: Seconds a test client may take to connect; generous, for slow CI machines.
+START_TIMEOUT = 30
 
 JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-nop.jar")
 
@@ -63,18 +68,32 @@ class ZooKeeperServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError("zookeeper exited at start")
-            if self._ruok():
+            if self._serving():
                 return
             time.sleep(0.05)
         raise RuntimeError("zookeeper did not become ready")
 
-    def _ruok(self) -> bool:
+    def _serving(self) -> bool:
+        """True once the server answers requests; C{ruok} says imok before it does."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                s.sendall(b"ruok")
-                return s.recv(4) == b"imok"
+                s.sendall(b"srvr")
+                reply = b""
+                while chunk := s.recv(4096):
+                    reply += chunk
         except OSError:
             return False
+        return b"Mode: standalone" in reply
+
+    def client(self, **options: Any) -> KazooClient:
+        """
+        A connected kazoo client. Its short session timeout bounds each
+        connection attempt, so one stalled attempt on a slow machine is retried
+        well within the generous start deadline.
+        """
+        client = KazooClient(hosts=self.hosts, timeout=3, **options)
+        client.start(timeout=START_TIMEOUT)
+        return client
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s)."""

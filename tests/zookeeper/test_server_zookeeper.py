@@ -18,8 +18,7 @@ pytestmark = pytest.mark.zookeeper
 
 @pytest.fixture
 def observer(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper.hosts, timeout=5)
-    client.start(timeout=10)
+    client = zookeeper.client()
     yield client
     client.stop()
     client.close()

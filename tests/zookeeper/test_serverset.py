@@ -23,10 +23,11 @@ from kestrel.serverset import (
     interface_addresses,
     member_data,
     read_membership,
+    reconnect_delay,
     write_membership,
 )
 from kestrel.status import ServerStatus, Status
-from tests.zookeeper.conftest import ZooKeeperServer
+from tests.zookeeper.conftest import START_TIMEOUT, ZooKeeperServer
 
 ENDPOINTS = {"memcache": ("0.0.0.0", 22133), "thrift": ("0.0.0.0", 2229),
              "text": ("0.0.0.0", 2222)}
@@ -99,6 +100,17 @@ def test_main_endpoint_prefers_memcache_then_thrift() -> None:
         ServerSetPublisher("h:1", "/k", status, {"memcache": ("127.0.0.1", 1)}, None)
 
 
+@pytest.mark.parametrize("session_timeout", [1.0, 2.0, 4.0, 10.0, 30.0])
+def test_reconnect_delay_leaves_time_to_keep_the_session(session_timeout: float) -> None:
+    """
+    Even the longest retry pause, jitter included, is under half the session
+    timeout, so a publisher reconnects to a returning ZooKeeper in time.
+    """
+    longest = reconnect_delay(session_timeout) * 1.4  # kazoo's maximum jitter
+    assert 0 < longest < session_timeout / 2
+    assert reconnect_delay(session_timeout) <= 2.0
+
+
 # -- against a real ZooKeeper
 
 needs_zookeeper = pytest.mark.zookeeper
@@ -106,8 +118,7 @@ needs_zookeeper = pytest.mark.zookeeper
 
 @pytest.fixture
 def observer(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zookeeper.hosts, timeout=5)
-    client.start(timeout=10)
+    client = zookeeper.client()
     yield client
     client.stop()
     client.close()
@@ -140,7 +151,7 @@ def publish(zookeeper: ZooKeeperServer, running_reactor: Any) -> Iterator[
         tuple[ServerSetPublisher, ServerStatus, Callable[..., Any]]]:
     status = ServerStatus(running_reactor, None, "up")
     pub = ServerSetPublisher(zookeeper.hosts, "/kestrel", status, ENDPOINTS, running_reactor,
-                             session_timeout=2.0)
+                             session_timeout=4.0)
 
     def call(f: Callable[..., Any], *args: Any) -> Any:
         return blockingCallFromThread(running_reactor, f, *args)
@@ -247,11 +258,10 @@ def test_rejoins_after_zookeeper_restart_and_session_loss(
     observer.stop()
     zookeeper.stop()
     zookeeper.start()
-    observer.start(timeout=10)
+    observer.start(timeout=START_TIMEOUT)
     wait_for(lambda: pub._client is not None and pub._client.connected)
     # Expire the publisher's session the standard way: close it from another client.
-    thief = KazooClient(hosts=zookeeper.hosts, client_id=pub._client.client_id, timeout=5)
-    thief.start(timeout=10)
+    thief = zookeeper.client(client_id=pub._client.client_id)
     thief.stop()
     thief.close()
 
@@ -283,7 +293,7 @@ def test_survives_a_short_zookeeper_outage(publish: Any, observer: KazooClient,
     observer.stop()
     zookeeper.stop()
     zookeeper.start()
-    observer.start(timeout=10)
+    observer.start(timeout=START_TIMEOUT)
     # The server answered the reconnection: the session is renewed or gone for good.
     wait_for(lambda: "SUSPENDED" in states and states[-1] != "SUSPENDED")
     assert states[-1] == "CONNECTED"
@@ -311,8 +321,7 @@ def test_start_while_zookeeper_is_down_joins_later(zookeeper: ZooKeeperServer,
         running_reactor.callFromThread(running_reactor.callLater, 0.05, fired.set)
         assert fired.wait(2)
         zookeeper.start()
-        client = KazooClient(hosts=zookeeper.hosts)
-        client.start(timeout=10)
+        client = zookeeper.client()
         try:
             wait_for(lambda: (
                 [m["status"] for m in members(client, "read", "/svc").values()],
