@@ -92,18 +92,27 @@ class ManualThread:
     """A run_in_thread that runs each job only when the test says so (fsyncs held back)."""
 
     def __init__(self) -> None:
-        self.jobs: list[tuple[Any, Deferred]] = []
+        self.jobs: list[tuple[Callable[[], Any], Deferred[Any]]] = []
 
-    def __call__(self, job: Any) -> Deferred:
-        d: Deferred = Deferred()
+    def __call__(self, job: Callable[[], Any]) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
         self.jobs.append((job, d))
         return d
+
+    def run_next(self) -> None:
+        """Run the oldest job; its Deferred gets the result, or fails with what it raised."""
+        job, d = self.jobs.pop(0)
+        try:
+            result = job()
+        except Exception as e:
+            d.errback(e)
+        else:
+            d.callback(result)
 
     def run_all(self) -> None:
         """Run every job, including those queued meanwhile (the next group commit)."""
         while self.jobs:
-            job, d = self.jobs.pop(0)
-            d.callback(job())
+            self.run_next()
 
     def fail_all(self, error: Exception) -> None:
         """Fail every job (an fsync error), including those queued meanwhile."""

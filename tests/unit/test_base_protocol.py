@@ -5,27 +5,16 @@ on the memcache, text and thrift factories alike over StringTransports.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from twisted.internet.task import Clock
 
 from kestrel.protocols.base import SessionFactory
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.protocols.text import TextFactory
 from kestrel.protocols.thrift import ThriftFactory
 from kestrel.server import KestrelServer
-from tests.support import StringClient, make_server
+from tests.support import StringClient
 
 FACTORIES = [MemcacheFactory, TextFactory, ThriftFactory]
-
-
-@pytest.fixture
-def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
-    s = make_server(clock, tmp_path)
-    yield s
-    s.collection.stopService()
 
 
 @pytest.mark.parametrize("factory_class", FACTORIES)

@@ -21,6 +21,7 @@ from kestrel.errors import ConfigError, InvalidQueueName, ShuttingDown
 from kestrel.item import QItem
 from kestrel.metrics import QueueMetrics
 from kestrel.status import ServerStatus
+from tests.support import ManualThread
 
 
 def make_config(tmp_path: Path, extra: str = "") -> ServerConfig:
@@ -534,22 +535,13 @@ def test_stop_refuses_new_work_and_wakes_waiters(started, clock: Clock) -> None:
 
 def test_stop_waits_for_pending_fsyncs(started, tmp_path: Path, clock: Clock) -> None:
     """With durable acks, stop fires only after the fsync of every acknowledged add."""
-    fsyncs: list[tuple[Deferred, object]] = []
-
-    def run_in_thread(work):
-        d: Deferred = Deferred()
-        fsyncs.append((d, work))
-        return d
-
-    c = started("default: {sync_journal: always, durable_acks: true}\n",
-                run_in_thread=run_in_thread)
+    thread = ManualThread()
+    c = started("default: {sync_journal: always, durable_acks: true}\n", run_in_thread=thread)
     acked = c.add("q", b"x")
     assert not acked.called
     stopped = c.stopService()
     assert not stopped.called
-    while fsyncs:
-        d, work = fsyncs.pop(0)
-        d.callback(work())
+    thread.run_all()
     assert result_of(acked) is True
     assert result_of(stopped) is None
     c2 = started()

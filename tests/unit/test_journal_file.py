@@ -10,14 +10,12 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
@@ -26,6 +24,7 @@ from kestrel.journal import journal as journal_module
 from kestrel.journal import records as rec
 from kestrel.journal.journal import Checkpoint, FileJournal, JournalNotOpenError
 from tests.compat.model import queue_state
+from tests.support import ManualThread
 
 
 class Crash(BaseException):
@@ -550,23 +549,6 @@ def test_pack_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock) -> Non
     assert n > 3
 
 
-class ManualThread:
-    """A run_in_thread whose jobs run only when the test says so."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Callable[[], Any], Deferred[Any]]] = []
-
-    def __call__(self, f: Callable[[], Any]) -> Deferred[Any]:
-        d: Deferred[Any] = Deferred()
-        self.jobs.append((f, d))
-        return d
-
-    def run_all(self) -> None:
-        while self.jobs:
-            f, d = self.jobs.pop(0)
-            d.callback(f())
-
-
 def test_pack_in_thread_lets_writes_go_on(tmp_path: Path, clock: Clock) -> None:
     """
     With a thread runner the pack is written off the reactor thread; writes go
@@ -582,8 +564,7 @@ def test_pack_in_thread_lets_writes_go_on(tmp_path: Path, clock: Clock) -> None:
     assert checkpoint.filename in before and j.checkpoint is checkpoint
     j.add(item(5))
     j.remove()
-    f, d = thread.jobs.pop(0)
-    d.callback(f())  # pack written; now the current file's fsync is queued
+    thread.run_next()  # pack written; now the current file's fsync is queued
     temps = [name for name in files(tmp_path) if "~~" in name]
     assert len(temps) == 1 and files(tmp_path) == sorted([*before, *temps])
     assert len(thread.jobs) == 1
@@ -820,24 +801,16 @@ def test_close_is_idempotent_and_stops_writes(tmp_path: Path, clock: Clock) -> N
 
 def test_group_commit_through_journal(tmp_path: Path, clock: Clock) -> None:
     """With a thread runner, adds made during an fsync share the next one."""
-    jobs: list[tuple[Callable[[], Any], Deferred[Any]]] = []
-
-    def run_in_thread(f: Callable[[], Any]) -> Deferred[Any]:
-        d: Deferred[Any] = Deferred()
-        jobs.append((f, d))
-        return d
-
+    thread = ManualThread()
     fsync = Fsync()
-    j, _ = open_journal(tmp_path, clock, 0.0, fsync=fsync, run_in_thread=run_in_thread)
+    j, _ = open_journal(tmp_path, clock, 0.0, fsync=fsync, run_in_thread=thread)
     fired: list[int] = []
     for n in range(5):
         j.add(item(n)).addCallback(lambda _, n=n: fired.append(n))
-    assert len(jobs) == 1
-    f, d = jobs.pop(0)
-    d.callback(f())
+    assert len(thread.jobs) == 1
+    thread.run_next()
     assert fired == [0]
-    f, d = jobs.pop(0)
-    d.callback(f())
+    thread.run_next()
     assert fired == [0, 1, 2, 3, 4]
     assert fsync.calls == ["file", "file"]
     j.close()

@@ -33,13 +33,6 @@ Conn = StringClient
 
 
 @pytest.fixture
-def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
-    s = make_server(clock, tmp_path)
-    yield s
-    s.collection.stopService()
-
-
-@pytest.fixture
 def factory(server: KestrelServer) -> MemcacheFactory:
     return MemcacheFactory(server)
 

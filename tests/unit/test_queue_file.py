@@ -15,6 +15,7 @@ from kestrel.config import QueueConfig
 from kestrel.journal import records as rec
 from kestrel.journal.journal import FileJournal
 from kestrel.queue import PersistentQueue
+from tests.support import ManualThread
 from tests.unit.test_queue import PENDING, datas, value
 
 
@@ -229,28 +230,19 @@ def test_always_sync_acknowledges_only_after_its_fsync(tmp_path, clock: Clock) -
     fsync covering it, running off the reactor thread, has finished; adds made
     meanwhile share the next fsync.
     """
-    from twisted.internet.defer import Deferred
-
-    fsyncs: list[Deferred] = []
-
-    def run_in_thread(f):
-        d: Deferred = Deferred()
-        fsyncs.append(d)
-        d.addCallback(lambda _: f())
-        return d
-
+    thread = ManualThread()
     journal = FileJournal(str(tmp_path), "q", clock, 0.0, fsync=lambda fd: None,
-                          run_in_thread=run_in_thread)
+                          run_in_thread=thread)
     q = PersistentQueue("q", QueueConfig(sync_journal=0.0), journal, clock)
     q.setup()
     first = q.add(b"a")
-    assert value(first) is PENDING and len(fsyncs) == 1
+    assert value(first) is PENDING and len(thread.jobs) == 1
     later = [q.add(b"b"), q.add(b"c")]
-    assert all(value(d) is PENDING for d in later) and len(fsyncs) == 1
-    fsyncs[0].callback(None)
+    assert all(value(d) is PENDING for d in later) and len(thread.jobs) == 1
+    thread.run_next()
     assert value(first) is True
-    assert all(value(d) is PENDING for d in later) and len(fsyncs) == 2
-    fsyncs[1].callback(None)
+    assert all(value(d) is PENDING for d in later) and len(thread.jobs) == 1
+    thread.run_next()
     assert all(value(d) is True for d in later)
 
 

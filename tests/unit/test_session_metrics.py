@@ -8,7 +8,6 @@ and the per-queue ones (C{metrics.queue(name)}).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,9 @@ from kestrel.server import KestrelServer
 from kestrel.session import ClientSession
 from tests.support import ManualThread, make_server
 
+#: What the shared C{server} fixture (tests/unit/conftest.py) passes to make_server.
+SERVER_OPTIONS = {"max_open_transactions": 10}
 DURABLE = "default: {sync_journal: always, durable_acks: true}\n"
-
-
-@pytest.fixture
-def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
-    s = make_server(clock, tmp_path, max_open_transactions=10)
-    yield s
-    s.collection.stopService()
 
 
 @pytest.fixture

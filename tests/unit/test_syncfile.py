@@ -7,7 +7,6 @@ injected fsync.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from kestrel.journal.syncfile import PeriodicSyncFile, SyncFileClosedError
+from tests.support import ManualThread
 
 
 class CountingFsync:
@@ -31,27 +31,6 @@ class CountingFsync:
         if self.failing is not None:
             raise self.failing
         os.fsync(fd)
-
-
-class ManualThread:
-    """A run_in_thread whose jobs run only when the test says so."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Callable[[], Any], Deferred[Any]]] = []
-
-    def __call__(self, f: Callable[[], Any]) -> Deferred[Any]:
-        d: Deferred[Any] = Deferred()
-        self.jobs.append((f, d))
-        return d
-
-    def run_next(self) -> None:
-        f, d = self.jobs.pop(0)
-        try:
-            result = f()
-        except Exception as e:
-            d.errback(e)
-        else:
-            d.callback(result)
 
 
 def fired(d: Deferred[Any]) -> bool:

@@ -21,7 +21,8 @@ from kestrel.config import parse_config
 from kestrel.item import QItem
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.syncfile import PeriodicSyncFile, WriteCoalescer
-from tests.unit.test_syncfile import CountingFsync, ManualThread, fired
+from tests.support import ManualThread
+from tests.unit.test_syncfile import CountingFsync, fired
 
 
 class Observed:

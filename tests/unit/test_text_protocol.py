@@ -7,14 +7,11 @@ journals in a temporary folder; only the socket is replaced by a StringTransport
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
 from kestrel.protocols.text import MAX_PUT_BUFFER, TextFactory, parse_int
@@ -22,9 +19,11 @@ from kestrel.server import KestrelServer
 from tests import support
 from tests.support import ManualThread, StringClient, replies_to
 
-#: A started server (L{tests.support.make_server}) allowing 100 open reads
-#: per queue per connection, as the shipped config does.
-make_server = partial(support.make_server, max_open_transactions=100)
+#: Servers here allow 100 open reads per queue per connection, as the shipped
+#: config does: the shared C{server} fixture (tests/unit/conftest.py) passes
+#: these options to L{tests.support.make_server}, and so does C{make_server}.
+SERVER_OPTIONS = {"max_open_transactions": 100}
+make_server = partial(support.make_server, **SERVER_OPTIONS)
 
 
 class Client(StringClient):
@@ -32,14 +31,6 @@ class Client(StringClient):
 
     def __init__(self, server: KestrelServer) -> None:
         super().__init__(TextFactory(server))
-
-
-@pytest.fixture
-def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
-    """A started server with its queue folder under C{tmp_path}; stopped afterwards."""
-    s = make_server(clock, tmp_path)
-    yield s
-    s.collection.stopService()
 
 
 @pytest.fixture

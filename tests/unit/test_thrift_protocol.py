@@ -9,9 +9,7 @@ byte for byte.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -19,7 +17,6 @@ from hypothesis import strategies as st
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport.memory import TMemoryBuffer
-from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
 from kestrel.protocols.thrift import ThriftFactory, kestrel_thrift
@@ -31,9 +28,11 @@ Kestrel = kestrel_thrift.Kestrel
 Status = kestrel_thrift.Status
 
 
-#: A started server (L{tests.support.make_server}) allowing 100 open reads
-#: per queue per connection, as the shipped config does.
-make_server = partial(support.make_server, max_open_transactions=100)
+#: Servers here allow 100 open reads per queue per connection, as the shipped
+#: config does: the shared C{server} fixture (tests/unit/conftest.py) passes
+#: these options to L{tests.support.make_server}, and so does C{make_server}.
+SERVER_OPTIONS = {"max_open_transactions": 100}
+make_server = partial(support.make_server, **SERVER_OPTIONS)
 
 
 def call_frame(api: str, seqid: int = 1, strict: bool = True, **kwargs) -> bytes:
@@ -98,13 +97,6 @@ class Client(StringClient):
 
 
 PENDING = object()
-
-
-@pytest.fixture
-def server(clock: Clock, tmp_path: Path) -> Iterator[KestrelServer]:
-    s = make_server(clock, tmp_path)
-    yield s
-    s.collection.stopService()
 
 
 @pytest.fixture
