@@ -266,6 +266,14 @@ def _method_not_allowed(request: Request, allowed: bytes) -> bytes:
     return _text(request, "method not allowed", 405)
 
 
+class _Command(_Leaf):
+    """A resource that runs a command on C{POST}; C{GET} is refused with 405."""
+
+    def render_GET(self, request: Request) -> bytes:
+        """Refuse: commands are POST only."""
+        return _method_not_allowed(request, b"POST")
+
+
 class PingResource(_Leaf):
     """C{GET /ping}: answers C{pong}."""
 
@@ -319,12 +327,8 @@ class StatusResource(_Leaf):
         return _text(request, new.wire_name)
 
 
-class QuiesceResource(_Leaf):
+class QuiesceResource(_Command):
     """C{POST /quiesce}: set the status to Quiescent (reads and writes refused)."""
-
-    def render_GET(self, request: Request) -> bytes:
-        """Refuse: commands are POST only."""
-        return _method_not_allowed(request, b"POST")
 
     def render_POST(self, request: Request) -> bytes:
         """Set Quiescent; 400 with the reason if refused."""
@@ -335,12 +339,8 @@ class QuiesceResource(_Leaf):
         return _text(request, new.wire_name)
 
 
-class ReloadResource(_Leaf):
+class ReloadResource(_Command):
     """C{POST /reload}: reread the config file; 400 naming the problems if it is broken."""
-
-    def render_GET(self, request: Request) -> bytes:
-        """Refuse: commands are POST only."""
-        return _method_not_allowed(request, b"POST")
 
     def render_POST(self, request: Request) -> bytes:
         """Reload; the config in force is kept when the new one is broken."""
@@ -351,12 +351,8 @@ class ReloadResource(_Leaf):
         return _text(request, "Reloaded config.")
 
 
-class ShutdownResource(_Leaf):
+class ShutdownResource(_Command):
     """C{POST /shutdown}: stop the server cleanly (after this reply is sent)."""
-
-    def render_GET(self, request: Request) -> bytes:
-        """Refuse: commands are POST only."""
-        return _method_not_allowed(request, b"POST")
 
     def render_POST(self, request: Request) -> bytes:
         """Ask the server to shut down."""

@@ -9,6 +9,7 @@ folder, sessions, status); only the socket is replaced.
 
 from __future__ import annotations
 
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -119,3 +120,10 @@ class ManualThread:
         while self.jobs:
             _, d = self.jobs.pop(0)
             d.errback(error)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

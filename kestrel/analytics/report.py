@@ -90,17 +90,27 @@ def _fmt_time(ms: float) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
 
 
+def _svg_open(title: str, width: int, height: int, left: int) -> list[str]:
+    """The opening of a chart: the C{<svg>} element and its title."""
+    return [f'<svg width="{width}" height="{height}" '
+            f'role="img" aria-label="{html.escape(title)}">',
+            f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>']
+
+
+def _svg_empty(parts: list[str], left: int, top: int) -> str:
+    """Close a chart that has nothing to draw with a "no data" note."""
+    parts.append(f'<text x="{left}" y="{top + 20}" font-size="12">no data</text></svg>')
+    return "".join(parts)
+
+
 def svg_lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]],
               width: int = 640, height: int = 220) -> str:
     """Return an inline SVG line chart of C{series} over time C{xs} (epoch ms)."""
     left, right, top, bottom = 60, 10, 24, 30
     pw, ph = width - left - right, height - top - bottom
-    parts = [f'<svg width="{width}" height="{height}" '
-             f'role="img" aria-label="{html.escape(title)}">',
-             f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>']
+    parts = _svg_open(title, width, height, left)
     if not xs:
-        parts.append(f'<text x="{left}" y="{top + 20}" font-size="12">no data</text></svg>')
-        return "".join(parts)
+        return _svg_empty(parts, left, top)
     x0, x1 = min(xs), max(xs)
     ymax = max([max(v) for v in series.values() if len(v)] + [1])
 
@@ -134,12 +144,9 @@ def svg_bars(title: str, labels: Sequence[str], values: Sequence[float],
     """Return an inline SVG bar chart of C{values}."""
     left, top, bottom = 60, 24, 30
     pw, ph = width - left - 10, height - top - bottom
-    parts = [f'<svg width="{width}" height="{height}" '
-             f'role="img" aria-label="{html.escape(title)}">',
-             f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>']
+    parts = _svg_open(title, width, height, left)
     if not values:
-        parts.append(f'<text x="{left}" y="{top + 20}" font-size="12">no data</text></svg>')
-        return "".join(parts)
+        return _svg_empty(parts, left, top)
     vmax = max(max(values), 1)
     bw = pw / len(values)
     for i, (label, v) in enumerate(zip(labels, values, strict=True)):

@@ -156,7 +156,7 @@ def test_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that refuses connections is reported, exit status 1."""
     monkeypatch.setattr(load, "CONNECT_PATIENCE", 0.1)
     out = io.StringIO()
-    from tests.wire.conftest import free_port
+    from tests.support import free_port
     port = free_port()
     assert load.main(["flood", "-n", "1", "-h", "127.0.0.1", "-p", str(port)], out) == 1
     assert f"Cannot connect to 127.0.0.1:{port}" in out.getvalue()

@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOLS = ("memcache", "text", "thrift", "admin")
 READY = "kestrel ready"
@@ -41,13 +43,6 @@ START_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0
 #: How a server is started: Twisted's `twist` runner, or the `twistd` script.
 LAUNCHERS = ("module", "twistd")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,16 +22,12 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from tests.support import free_port
+
 #: Seconds a test client may take to connect; generous, for slow CI machines.
 START_TIMEOUT = 30
 
 JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-nop.jar")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ZooKeeperServer:
@@ -117,6 +113,15 @@ def zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def observer(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
+    """A kazoo client of C{zookeeper} for the test to look with; closed afterwards."""
+    client = zookeeper.client()
+    yield client
+    client.stop()
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,14 +14,6 @@ from tests.wire.conftest import KestrelProcess, LineClient
 from tests.zookeeper.conftest import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
-
-
-@pytest.fixture
-def observer(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = zookeeper.client()
-    yield client
-    client.stop()
-    client.close()
 
 
 def snapshot(client: KazooClient, prefix: str) -> dict[str, list[dict[str, Any]]]:

@@ -116,14 +116,6 @@ def test_reconnect_delay_leaves_time_to_keep_the_session(session_timeout: float)
 needs_zookeeper = pytest.mark.zookeeper
 
 
-@pytest.fixture
-def observer(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
-    client = zookeeper.client()
-    yield client
-    client.stop()
-    client.close()
-
-
 def members(client: KazooClient, kind: str, prefix: str = "/kestrel") -> dict[str, dict[str, Any]]:
     path = f"{prefix}/{kind}"
     if client.exists(path) is None:
