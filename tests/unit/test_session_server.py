@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,17 @@ def write_config(tmp_path: Path, extra: str = "") -> Path:
                     f"status_file: {json.dumps(str(tmp_path / 'status'))}\n"
                     "expiration_timer_frequency: null\n" + extra)
     return path
+
+
+@contextmanager
+def started_from(path: Path, clock: Clock) -> Iterator[KestrelServer]:
+    """A server built from the config file at C{path}, started, and stopped on leaving."""
+    server = KestrelServer.from_config(load_config(path), clock)
+    server.collection.startService()
+    try:
+        yield server
+    finally:
+        server.collection.stopService()
 
 
 @pytest.fixture
@@ -145,9 +158,7 @@ def test_report_values(clock: Clock, tmp_path: Path) -> None:
     every queue (then alias) by default, the names asked for otherwise.
     """
     path = write_config(tmp_path, "queues:\n  jobs: {max_items: 7}\naliases:\n  al: [jobs]\n")
-    server = KestrelServer.from_config(load_config(path), clock)
-    server.collection.startService()
-    try:
+    with started_from(path, clock) as server:
         server.collection.add("jobs", b"abc")
         entries = dict(server.stats_entries())
         assert entries["curr_items"] == "1"
@@ -160,37 +171,27 @@ def test_report_values(clock: Clock, tmp_path: Path) -> None:
         assert name == "jobs"
         assert "max_items=7" in lines
         assert server.dump_config(["other"])[0][0] == "other"
-    finally:
-        server.collection.stopService()
 
 
 def test_delete_queue_forgets_its_metrics(clock: Clock, tmp_path: Path) -> None:
     """delete_queue deletes the queue and drops its per-queue histograms."""
-    server = KestrelServer.from_config(load_config(write_config(tmp_path)), clock)
-    server.collection.startService()
-    try:
+    with started_from(write_config(tmp_path), clock) as server:
         server.collection.add("jobs", b"abc")
         server.metrics.queue("jobs").set_latency_usec.add(5)
         server.delete_queue("jobs")
         assert server.collection.queue("jobs", create=False) is None
         assert server.metrics.queue_names() == []
-    finally:
-        server.collection.stopService()
 
 
 def test_queues_report_into_their_metrics(clock: Clock, tmp_path: Path) -> None:
     """Each queue of from_config records its sizes into metrics.queue(name)."""
-    server = KestrelServer.from_config(load_config(write_config(tmp_path)), clock)
-    server.collection.startService()
-    try:
+    with started_from(write_config(tmp_path), clock) as server:
         server.collection.add("jobs", b"abcde")
         server.collection.add("jobs", b"xy")
         queue_metrics = server.metrics.queue("jobs")
         assert server.collection.queue("jobs").observer is queue_metrics
         assert (queue_metrics.request_size.count, queue_metrics.request_size.total) == (2, 7)
         assert queue_metrics.queue_size.maximum == 2
-    finally:
-        server.collection.stopService()
 
 
 def test_age_sweep_drops_the_queues_metrics(clock: Clock, tmp_path: Path) -> None:
@@ -202,9 +203,7 @@ def test_age_sweep_drops_the_queues_metrics(clock: Clock, tmp_path: Path) -> Non
     path = write_config(tmp_path, "queues:\n  temp: {max_queue_age: 5s}\n")
     path.write_text(path.read_text().replace("expiration_timer_frequency: null",
                                               "expiration_timer_frequency: 1s"))
-    server = KestrelServer.from_config(load_config(path), clock)
-    server.collection.startService()
-    try:
+    with started_from(path, clock) as server:
         server.collection.add("temp", b"abc")
         session = server.new_session("test")
         session.get_item("temp", None, False, False)
@@ -222,5 +221,3 @@ def test_age_sweep_drops_the_queues_metrics(clock: Clock, tmp_path: Path) -> Non
         assert (fresh.request_size.count, fresh.set_latency_usec.count) == (1, 0)
         assert fresh.get_hit_latency_usec.count == 0
         session.finish()
-    finally:
-        server.collection.stopService()
