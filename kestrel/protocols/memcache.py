@@ -8,15 +8,22 @@ connection are answered strictly in order: while one waits (a C{get q/t=...},
 a C{monitor} stream, a durable C{set}), later requests stay in the buffer, and
 reading is paused if that backlog grows past L{MemcacheProtocol.BACKLOG_LIMIT}.
 
-Replies follow Kestrel 2.4 byte for byte (reference §1), with the deviations
-of C{../shared/spec/decisions.md}: where Kestrel closed a connection silently
-we first send C{CLIENT_ERROR <reason>}. Nothing raised while serving a request
-escapes C{dataReceived}: unexpected failures are logged and answered with
+Replies follow Kestrel 2.4 except where real memcache clients need memcache's
+own bytes (docs/differences.md): the C{VALUE} line echoes the key exactly as
+sent, C{flush_all} answers C{OK}, C{version} reports a major version of at
+least 1, and an error closes the connection only where the byte stream cannot
+be resynchronised (a bad storage byte count, a data block not followed by
+C{\\r\\n}, a line over C{max_request_size}, the memcache binary protocol,
+which gets one binary error response first). Every other error is answered
+and the connection kept. Nothing raised while serving a request escapes
+C{dataReceived}: unexpected failures are logged and answered with
 C{SERVER_ERROR} before the connection is closed.
 """
 
 from __future__ import annotations
 
+import re
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +51,7 @@ from kestrel.protocols.memcache_parser import (
     MemcacheParseError,
     MonitorRequest,
     QueueCommand,
+    Refusal,
     SetRequest,
     parse_line,
 )
@@ -53,12 +61,22 @@ if TYPE_CHECKING:
     from kestrel.item import QItem
     from kestrel.server import KestrelServer
 
-__all__ = ["MemcacheFactory", "MemcacheProtocol"]
+__all__ = ["MemcacheFactory", "MemcacheProtocol", "binary_error", "memcache_version"]
 
 _END = b"END\r\n"
 _STORED = b"STORED\r\n"
 _NOT_STORED = b"NOT_STORED\r\n"
 _DELETED = b"DELETED\r\n"
+_OK = b"OK\r\n"
+
+#: The first byte of every memcache binary-protocol request.
+BINARY_REQUEST_MAGIC = 0x80
+#: The length of a binary-protocol header (its opcode and opaque are echoed).
+BINARY_HEADER_SIZE = 24
+_BINARY_HEADER = struct.Struct(">BBHBBHIIQ")
+_BINARY_UNKNOWN_COMMAND = 0x0081
+_LEADING_DIGITS = re.compile(r"\d+")
+_BINARY_MESSAGE = b"Unknown command: binary protocol not supported, use the text protocol"
 
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
 Reply = bytes | Deferred[bytes]
@@ -84,6 +102,34 @@ def _fired(d: Deferred[Any]) -> Any:
 def _encode(text: str) -> bytes:
     """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
     return text.encode("latin-1", "backslashreplace")
+
+
+def memcache_version(version: str) -> str:
+    """
+    The version C{version} reports over memcache: C{<major>.<minor>.<patch>},
+    numbers only, with a major version of at least 1.
+
+    libmemcached (pylibmc, C{memcstat}, C{memcping}) refuses a major version
+    of 0, so a 0.x package version reports major 1: C{0.1.0} is C{1.1.0},
+    C{0.3.2.dev1} is C{1.3.2}; C{2.0.1} stays C{2.0.1}.
+    """
+    numbers = [int(m.group()) if (m := _LEADING_DIGITS.match(part)) else 0
+               for part in version.split(".")[:3]]
+    numbers += [0] * (3 - len(numbers))
+    numbers[0] = max(numbers[0], 1)
+    return ".".join(map(str, numbers))
+
+
+def binary_error(header: bytes) -> bytes:
+    """
+    The binary-protocol reply to the request whose 24-byte C{header} is given:
+    status 0x0081 (unknown command), its opcode and opaque echoed, and a short
+    message as the body, so that a binary client fails at once.
+    """
+    opcode = header[1]
+    opaque = int.from_bytes(header[12:16], "big")
+    return _BINARY_HEADER.pack(0x81, opcode, 0, 0, 0, _BINARY_UNKNOWN_COMMAND,
+                               len(_BINARY_MESSAGE), opaque, 0) + _BINARY_MESSAGE
 
 
 def value_reply(item: QItem | None, key: bytes) -> bytes:
@@ -136,6 +182,7 @@ class MemcacheProtocol(SessionProtocol):
         self._closing = False
         self._paused = False
         self._idle_call: IDelayedCall | None = None
+        self.version_reply = b"VERSION %s\r\n" % memcache_version(server.version).encode()
         self._last_active = 0.0
         # Held-back journal write failures already seen when replies were last sent.
         self._write_failures = 0
@@ -145,6 +192,7 @@ class MemcacheProtocol(SessionProtocol):
             QueueCommand: self._queue_command,
             ConfirmRequest: self._confirm,
             MonitorRequest: self._monitor,
+            Refusal: _refusal_reply,
             Command: self._command,
         }
 
@@ -261,11 +309,20 @@ class MemcacheProtocol(SessionProtocol):
                     if len(buf) < end + 2:
                         need = end + 2 - pos
                         break
+                    if buf[end] != 13 or buf[end + 1] != 10:
+                        self._fail(b"CLIENT_ERROR bad data chunk\r\n")
+                        break
                     data = buf[pos:end]
                     pos = end + 2
                     self._pending_set = None
                     self._serve(pending, data)
                     continue
+                if pos < len(buf) and buf[pos] == BINARY_REQUEST_MAGIC:
+                    if len(buf) - pos < BINARY_HEADER_SIZE:
+                        need = BINARY_HEADER_SIZE
+                        break
+                    self._fail(binary_error(buf[pos:pos + BINARY_HEADER_SIZE]))
+                    break
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
                     # (one more byte may be the "\r" of a line of the largest size)
@@ -317,14 +374,15 @@ class MemcacheProtocol(SessionProtocol):
             else:
                 reply = self._dispatch[request.__class__](request)
         except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
-            self._error(Failure(exc))
+            self._error(Failure(exc), request)
             return
         if reply.__class__ is bytes:
             if reply:
                 self._out.append(reply)
             return
         self._waiting = True
-        reply.addCallbacks(self._async_reply, self._error)  # type: ignore[union-attr]
+        reply.addCallbacks(self._async_reply, self._error,  # type: ignore[union-attr]
+                           errbackArgs=(request,))
 
     def _async_reply(self, reply: bytes) -> None:
         """A waiting request finished: queue its reply and carry on with the buffer."""
@@ -376,8 +434,15 @@ class MemcacheProtocol(SessionProtocol):
         self._flush()
         self.transport.loseConnection()
 
-    def _error(self, failure: Failure) -> None:
-        """Map a failed request to its reply (and a close, where Kestrel closes)."""
+    def _error(self, failure: Failure, request: object = None) -> None:
+        """
+        Map a failed request to its reply. A refusal (server status,
+        connection limit, bad queue name, too many open reads, a status that
+        may not be set) is answered and the connection kept; with C{noreply}
+        it is not answered at all, as memcache does, so that a client reading
+        no reply is not thrown off by one. A cancelled request or a bug is
+        answered with C{SERVER_ERROR}, then the connection closes.
+        """
         self._waiting = False
         if self._closing:
             if not failure.check(CancelledError, KestrelError):
@@ -386,21 +451,27 @@ class MemcacheProtocol(SessionProtocol):
         exc = failure.value
         if isinstance(exc, _CloseAfterReplyError):
             self._fail(exc.reply)
-        elif isinstance(exc, AvailabilityError):
-            self._fail(b"SERVER_ERROR %s\r\n" % _encode(str(exc)))
+            return
+        if isinstance(exc, AvailabilityError):
+            reply = b"SERVER_ERROR %s\r\n" % _encode(str(exc))
         elif isinstance(exc, ShuttingDown):
-            self._fail(b"SERVER_ERROR server is shutting down\r\n")
+            reply = b"SERVER_ERROR server is shutting down\r\n"
         elif isinstance(exc, TooManyOpenReads):
-            self._fail(b"ERROR too many open reads\r\n")
+            reply = b"ERROR too many open reads\r\n"
         elif isinstance(exc, InvalidQueueName):
-            self._fail(b"CLIENT_ERROR bad queue name: %s\r\n" % _encode(str(exc)))
+            reply = b"CLIENT_ERROR bad queue name: %s\r\n" % _encode(str(exc))
         elif isinstance(exc, (UnknownStatus, ForbiddenStatus)):
-            self._fail(b"CLIENT_ERROR %s\r\n" % _encode(str(exc)))
+            reply = b"CLIENT_ERROR %s\r\n" % _encode(str(exc))
         elif isinstance(exc, CancelledError):
             self._fail(b"SERVER_ERROR request cancelled\r\n")
+            return
         else:
             self._log.failure("Memcache request failed", failure)
             self._fail(b"SERVER_ERROR internal error\r\n")
+            return
+        if getattr(request, "noreply", False):
+            reply = b""
+        self._async_reply(reply)
 
     # -- requests --------------------------------------------------------
 
@@ -416,8 +487,7 @@ class MemcacheProtocol(SessionProtocol):
             if not req.opening:
                 return _END
         elif not req.opening and not req.peeking and session.count_pending_reads(name) > 0:
-            raise _CloseAfterReplyError(
-                b"ERROR a read is open on this queue: use /close, /open or /abort\r\n")
+            return b"ERROR a read is open on this queue: use /close, /open or /abort\r\n"
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         d = session.get_item(name, deadline, req.opening, req.peeking)
@@ -427,8 +497,8 @@ class MemcacheProtocol(SessionProtocol):
         return d.addCallback(value_reply, req.key)
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
-        if req.flags_error is not None:
-            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.flags_error)
+        if req.error is not None:
+            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
         session = self.session
         assert session is not None
         expiry_ms = 0
@@ -500,10 +570,10 @@ class MemcacheProtocol(SessionProtocol):
         if word == "dump_stats":
             return _encode(format_stat_blocks(self.server.dump_stats(req.args)))
         if word == "version":
-            return b"VERSION %s\r\n" % _encode(self.server.version)
+            return self.version_reply
         if word == "flush_all":
             result = session.flush_all()
-            reply = b"" if req.noreply else b"Flushed all queues.\r\n"
+            reply = b"" if req.noreply else _OK
             return self._after(result, lambda _: reply)
         if word == "flush_all_expired":
             return self._after(session.flush_all_expired(), lambda n: b"%d\r\n" % n)
@@ -551,6 +621,11 @@ class MemcacheProtocol(SessionProtocol):
             lines.extend(f"  {line}" for line in settings)
             lines.append("}")
         return _encode("\r\n".join(lines) + "\r\nEND\r\n")
+
+
+def _refusal_reply(req: Refusal) -> bytes:
+    """A refused request's fixed reply (C{ERROR} for an unknown command)."""
+    return req.reply
 
 
 class MemcacheFactory(SessionFactory):

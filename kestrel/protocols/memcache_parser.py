@@ -6,7 +6,8 @@ bytes before C{\\n}, with any C{\\r} already stripped) and returns a request
 object, or raises L{MemcacheParseError} carrying the reason for the
 C{CLIENT_ERROR} reply and whether the connection must then be closed.
 
-Rules (Kestrel 2.4 reference §1.1-§1.4, plus ../shared/spec/decisions.md):
+Rules (Kestrel 2.4's memcache protocol, with the changes listed in
+docs/differences.md):
   - the command word is matched in any case; queue names keep their case;
   - runs of blanks separate tokens, so C{get  q} is C{get q} and a trailing
     blank after C{set}'s byte count is accepted;
@@ -14,7 +15,15 @@ Rules (Kestrel 2.4 reference §1.1-§1.4, plus ../shared/spec/decisions.md):
   - C{noreply} as the last token of C{set}, C{delete}, C{flush} or
     C{flush_all} asks for no reply;
   - C{get} options (C{t=<ms>}, C{open}, C{close}, C{abort}, C{peek}) come in
-    any order and may repeat; unknown options are ignored.
+    any order and may repeat; unknown options are ignored;
+  - an error closes the connection only where the byte stream cannot be
+    resynchronised: a storage command (C{set}, and the refused C{add},
+    C{replace}, C{append}, C{prepend}, C{cas}) whose byte count is missing,
+    not a number or negative. Every other bad line is answered and the
+    connection kept: unknown commands and empty lines with C{ERROR}
+    (L{Refusal}), memcache commands a queue cannot serve with a
+    C{CLIENT_ERROR} naming the command (a storage command's data block is
+    read first, then dropped).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ __all__ = [
     "MemcacheParseError",
     "MonitorRequest",
     "QueueCommand",
+    "Refusal",
     "SetRequest",
     "parse_int",
     "parse_line",
@@ -55,16 +65,19 @@ class GetRequest:
     """
     A C{get}/C{gets} of one queue with its options.
 
-    C{key} is the queue name as sent (bytes, for the C{VALUE} line) and C{name}
-    the same decoded as ISO-8859-1. C{timeout_ms} is None without C{t=}.
+    C{key} is the key exactly as sent, options included (bytes, echoed in the
+    C{VALUE} line so that clients match the reply to their request), and
+    C{name} the queue name before the first C{/}, decoded as ISO-8859-1.
+    C{timeout_ms} is None without C{t=}.
     """
 
     __slots__ = ("aborting", "closing", "key", "name", "opening", "peeking", "timeout_ms")
 
     def __init__(self, key: bytes, timeout_ms: int | None = None, opening: bool = False,
-                 closing: bool = False, aborting: bool = False, peeking: bool = False) -> None:
+                 closing: bool = False, aborting: bool = False, peeking: bool = False,
+                 name: bytes | None = None) -> None:
         self.key = key
-        self.name = key.decode("latin-1")
+        self.name = (key if name is None else name).decode("latin-1")
         self.timeout_ms = timeout_ms
         self.opening = opening
         self.closing = closing
@@ -78,27 +91,28 @@ class GetRequest:
 
 class SetRequest:
     """
-    A C{set} header; C{length} payload bytes and C{\\r\\n} follow it.
+    A storage command's header; C{length} payload bytes and C{\\r\\n} follow it.
 
-    C{flags_error} is set when the flags are not a number: the payload must
-    still be read, then C{CLIENT_ERROR} is replied and the connection kept,
-    as Kestrel does.
+    C{error} is set when the payload must be read and dropped, then answered
+    with C{CLIENT_ERROR <error>} (connection kept): flags or exptime that are
+    not numbers, or a storage command other than C{set} (C{add},
+    C{replace}, C{append}, C{prepend}, C{cas}), which a queue cannot serve.
     """
 
-    __slots__ = ("exptime", "flags_error", "key", "length", "name", "noreply")
+    __slots__ = ("error", "exptime", "key", "length", "name", "noreply")
 
     def __init__(self, key: bytes, exptime: int, length: int, noreply: bool = False,
-                 flags_error: str | None = None) -> None:
+                 error: str | None = None) -> None:
         self.key = key
         self.name = key.decode("latin-1")
         self.exptime = exptime
         self.length = length
         self.noreply = noreply
-        self.flags_error = flags_error
+        self.error = error
 
     def __repr__(self) -> str:
         return (f"SetRequest({self.key!r}, exptime={self.exptime}, length={self.length}, "
-                f"noreply={self.noreply}, flags_error={self.flags_error!r})")
+                f"noreply={self.noreply}, error={self.error!r})")
 
 
 class MonitorRequest:
@@ -134,6 +148,25 @@ class QueueCommand:
         self.noreply = noreply
 
 
+class Refusal:
+    """
+    A request read whole that is answered with C{reply} and changes nothing.
+
+    Unknown commands and empty lines get C{ERROR} (memcache's reply);
+    C{incr}, C{decr}, C{touch}, C{gat} and C{gats} get a C{CLIENT_ERROR}
+    naming the command (nothing at all with C{noreply}). The connection stays
+    open.
+    """
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.reply!r})"
+
+
 class Command:
     """
     Any other known command with its remaining arguments (ISO-8859-1 strings).
@@ -151,7 +184,8 @@ class Command:
         self.noreply = noreply
 
 
-Request = GetRequest | SetRequest | MonitorRequest | ConfirmRequest | QueueCommand | Command
+Request = (GetRequest | SetRequest | MonitorRequest | ConfirmRequest | QueueCommand | Refusal
+           | Command)
 
 _PLAIN_COMMANDS = frozenset({
     "stats", "dump_stats", "dump_config", "version", "status", "reload", "shutdown", "quit",
@@ -159,9 +193,20 @@ _PLAIN_COMMANDS = frozenset({
 })
 _QUEUE_COMMANDS = frozenset({"delete", "flush", "flush_expired"})
 _NOREPLY_COMMANDS = frozenset({"delete", "flush", "flush_all"})
+#: memcache storage commands a queue cannot serve: their data block is read and dropped.
+_REFUSED_STORAGE = frozenset({b"add", b"replace", b"append", b"prepend", b"cas"})
+#: Other memcache commands a queue cannot serve (no data block follows them).
+_REFUSED_COMMANDS = frozenset({b"incr", b"decr", b"touch", b"gat", b"gats"})
+_ERROR = Refusal(b"ERROR\r\n")
 
 
-def parse_int(token: bytes, what: str, minimum: int = MIN_INT, disconnect: bool = True) -> int:
+def not_supported(command: str) -> str:
+    """The C{CLIENT_ERROR} reason for a memcache command that a queue cannot serve."""
+    hint = " (use set)" if command.encode() in _REFUSED_STORAGE else ""
+    return f"{command} is not supported by a queue server{hint}"
+
+
+def parse_int(token: bytes, what: str, minimum: int = MIN_INT, disconnect: bool = False) -> int:
     """
     Parse a decimal Java-int token, or raise L{MemcacheParseError} naming C{what}.
 
@@ -196,33 +241,42 @@ def parse_get(token: bytes) -> GetRequest:
             peeking = True
     key = parts[0]
     if not key:
-        raise MemcacheParseError("empty queue name", True)
+        raise MemcacheParseError("empty queue name", False)
     if (peeking or aborting) and (opening or closing):
-        raise MemcacheParseError("peek and abort cannot be combined with open or close", True)
+        raise MemcacheParseError("peek and abort cannot be combined with open or close", False)
     if peeking and aborting:
-        raise MemcacheParseError("peek and abort cannot be combined", True)
-    return GetRequest(key, timeout_ms, opening, closing, aborting, peeking)
+        raise MemcacheParseError("peek and abort cannot be combined", False)
+    return GetRequest(token, timeout_ms, opening, closing, aborting, peeking, key)
 
 
 def parse_set(tokens: list[bytes]) -> SetRequest:
     """
-    Parse the tokens of a C{set} line: C{set <q> <flags> <exptime> <bytes> [noreply]}.
+    Parse the tokens of a storage line: C{set <q> <flags> <exptime> <bytes> [noreply]}
+    (C{cas} has its unique value before C{noreply}).
 
-    A short line, a bad exptime or a bad byte count is an error that closes
-    the connection; bad flags are reported after the payload is read.
+    A short line or a bad byte count is an error that closes the connection
+    (the payload cannot be skipped); bad flags or exptime are reported after
+    the payload is read, as is any storage command other than C{set}.
     """
+    command = tokens[0].lower().decode("latin-1")
     if len(tokens) < 5:
-        raise MemcacheParseError("malformed set: expected set <queue> <flags> <exptime> <bytes>",
-                                 True)
-    length = parse_int(tokens[4], "byte count", minimum=0)
-    exptime = parse_int(tokens[3], "exptime")
-    flags_error = None
-    try:
-        int(tokens[2])
-    except ValueError:
-        flags_error = "bad flags"
+        raise MemcacheParseError(
+            f"malformed {command}: expected {command} <queue> <flags> <exptime> <bytes>", True)
+    length = parse_int(tokens[4], "byte count", minimum=0, disconnect=True)
+    error = None
+    exptime = 0
+    if command != "set":
+        error = not_supported(command)
+    else:
+        try:
+            exptime = parse_int(tokens[3], "exptime")
+            int(tokens[2])
+        except MemcacheParseError as e:
+            error = e.reason
+        except ValueError:
+            error = "bad flags"
     noreply = len(tokens) > 5 and tokens[-1] == b"noreply"
-    return SetRequest(tokens[1], exptime, length, noreply, flags_error)
+    return SetRequest(tokens[1], exptime, length, noreply, error)
 
 
 #: Recently parsed C{get}/C{set} lines and their (immutable) requests.
@@ -259,24 +313,28 @@ def _parse_line(line: bytes) -> Request:
     """Parse one request line, with no memory of earlier ones (see L{parse_line})."""
     tokens = line.split()
     if not tokens:
-        raise MemcacheParseError("empty request", True)
+        return _ERROR
     word = tokens[0].lower()
     if word == b"get" or word == b"gets":
         if len(tokens) < 2:
             raise MemcacheParseError("missing queue name", False)
         return parse_get(tokens[1])
-    if word == b"set":
+    if word == b"set" or word in _REFUSED_STORAGE:
         return parse_set(tokens)
+    if word in _REFUSED_COMMANDS:
+        if tokens[-1] == b"noreply" and word not in (b"gat", b"gats"):
+            return Refusal(b"")
+        return Refusal(b"CLIENT_ERROR %s\r\n" % not_supported(word.decode("latin-1")).encode())
     command = word.decode("latin-1")
     if command in _QUEUE_COMMANDS:
         if len(tokens) < 2:
-            # Kestrel keeps the connection for delete/flush, closes for flush_expired.
-            raise MemcacheParseError("missing queue name", command == "flush_expired")
+            raise MemcacheParseError("missing queue name", False)
         noreply = command in _NOREPLY_COMMANDS and len(tokens) > 2 and tokens[-1] == b"noreply"
         return QueueCommand(command, tokens[1].decode("latin-1"), noreply)
     if command == "monitor":
         if len(tokens) < 3:
-            raise MemcacheParseError("malformed monitor: expected monitor <queue> <seconds>", True)
+            raise MemcacheParseError("malformed monitor: expected monitor <queue> <seconds>",
+                                     False)
         seconds = parse_int(tokens[2], "seconds")
         max_items = parse_int(tokens[3], "max_items") if len(tokens) > 3 else None
         return MonitorRequest(tokens[1], seconds, max_items)
@@ -290,4 +348,4 @@ def _parse_line(line: bytes) -> Request:
         if command in _NOREPLY_COMMANDS and args and args[-1] == "noreply":
             noreply, args = True, args[:-1]
         return Command(command, args, noreply)
-    raise MemcacheParseError(f"unknown command: {command[:40]}", True)
+    return _ERROR

@@ -14,6 +14,7 @@ from kestrel.protocols.memcache_parser import (
     MemcacheParseError,
     MonitorRequest,
     QueueCommand,
+    Refusal,
     SetRequest,
     parse_line,
 )
@@ -23,6 +24,13 @@ names = st.binary(min_size=1, max_size=30).filter(
 )
 blanks = st.sampled_from([b" ", b"  ", b"   "])
 options = st.sampled_from([b"open", b"close", b"abort", b"peek", b"t=0", b"t=250", b"xyz", b""])
+
+
+def test_get_key_is_the_token_as_sent() -> None:
+    """The key echoed in VALUE is the whole token, options included; the name is before `/`."""
+    req = parse_line(b"get jobs/t=500/open other")
+    assert isinstance(req, GetRequest)
+    assert (req.key, req.name) == (b"jobs/t=500/open", "jobs")
 
 
 def test_plain_get() -> None:
@@ -53,11 +61,11 @@ def test_get_options_any_order() -> None:
     b"get /open", b"get q/peek/open", b"get q/abort/close", b"get q/peek/abort",
     b"get q/abort/open", b"get q/t=abc", b"get q/t=99999999999",
 ])
-def test_get_validation_closes(line: bytes) -> None:
-    """Invalid get option combinations and bad timeouts are CLIENT_ERROR + close."""
+def test_get_validation_keeps_connection(line: bytes) -> None:
+    """Invalid get option combinations and bad timeouts are CLIENT_ERROR, connection kept."""
     with pytest.raises(MemcacheParseError) as err:
         parse_line(line)
-    assert err.value.disconnect
+    assert not err.value.disconnect
 
 
 def test_get_without_key_keeps_connection() -> None:
@@ -71,7 +79,7 @@ def test_set_header() -> None:
     """`set` takes name, any flags, exptime and the byte count; a trailing blank is fine."""
     req = parse_line(b"SET q 4294967295 60 5 ")
     assert isinstance(req, SetRequest)
-    assert (req.name, req.exptime, req.length, req.noreply, req.flags_error) == (
+    assert (req.name, req.exptime, req.length, req.noreply, req.error) == (
         "q", 60, 5, False, None)
 
 
@@ -81,31 +89,64 @@ def test_set_noreply() -> None:
     assert isinstance(req, SetRequest) and req.noreply
 
 
-def test_set_bad_flags_reads_payload() -> None:
-    """Non-numeric flags are reported after the payload, connection kept."""
-    req = parse_line(b"set q x 0 5")
+@pytest.mark.parametrize("line, error", [
+    (b"set q x 0 5", "bad flags"),
+    (b"set q 0 zz 5", "bad exptime"),
+    (b"set q 0 2147483648 5", "bad exptime"),
+])
+def test_set_bad_numbers_read_payload(line: bytes, error: str) -> None:
+    """Non-numeric flags or exptime are reported after the payload, connection kept."""
+    req = parse_line(line)
     assert isinstance(req, SetRequest)
-    assert req.flags_error == "bad flags" and req.length == 5
+    assert req.error == error and req.length == 5
 
 
 @pytest.mark.parametrize("line", [
-    b"set q 0 0", b"set q 0 0 -1", b"set q 0 0 abc", b"set q 0 zz 5", b"set q 0 0 1_0",
+    b"set q 0 0", b"set q 0 0 -1", b"set q 0 0 abc", b"set q 0 0 1_0", b"set q 0 0 2147483648",
+    b"add q 0 0", b"cas q 0 0 x 1",
 ])
-def test_set_malformed_closes(line: bytes) -> None:
-    """Short set lines, bad byte counts and bad exptimes are CLIENT_ERROR + close."""
+def test_set_bad_byte_count_closes(line: bytes) -> None:
+    """Without a usable byte count the payload cannot be skipped: CLIENT_ERROR + close."""
     with pytest.raises(MemcacheParseError) as err:
         parse_line(line)
     assert err.value.disconnect
 
 
-@pytest.mark.parametrize("line", [
-    b"", b"   ", b"add q 0 0 1", b"incr q 1", b"cas q 0 0 1 1", b"roll",
+@pytest.mark.parametrize("line, word", [
+    (b"add q 0 0 1", "add"), (b"REPLACE q 0 0 1", "replace"), (b"append q 0 0 1", "append"),
+    (b"prepend q 0 0 1 noreply", "prepend"), (b"cas q 0 0 1 99", "cas"),
 ])
-def test_unknown_commands_close(line: bytes) -> None:
-    """Empty lines and commands Kestrel does not serve are CLIENT_ERROR + close."""
-    with pytest.raises(MemcacheParseError) as err:
-        parse_line(line)
-    assert err.value.disconnect
+def test_refused_storage_commands_read_payload(line: bytes, word: str) -> None:
+    """add/replace/append/prepend/cas: the payload is read, then CLIENT_ERROR names the command."""
+    req = parse_line(line)
+    assert isinstance(req, SetRequest)
+    assert req.length == 1
+    assert req.error == f"{word} is not supported by a queue server (use set)"
+    assert req.noreply is line.endswith(b"noreply")
+
+
+@pytest.mark.parametrize("line, reply", [
+    (b"incr q 1", b"CLIENT_ERROR incr is not supported by a queue server\r\n"),
+    (b"decr q 1", b"CLIENT_ERROR decr is not supported by a queue server\r\n"),
+    (b"touch q 10", b"CLIENT_ERROR touch is not supported by a queue server\r\n"),
+    (b"gat 10 q", b"CLIENT_ERROR gat is not supported by a queue server\r\n"),
+    (b"GATS 10 q", b"CLIENT_ERROR gats is not supported by a queue server\r\n"),
+    (b"incr q 1 noreply", b""),
+    (b"touch q 10 noreply", b""),
+])
+def test_refused_commands(line: bytes, reply: bytes) -> None:
+    """incr/decr/touch/gat/gats: CLIENT_ERROR naming the command (none with noreply)."""
+    req = parse_line(line)
+    assert isinstance(req, Refusal)
+    assert req.reply == reply
+
+
+@pytest.mark.parametrize("line", [b"", b"   ", b"roll", b"verbosity 1", b"mg q v"])
+def test_unknown_commands_are_error(line: bytes) -> None:
+    """Empty lines and unknown commands are memcache's ERROR; nothing closes."""
+    req = parse_line(line)
+    assert isinstance(req, Refusal)
+    assert req.reply == b"ERROR\r\n"
 
 
 def test_queue_commands() -> None:
@@ -118,14 +159,13 @@ def test_queue_commands() -> None:
     assert (req.word, req.name, req.noreply) == ("flush_expired", "q", False)
 
 
-def test_queue_command_missing_name() -> None:
-    """delete without a name keeps the connection; flush_expired without one closes it."""
+@pytest.mark.parametrize("line", [b"delete", b"flush", b"flush_expired"])
+def test_queue_command_missing_name(line: bytes) -> None:
+    """A queue command without a name is CLIENT_ERROR, connection kept."""
     with pytest.raises(MemcacheParseError) as err:
-        parse_line(b"delete")
+        parse_line(line)
+    assert err.value.reason == "missing queue name"
     assert not err.value.disconnect
-    with pytest.raises(MemcacheParseError) as err:
-        parse_line(b"flush_expired")
-    assert err.value.disconnect
 
 
 def test_monitor_and_confirm() -> None:
@@ -140,12 +180,11 @@ def test_monitor_and_confirm() -> None:
 
 
 def test_monitor_confirm_errors() -> None:
-    """Bad monitor args close; confirm missing a token keeps, confirm non-int closes."""
-    for line, closes in [(b"monitor q", True), (b"monitor q x", True),
-                         (b"confirm q", False), (b"confirm q x", True)]:
+    """Bad monitor and confirm arguments are CLIENT_ERROR, connection kept."""
+    for line in (b"monitor q", b"monitor q x", b"confirm q", b"confirm q x"):
         with pytest.raises(MemcacheParseError) as err:
             parse_line(line)
-        assert err.value.disconnect is closes, line
+        assert not err.value.disconnect, line
 
 
 def test_plain_commands() -> None:
@@ -172,7 +211,8 @@ def test_get_roundtrip(name: bytes, opts: list[bytes], sep1: bytes, trail: bytes
         return
     req = parse_line(line)
     assert isinstance(req, GetRequest)
-    assert req.key == name
+    assert req.key == token
+    assert req.name == name.decode("latin-1")
     assert (req.peeking, req.aborting, req.opening, req.closing) == (peek, abort, opening, closing)
     timeouts = [int(o[2:]) for o in opts if o.startswith(b"t=")]
     assert req.timeout_ms == (timeouts[-1] if timeouts else None)
@@ -188,17 +228,23 @@ def test_set_roundtrip(name: bytes, flags: int, exptime: int, length: int, sep: 
         parts.append(b"noreply")
     req = parse_line(sep.join(parts) + sep)
     assert isinstance(req, SetRequest)
-    assert (req.key, req.exptime, req.length, req.noreply, req.flags_error) == (
+    assert (req.key, req.exptime, req.length, req.noreply, req.error) == (
         name, exptime, length, noreply, None)
 
 
 @given(st.binary(max_size=60))
 def test_never_crashes(line: bytes) -> None:
-    """Arbitrary bytes either parse or raise MemcacheParseError, never anything else."""
+    """
+    Arbitrary bytes either parse or raise MemcacheParseError, never anything
+    else; only a storage line without a usable byte count closes the connection.
+    """
     try:
         parse_line(line)
     except MemcacheParseError as err:
         assert err.reason
+        if err.disconnect:
+            assert line.split()[0].lower() in (b"set", b"add", b"replace", b"append",
+                                               b"prepend", b"cas")
 
 
 def _fields(request: object) -> tuple[object, ...]:

@@ -21,7 +21,12 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from kestrel.config import dump_queue_config, parse_config
 from kestrel.journal.records import iter_records
 from kestrel.journal.syncfile import PeriodicSyncFile
-from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
+from kestrel.protocols.memcache import (
+    MemcacheFactory,
+    MemcacheProtocol,
+    binary_error,
+    memcache_version,
+)
 from kestrel.server import KestrelServer
 from tests.support import StringClient, make_server
 
@@ -70,7 +75,7 @@ def test_get_timeout_waits_and_keeps_order(conn: Conn, factory: MemcacheFactory,
     assert conn.take() == b""
     other = Conn(factory)
     assert other.send(b"set q 0 0 3\r\nabc\r\n") == b"STORED\r\n"
-    assert conn.take() == b"VALUE q 0 3\r\nabc\r\nEND\r\nVERSION 0.1.0\r\n"
+    assert conn.take() == b"VALUE q/t=500 0 3\r\nabc\r\nEND\r\nVERSION 1.1.0\r\n"
 
 
 def test_get_timeout_expires(conn: Conn, clock: Clock) -> None:
@@ -85,8 +90,8 @@ def test_get_timeout_expires(conn: Conn, clock: Clock) -> None:
 def test_reliable_read_close(conn: Conn) -> None:
     """`/open` hands out an item; `/close/open` confirms it and opens the next."""
     conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
-    assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
-    assert conn.send(b"get q/close/open\r\n") == b"VALUE q 0 1\r\nb\r\nEND\r\n"
+    assert conn.send(b"get q/open\r\n") == b"VALUE q/open 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q/close/open\r\n") == b"VALUE q/close/open 0 1\r\nb\r\nEND\r\n"
     assert conn.send(b"get q/close\r\n") == b"END\r\n"
     assert conn.send(b"get q\r\n") == b"END\r\n"
 
@@ -94,7 +99,7 @@ def test_reliable_read_close(conn: Conn) -> None:
 def test_reliable_read_abort(conn: Conn) -> None:
     """`/abort` returns the open item to the head of the queue."""
     conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
-    assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q/open\r\n") == b"VALUE q/open 0 1\r\na\r\nEND\r\n"
     assert conn.send(b"get q/abort\r\n") == b"END\r\n"
     assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
 
@@ -102,33 +107,36 @@ def test_reliable_read_abort(conn: Conn) -> None:
 def test_disconnect_returns_open_read(conn: Conn, factory: MemcacheFactory) -> None:
     """An open read of a connection that ends goes back to the head of the queue."""
     conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
-    assert conn.send(b"get q/open\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q/open\r\n") == b"VALUE q/open 0 1\r\na\r\nEND\r\n"
     conn.close()
     other = Conn(factory)
     assert other.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
 
 
 def test_plain_get_with_open_read_is_error(conn: Conn) -> None:
-    """A plain get while a read is open on that queue is ERROR and a close."""
-    conn.send(b"set q 0 0 1\r\na\r\n")
+    """A plain get while a read is open on that queue is ERROR; the connection and read stay."""
+    conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
     conn.send(b"get q/open\r\n")
-    reply = conn.send(b"get q\r\n")
-    assert reply.startswith(b"ERROR") and reply.endswith(b"\r\n")
-    assert not conn.connected
+    assert conn.send(b"get q\r\nversion\r\n") == (
+        b"ERROR a read is open on this queue: use /close, /open or /abort\r\nVERSION 1.1.0\r\n")
+    assert conn.connected
+    assert conn.send(b"get q/close/open\r\n") == b"VALUE q/close/open 0 1\r\nb\r\nEND\r\n"
 
 
 def test_second_open_over_limit_is_error(conn: Conn) -> None:
-    """With max_open_transactions 1, a second /open on the queue is ERROR and a close."""
+    """With max_open_transactions 1, a second /open is ERROR; the connection and read stay."""
     conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
     conn.send(b"get q/open\r\n")
-    assert conn.send(b"get q/open\r\n") == b"ERROR too many open reads\r\n"
-    assert not conn.connected
+    assert conn.send(b"get q/open\r\nversion\r\n") == (
+        b"ERROR too many open reads\r\nVERSION 1.1.0\r\n")
+    assert conn.connected
+    assert conn.send(b"get q/close\r\nget q\r\n") == b"END\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
 
 
 def test_peek(conn: Conn) -> None:
     """`/peek` shows the head without removing it."""
     conn.send(b"set q 0 0 1\r\na\r\n")
-    assert conn.send(b"get q/peek\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert conn.send(b"get q/peek\r\n") == b"VALUE q/peek 0 1\r\na\r\nEND\r\n"
     assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
 
 
@@ -139,7 +147,7 @@ def test_queue_commands(conn: Conn) -> None:
     assert conn.send(b"get q\r\n") == b"END\r\n"
     assert conn.send(b"delete q\r\n") == b"DELETED\r\n"
     assert conn.send(b"delete nothing\r\n") == b"DELETED\r\n"
-    assert conn.send(b"flush_all\r\n") == b"Flushed all queues.\r\n"
+    assert conn.send(b"flush_all\r\n") == b"OK\r\n"
     assert conn.send(b"flush_expired q\r\n") == b"0\r\n"
     assert conn.send(b"flush_all_expired\r\n") == b"0\r\n"
 
@@ -180,7 +188,7 @@ def test_monitor_waits_for_items(roomy: MemcacheFactory, clock: Clock) -> None:
     Conn(roomy).send(b"set q 0 0 1\r\nx\r\n")
     assert conn.take() == b"VALUE q 0 1\r\nx\r\nEND\r\n"
     clock.advance(2.1)
-    assert conn.take() == b"END\r\nVERSION 0.1.0\r\n"
+    assert conn.take() == b"END\r\nVERSION 1.1.0\r\n"
 
 
 def test_monitor_stops_at_open_read_limit(conn: Conn) -> None:
@@ -248,8 +256,17 @@ def test_dump_config_matches_config_notation(clock: Clock, tmp_path: Path) -> No
 
 
 def test_version(conn: Conn) -> None:
-    """version replies VERSION and the package version."""
-    assert conn.send(b"version\r\n") == b"VERSION 0.1.0\r\n"
+    """version replies VERSION and the package version 0.1.0 with its major raised to 1."""
+    assert conn.send(b"version\r\n") == b"VERSION 1.1.0\r\n"
+
+
+@pytest.mark.parametrize("version, reported", [
+    ("0.1.0", "1.1.0"), ("0.3.2.dev1", "1.3.2"), ("2.0.1", "2.0.1"), ("1.4", "1.4.0"),
+    ("0.2.0rc1", "1.2.0"), ("weird", "1.0.0"),
+])
+def test_memcache_version(version: str, reported: str) -> None:
+    """The memcache version is three numbers with a major of at least 1 (libmemcached)."""
+    assert memcache_version(version) == reported
 
 
 def test_status_changes(conn: Conn, factory: MemcacheFactory) -> None:
@@ -258,18 +275,23 @@ def test_status_changes(conn: Conn, factory: MemcacheFactory) -> None:
     assert conn.send(b"status readonly\r\n") == b"END\r\n"
     assert conn.send(b"status\r\n") == b"READONLY\r\n"
     assert conn.send(b"get q\r\n") == b"END\r\n"
-    reply = conn.send(b"set q 0 0 1\r\na\r\n")
-    assert reply.startswith(b"SERVER_ERROR") and not conn.connected
+    assert conn.send(b"set q 0 0 1\r\na\r\nset q 0 0 1 noreply\r\nb\r\nversion\r\n") == (
+        b"SERVER_ERROR Server not available for operation setItem\r\nVERSION 1.1.0\r\n")
+    assert conn.connected
     other = Conn(factory)
     assert other.send(b"status up\r\n") == b"END\r\n"
     assert other.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
 
 
-@pytest.mark.parametrize("line", [b"status down\r\n", b"status sideways\r\n"])
-def test_status_bad_name(conn: Conn, line: bytes) -> None:
-    """An unknown or forbidden status is CLIENT_ERROR and a close."""
-    assert conn.send(line).startswith(b"CLIENT_ERROR ")
-    assert not conn.connected
+@pytest.mark.parametrize("line, reply", [
+    (b"status down\r\n", b"CLIENT_ERROR Status Down may not be set; use Quiescent\r\n"),
+    (b"status sideways\r\n", b"CLIENT_ERROR Unknown status 'sideways': expected one of up, "
+                              b"readonly, quiescent, writeavoid\r\n"),
+])
+def test_status_bad_name(conn: Conn, line: bytes, reply: bytes) -> None:
+    """An unknown or forbidden status is CLIENT_ERROR; the connection stays."""
+    assert conn.send(line + b"status\r\n") == reply + b"UP\r\n"
+    assert conn.connected
 
 
 def test_reload_without_file(conn: Conn) -> None:
@@ -303,28 +325,105 @@ def test_shutdown_and_quit(conn: Conn, factory: MemcacheFactory) -> None:
     assert not other.connected
 
 
+_ILLEGAL = b"Queue name contains illegal characters (one of: ~ . /)."
+
+
 @pytest.mark.parametrize("line, reply", [
-    (b"bogus\r\n", b"CLIENT_ERROR unknown command: bogus\r\n"),
-    (b"\r\n", b"CLIENT_ERROR empty request\r\n"),
-    (b"get a.b\r\n", b"CLIENT_ERROR bad queue name: "),
+    (b"bogus\r\n", b"ERROR\r\n"),
+    (b"\r\n", b"ERROR\r\n"),
+    (b"get a.b\r\n", b"CLIENT_ERROR bad queue name: %s\r\n" % _ILLEGAL),
+    (b"get a.b/open\r\n", b"CLIENT_ERROR bad queue name: %s\r\n" % _ILLEGAL),
+    (b"set a.b 0 0 1\r\na\r\n", b"CLIENT_ERROR bad queue name: %s\r\n" % _ILLEGAL),
+    (b"set a.b 0 0 1 noreply\r\na\r\n", b""),
+    (b"monitor a.b 1\r\n", b"CLIENT_ERROR bad queue name: %s\r\n" % _ILLEGAL),
     (b"get q/t=x\r\n", b"CLIENT_ERROR bad timeout\r\n"),
     (b"get /open\r\n", b"CLIENT_ERROR empty queue name\r\n"),
-    (b"set q 0 x 1\r\na\r\n", b"CLIENT_ERROR bad exptime\r\n"),
-    (b"monitor q\r\n", b"CLIENT_ERROR malformed monitor"),
+    (b"get q/peek/open\r\n",
+     b"CLIENT_ERROR peek and abort cannot be combined with open or close\r\n"),
+    (b"set q 0 x 7\r\nversion\r\n", b"CLIENT_ERROR bad exptime\r\n"),
+    (b"set q x 0 1\r\na\r\n", b"CLIENT_ERROR bad flags\r\n"),
+    (b"monitor q\r\n", b"CLIENT_ERROR malformed monitor: expected monitor <queue> <seconds>\r\n"),
+    (b"monitor q x\r\n", b"CLIENT_ERROR bad seconds\r\n"),
+    (b"confirm q x\r\n", b"CLIENT_ERROR bad count\r\n"),
+    (b"flush_expired\r\n", b"CLIENT_ERROR missing queue name\r\n"),
+    (b"add q 0 0 9\r\nversion\r\n\r\n",
+     b"CLIENT_ERROR add is not supported by a queue server (use set)\r\n"),
+    (b"replace q 0 0 1\r\na\r\n",
+     b"CLIENT_ERROR replace is not supported by a queue server (use set)\r\n"),
+    (b"append q 0 0 1\r\na\r\n",
+     b"CLIENT_ERROR append is not supported by a queue server (use set)\r\n"),
+    (b"prepend q 0 0 1\r\na\r\n",
+     b"CLIENT_ERROR prepend is not supported by a queue server (use set)\r\n"),
+    (b"cas q 0 0 1 77\r\na\r\n",
+     b"CLIENT_ERROR cas is not supported by a queue server (use set)\r\n"),
+    (b"add q 0 0 1 noreply\r\na\r\n", b""),
+    (b"incr q 1\r\n", b"CLIENT_ERROR incr is not supported by a queue server\r\n"),
+    (b"decr q 1\r\n", b"CLIENT_ERROR decr is not supported by a queue server\r\n"),
+    (b"touch q 1\r\n", b"CLIENT_ERROR touch is not supported by a queue server\r\n"),
+    (b"gat 1 q\r\n", b"CLIENT_ERROR gat is not supported by a queue server\r\n"),
+    (b"gats 1 q\r\n", b"CLIENT_ERROR gats is not supported by a queue server\r\n"),
+    (b"incr q 1 noreply\r\n", b""),
 ])
-def test_bad_input_closes(conn: Conn, line: bytes, reply: bytes) -> None:
-    """Where Kestrel closes silently we send CLIENT_ERROR with a reason, then close."""
-    out = conn.send(line + b"version\r\n")
-    assert out.startswith(reply) and out.endswith(b"\r\n")
-    assert b"VERSION" not in out
+def test_bad_request_read_whole_keeps_connection(conn: Conn, line: bytes, reply: bytes) -> None:
+    """
+    A bad request read whole gets exactly C{reply} (nothing with noreply), a
+    storage command's data block is dropped, and the connection serves on.
+    """
+    assert conn.send(line + b"set q 0 0 2\r\nok\r\nget q\r\n") == (
+        reply + b"STORED\r\nVALUE q 0 2\r\nok\r\nEND\r\n")
+    assert conn.connected
+
+
+@pytest.mark.parametrize("line, reply", [
+    (b"set q 0 0 -1\r\n", b"CLIENT_ERROR bad byte count\r\n"),
+    (b"set q 0 0 x\r\n", b"CLIENT_ERROR bad byte count\r\n"),
+    (b"set q 0 0\r\n",
+     b"CLIENT_ERROR malformed set: expected set <queue> <flags> <exptime> <bytes>\r\n"),
+    (b"add q 0 0 x\r\n", b"CLIENT_ERROR bad byte count\r\n"),
+    (b"set q 0 0 1\r\nab\r\n", b"CLIENT_ERROR bad data chunk\r\n"),
+    (b"set q 0 0 1\r\na\n", b"CLIENT_ERROR bad data chunk\r\n"),
+])
+def test_unresynchronisable_input_closes(conn: Conn, line: bytes, reply: bytes) -> None:
+    """Where the stream cannot be resynchronised: CLIENT_ERROR, nothing stored, close."""
+    assert conn.send(line + b"version\r\n") == reply
+    assert not conn.connected
+    assert conn.protocol.server.collection.queue("q", create=False) is None
+
+
+def test_binary_protocol_gets_binary_error(conn: Conn) -> None:
+    """
+    A binary-protocol request (magic 0x80) gets one binary response: magic
+    0x81, its opcode and opaque echoed, status 0x0081, a message body; then a close.
+    """
+    # a binary GET (opcode 0x00) of key "q", opaque 0xdeadbeef, sent in two pieces
+    request = bytes([0x80, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 1,
+                     0xde, 0xad, 0xbe, 0xef]) + bytes(8) + b"q"
+    assert conn.send(request[:10]) == b""
+    assert conn.connected
+    reply = conn.send(request[10:])
+    header, body = reply[:24], reply[24:]
+    assert header == bytes([0x81, 0x00, 0, 0, 0, 0, 0x00, 0x81]) + len(body).to_bytes(4, "big") + (
+        bytes([0xde, 0xad, 0xbe, 0xef]) + bytes(8))
+    assert body == b"Unknown command: binary protocol not supported, use the text protocol"
+    assert reply == binary_error(request[:24])
+    assert not conn.connected
+
+
+def test_binary_request_after_text_requests(conn: Conn) -> None:
+    """Text requests before a binary one are answered first; the opcode is echoed."""
+    noop = bytes([0x80, 0x0a]) + bytes(10) + b"\x00\x00\x00\x07" + bytes(8)
+    reply = conn.send(b"version\r\n" + noop)
+    assert reply.startswith(b"VERSION 1.1.0\r\n\x81\x0a")
+    assert reply[15 + 12:15 + 16] == b"\x00\x00\x00\x07"
     assert not conn.connected
 
 
 def test_missing_key_keeps_connection(conn: Conn) -> None:
     """A get or delete without a key is CLIENT_ERROR, and the connection stays."""
-    assert conn.send(b"get\r\ndelete\r\nversion\r\n") == (
+    assert conn.send(b"get\r\ndelete\r\nconfirm q\r\nversion\r\n") == (
         b"CLIENT_ERROR missing queue name\r\nCLIENT_ERROR missing queue name\r\n"
-        b"VERSION 0.1.0\r\n")
+        b"CLIENT_ERROR malformed confirm: expected confirm <queue> <count>\r\n"
+        b"VERSION 1.1.0\r\n")
     assert conn.connected
 
 
@@ -406,7 +505,7 @@ def test_backlog_pauses_reading(conn: Conn, factory: MemcacheFactory) -> None:
     assert conn.transport.producerState == "paused"
     Conn(factory).send(b"set q 0 0 1\r\na\r\n")
     out = conn.take()
-    assert out.startswith(b"VALUE q 0 1\r\na\r\nEND\r\nVERSION")
+    assert out.startswith(b"VALUE q/t=10000 0 1\r\na\r\nEND\r\nVERSION")
     assert conn.transport.producerState == "producing"
 
 
@@ -481,7 +580,7 @@ def test_half_close_waits_for_blocked_get(conn: Conn, clock: Clock) -> None:
     conn.protocol.readConnectionLost()
     assert conn.connected
     clock.advance(0.6)
-    assert conn.take() == b"END\r\nVERSION 0.1.0\r\n"
+    assert conn.take() == b"END\r\nVERSION 1.1.0\r\n"
     assert not conn.connected
 
 
@@ -615,7 +714,7 @@ def test_woken_reader_replies_after_the_journal_has_its_records(
     writer = Conn(factory)
     assert writer.send(b"set q 0 0 1\r\nz\r\n") == b"STORED\r\n"
     [(written, records)] = reader.transport.seen
-    assert written == b"VALUE q 0 1\r\nz\r\nEND\r\n"
+    assert written == b"VALUE q/t=1000 0 1\r\nz\r\nEND\r\n"
     assert [type(r).__name__ for r in records] == ["Add", "Remove"]
 
 
