@@ -136,7 +136,8 @@ class Connection:
         if line == END:
             return None
         parts = line.split()
-        if (len(parts) != 4 or parts[0] != b"VALUE" or parts[1] != queue.encode()
+        if (len(parts) != 4 or parts[0] != b"VALUE"
+                or parts[1].split(b"/", 1)[0] != queue.encode()  # the key echoes the options
                 or not parts[3].isdigit()):
             raise LoadError(f"Unexpected response at {at}: {line[:200]!r}!")
         block = self.read_exact(int(parts[3]) + 2 + len(END))

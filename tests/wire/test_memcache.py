@@ -155,19 +155,19 @@ def test_monitor_and_confirm(raw: LineClient) -> None:
 
 
 def test_status_changes(server: KestrelProcess) -> None:
-    """readonly blocks writes with SERVER_ERROR + close; quiescent blocks reads; up restores."""
+    """readonly blocks writes with SERVER_ERROR; quiescent blocks reads; up restores; kept open."""
     a = new_raw(server)
     a.send(b"status readonly\r\nstatus\r\n")
     assert a.line() == b"END\r\n"
     assert a.line() == b"READONLY\r\n"
-    a.send(b"set st 0 0 1\r\nx\r\n")
-    assert a.line().startswith(b"SERVER_ERROR")
-    assert a.closed()
+    a.send(b"set st 0 0 1\r\nx\r\nversion\r\n")
+    assert a.line() == b"SERVER_ERROR Server not available for operation setItem\r\n"
+    assert a.line().startswith(b"VERSION ")
     b = new_raw(server)
-    b.send(b"status quiescent\r\nget st\r\n")
+    b.send(b"status quiescent\r\nget st\r\nversion\r\n")
     assert b.line() == b"END\r\n"
-    assert b.line().startswith(b"SERVER_ERROR")
-    assert b.closed()
+    assert b.line() == b"SERVER_ERROR Server not available for operation getItem\r\n"
+    assert b.line().startswith(b"VERSION ")
     c = new_raw(server)
     c.send(b"status up\r\nstatus\r\nset st 0 0 1\r\nx\r\n")
     assert c.line() == b"END\r\n"
@@ -191,11 +191,29 @@ def test_stats_and_dump_stats(raw: LineClient) -> None:
 
 
 def test_version_and_pipelining(raw: LineClient) -> None:
-    """Pipelined requests are answered in order."""
+    """Pipelined requests are answered in order; the version's major number is at least 1."""
     raw.send(b"version\r\nset pl 0 0 1\r\na\r\nget pl\r\nget pl\r\n")
-    assert raw.line().startswith(b"VERSION ")
+    version = raw.line()
+    assert version.startswith(b"VERSION ") and version.endswith(b"\r\n")
+    major, minor, patch = version[8:-2].split(b".")
+    assert int(major) >= 1 and minor.isdigit() and patch.isdigit()
     assert raw.line() == b"STORED\r\n"
     assert raw.until(b"END\r\n") == b"VALUE pl 0 1\r\na\r\nEND\r\n"
+    assert raw.line() == b"END\r\n"
+
+
+def test_value_line_echoes_the_key_and_flush_all_is_ok(raw: LineClient) -> None:
+    """VALUE names the key exactly as sent, options included; gets too; flush_all is OK."""
+    raw.send(b"set ek 0 0 1\r\na\r\nset ek 0 0 1\r\nb\r\nset ek 0 0 1\r\nc\r\n"
+             b"get ek/t=500/open\r\ngets ek/close/open\r\nget ek/abort\r\nget ek/peek\r\n"
+             b"get ek\r\nflush_all\r\nget ek\r\n")
+    assert raw.line() == raw.line() == raw.line() == b"STORED\r\n"
+    assert raw.until(b"END\r\n") == b"VALUE ek/t=500/open 0 1\r\na\r\nEND\r\n"
+    assert raw.until(b"END\r\n") == b"VALUE ek/close/open 0 1\r\nb\r\nEND\r\n"
+    assert raw.line() == b"END\r\n"
+    assert raw.until(b"END\r\n") == b"VALUE ek/peek 0 1\r\nb\r\nEND\r\n"
+    assert raw.until(b"END\r\n") == b"VALUE ek 0 1\r\nb\r\nEND\r\n"
+    assert raw.line() == b"OK\r\n"
     assert raw.line() == b"END\r\n"
 
 

@@ -6,6 +6,11 @@ protocol"), whether the connection is then closed or kept, that no journal
 file appears for a refused queue name, and that the server lives on: after
 each bad request a second connection sets and gets an item.
 
+An error keeps the connection whenever the request was read whole; it
+closes only where the byte stream cannot be resynchronised (a bad `set`
+byte count, a data block not followed by `\r\n`, a line over
+`max_request_size`, the binary protocol).
+
 One server serves most of the module; `client_timeout` needs a second one,
 since it is a server-level setting.
 """
@@ -90,6 +95,25 @@ def assert_refused(server: KestrelProcess, request: bytes, reply: bytes) -> None
     assert_alive(server)
 
 
+def assert_answered(server: KestrelProcess, request: bytes, reply: bytes) -> None:
+    """
+    C{request} on a fresh connection gets exactly C{reply}, and the same
+    connection then serves a set and a get; nothing is created on disk for
+    the refused request; the server lives on.
+    """
+    before = files_under(server.root)
+    client = connect(server)
+    try:
+        client.send(request)
+        assert client.line() == reply
+        client.send(b"version\r\n")
+        assert client.line().startswith(b"VERSION ")
+        assert files_under(server.root) == before
+    finally:
+        client.close()
+    assert_alive(server)
+
+
 def queue_is_empty(server: KestrelProcess, queue: bytes) -> bool:
     """Whether a plain get of C{queue} on a fresh connection answers END."""
     client = connect(server)
@@ -116,8 +140,9 @@ BAD_NAMES = [
 
 @pytest.mark.parametrize("name, reason", BAD_NAMES)
 def test_bad_queue_name_on_get(server: KestrelProcess, name: bytes, reason: bytes) -> None:
-    """A get of an illegal name: CLIENT_ERROR bad queue name, close, no journal file."""
-    assert_refused(server, b"get %s\r\n" % name, b"CLIENT_ERROR bad queue name: %s\r\n" % reason)
+    """A get of an illegal name: CLIENT_ERROR bad queue name, kept open, no journal file."""
+    assert_answered(server, b"get %s\r\n" % name,
+                    b"CLIENT_ERROR bad queue name: %s\r\n" % reason)
 
 
 @pytest.mark.parametrize("name, reason", [
@@ -128,16 +153,16 @@ def test_bad_queue_name_on_get(server: KestrelProcess, name: bytes, reason: byte
 def test_bad_queue_name_on_set(server: KestrelProcess, name: bytes, reason: bytes) -> None:
     """
     A set to an illegal name has its payload read, then gets CLIENT_ERROR bad
-    queue name and a close; the item is stored nowhere.
+    queue name, the connection kept; the item is stored nowhere.
     """
-    assert_refused(server, b"set %s 0 0 5\r\nhello\r\n" % name,
-                   b"CLIENT_ERROR bad queue name: %s\r\n" % reason)
+    assert_answered(server, b"set %s 0 0 5\r\nhello\r\n" % name,
+                    b"CLIENT_ERROR bad queue name: %s\r\n" % reason)
 
 
 @pytest.mark.parametrize("option", [b"open", b"peek", b"t=10", b"close", b"abort"])
 def test_empty_queue_name_on_get(server: KestrelProcess, option: bytes) -> None:
-    """`get /<option>` names no queue: CLIENT_ERROR empty queue name, then a close."""
-    assert_refused(server, b"get /%s\r\n" % option, b"CLIENT_ERROR empty queue name\r\n")
+    """`get /<option>` names no queue: CLIENT_ERROR empty queue name, kept open."""
+    assert_answered(server, b"get /%s\r\n" % option, b"CLIENT_ERROR empty queue name\r\n")
 
 
 def test_longest_name_is_accepted(server: KestrelProcess, raw: LineClient) -> None:
@@ -184,8 +209,9 @@ def test_queue_commands_on_illegal_name_create_nothing(server: KestrelProcess,
 
 
 def test_monitor_illegal_name(server: KestrelProcess) -> None:
-    """monitor of an illegal name: CLIENT_ERROR bad queue name, close, no journal file."""
-    assert_refused(server, b"monitor ../x 1\r\n", b"CLIENT_ERROR bad queue name: %s\r\n" % _ILLEGAL)
+    """monitor of an illegal name: CLIENT_ERROR bad queue name, kept open, no journal file."""
+    assert_answered(server, b"monitor ../x 1\r\n",
+                    b"CLIENT_ERROR bad queue name: %s\r\n" % _ILLEGAL)
 
 
 # -- malformed requests -------------------------------------------------------------------
@@ -196,6 +222,8 @@ def test_monitor_illegal_name(server: KestrelProcess) -> None:
     (b"get q/peek/open\r\n",
      b"CLIENT_ERROR peek and abort cannot be combined with open or close\r\n"),
     (b"get q/peek/abort\r\n", b"CLIENT_ERROR peek and abort cannot be combined\r\n"),
+    (b"get q/abort/open\r\n",
+     b"CLIENT_ERROR peek and abort cannot be combined with open or close\r\n"),
     (b"monitor q\r\n", b"CLIENT_ERROR malformed monitor: expected monitor <queue> <seconds>\r\n"),
     (b"monitor q x\r\n", b"CLIENT_ERROR bad seconds\r\n"),
     (b"confirm q x\r\n", b"CLIENT_ERROR bad count\r\n"),
@@ -204,10 +232,10 @@ def test_monitor_illegal_name(server: KestrelProcess) -> None:
     (b"status bogus\r\n", b"CLIENT_ERROR Unknown status 'bogus': expected one of up, readonly, "
                           b"quiescent, writeavoid\r\n"),
 ])
-def test_malformed_request_closes(server: KestrelProcess, request_bytes: bytes,
-                                  reply: bytes) -> None:
-    """Where Kestrel closed silently: CLIENT_ERROR with the reason, then a close."""
-    assert_refused(server, request_bytes, reply)
+def test_malformed_request_keeps_connection(server: KestrelProcess, request_bytes: bytes,
+                                            reply: bytes) -> None:
+    """Where Kestrel closed silently: CLIENT_ERROR with the reason, connection kept."""
+    assert_answered(server, request_bytes, reply)
 
 
 def test_missing_arguments_keep_connection(server: KestrelProcess, raw: LineClient) -> None:
@@ -221,12 +249,25 @@ def test_missing_arguments_keep_connection(server: KestrelProcess, raw: LineClie
     assert_alive(server)
 
 
-# -- malformed set lines: refused without reading the payload -----------------------------
+# -- malformed set lines ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("header, reply", [
-    pytest.param(b"set hdr 0 abc 1\r\n", b"CLIENT_ERROR bad exptime\r\n", id="exptime"),
-    pytest.param(b"set hdr 0 2147483648 1\r\n", b"CLIENT_ERROR bad exptime\r\n",
+    pytest.param(b"set hdr 0 abc 7\r\n", b"CLIENT_ERROR bad exptime\r\n", id="exptime"),
+    pytest.param(b"set hdr 0 2147483648 7\r\n", b"CLIENT_ERROR bad exptime\r\n",
                  id="exptime-over-int"),
+    pytest.param(b"set hdr x 0 7\r\n", b"CLIENT_ERROR bad flags\r\n", id="flags"),
+])
+def test_bad_set_numbers_drop_payload_and_keep_connection(
+        server: KestrelProcess, header: bytes, reply: bytes) -> None:
+    """
+    A bad exptime or flags with a good byte count: the payload (which looks
+    like a command) is read and dropped, CLIENT_ERROR, connection kept.
+    """
+    assert_answered(server, header + b"version\r\n", reply)
+    assert queue_is_empty(server, b"hdr")
+
+
+@pytest.mark.parametrize("header, reply", [
     pytest.param(b"set hdr 0 0 -1\r\n", b"CLIENT_ERROR bad byte count\r\n", id="negative-bytes"),
     pytest.param(b"set hdr 0 0 x\r\n", b"CLIENT_ERROR bad byte count\r\n", id="bad-bytes"),
     pytest.param(b"set hdr 0 0\r\n",
@@ -239,10 +280,23 @@ def test_missing_arguments_keep_connection(server: KestrelProcess, raw: LineClie
 def test_bad_set_header_closes_without_reading_payload(
         server: KestrelProcess, header: bytes, reply: bytes) -> None:
     """
-    The reply and the close come right after the header line: the server does
-    not wait for the payload (none is sent). Nothing is stored.
+    The byte count cannot be trusted, so the stream cannot be resynchronised:
+    the reply and the close come right after the header line, and the server
+    does not wait for the payload (none is sent). Nothing is stored.
     """
     assert_refused(server, header, reply)
+    assert queue_is_empty(server, b"hdr")
+
+
+@pytest.mark.parametrize("request_bytes", [
+    pytest.param(b"set hdr 0 0 2\r\nabc\r\n", id="longer"),
+    pytest.param(b"set hdr 0 0 3\r\nab\r\nget hdr\r\n", id="shorter"),
+    pytest.param(b"set hdr 0 0 2\r\nab\nversion\r\n", id="bare-newline"),
+])
+def test_data_block_not_followed_by_crlf_closes(server: KestrelProcess,
+                                                request_bytes: bytes) -> None:
+    """A data block whose byte count is wrong: CLIENT_ERROR bad data chunk, a close, not stored."""
+    assert_refused(server, request_bytes, b"CLIENT_ERROR bad data chunk\r\n")
     assert queue_is_empty(server, b"hdr")
 
 
@@ -330,22 +384,23 @@ def test_line_of_exactly_max_request_size_is_served(raw: LineClient, ending: byt
     assert raw.line().startswith(b"VERSION ")
 
 
-# -- ERROR and a close ------------------------------------------------------------------
+# -- ERROR, connection kept ----------------------------------------------------------------
 
 def test_plain_get_with_open_read(server: KestrelProcess) -> None:
     """
     A plain get of a queue this connection holds an open read on: ERROR with
-    the reason, a close, and the open read goes back to the head of the queue.
+    the reason, the connection and the open read kept; once the connection
+    ends, the open read goes back to the head of the queue.
     """
     client = connect(server)
     try:
         client.send(b"set orq 0 0 1\r\na\r\nset orq 0 0 1\r\nb\r\nget orq/open\r\n")
         assert client.line() == client.line() == b"STORED\r\n"
-        assert client.until(b"END\r\n") == b"VALUE orq 0 1\r\na\r\nEND\r\n"
-        client.send(b"get orq\r\n")
+        assert client.until(b"END\r\n") == b"VALUE orq/open 0 1\r\na\r\nEND\r\n"
+        client.send(b"get orq\r\nget orq/peek\r\n")
         assert client.line() == (
             b"ERROR a read is open on this queue: use /close, /open or /abort\r\n")
-        assert client.closed()
+        assert client.until(b"END\r\n") == b"VALUE orq/peek 0 1\r\nb\r\nEND\r\n"
     finally:
         client.close()
     assert drain(server, b"orq") == [b"a", b"b"]
@@ -354,8 +409,8 @@ def test_plain_get_with_open_read(server: KestrelProcess) -> None:
 
 def test_open_over_max_open_transactions(server: KestrelProcess) -> None:
     """
-    One /open more than max_open_transactions: ERROR too many open reads, a
-    close, and every open read goes back, the first opened first.
+    One /open more than max_open_transactions: ERROR too many open reads, the
+    connection kept; when it ends every open read goes back, the first opened first.
     """
     items = [b"i%d" % i for i in range(MAX_OPEN_TRANSACTIONS + 1)]
     client = connect(server)
@@ -365,10 +420,10 @@ def test_open_over_max_open_transactions(server: KestrelProcess) -> None:
             assert client.line() == b"STORED\r\n"
         for item in items[:MAX_OPEN_TRANSACTIONS]:
             client.send(b"get mot/open\r\n")
-            assert client.until(b"END\r\n") == b"VALUE mot 0 2\r\n%s\r\nEND\r\n" % item
-        client.send(b"get mot/open\r\n")
+            assert client.until(b"END\r\n") == b"VALUE mot/open 0 2\r\n%s\r\nEND\r\n" % item
+        client.send(b"get mot/open\r\nversion\r\n")
         assert client.line() == b"ERROR too many open reads\r\n"
-        assert client.closed()
+        assert client.line().startswith(b"VERSION ")
     finally:
         client.close()
     assert drain(server, b"mot") == items
@@ -390,7 +445,7 @@ def drain(server: KestrelProcess, queue: bytes) -> list[bytes]:
             line = client.line()
             if line == b"END\r\n":
                 return items
-            assert line.startswith(b"VALUE %s 0 " % queue), line
+            assert line.startswith(b"VALUE %s" % request[4:-2]), line
             items.append(client.exactly(int(line.split()[3]) + 2)[:-2])
             assert client.line() == b"END\r\n"
             request = b"get %s\r\n" % queue
@@ -398,45 +453,140 @@ def drain(server: KestrelProcess, queue: bytes) -> list[bytes]:
         client.close()
 
 
-# -- unknown commands ------------------------------------------------------------------
+# -- unknown commands and commands a queue cannot serve ------------------------------------
 
-@pytest.mark.parametrize("request_bytes, word", [
-    (b"bogus\r\n", b"bogus"),
-    (b"BOGUS q\r\n", b"bogus"),
-    (b"add uc 0 0 1\r\nx\r\n", b"add"),
-    (b"replace uc 0 0 1\r\nx\r\n", b"replace"),
-    (b"append uc 0 0 1\r\nx\r\n", b"append"),
-    (b"prepend uc 0 0 1\r\nx\r\n", b"prepend"),
-    (b"cas uc 0 0 1 1\r\nx\r\n", b"cas"),
-    (b"incr uc 1\r\n", b"incr"),
-    (b"decr uc 1\r\n", b"decr"),
-    (b"touch uc 10\r\n", b"touch"),
-    (b"y" * 100 + b"\r\n", b"y" * 40),
+@pytest.mark.parametrize("request_bytes", [
+    b"bogus\r\n", b"BOGUS q\r\n", b"y" * 100 + b"\r\n", b"\r\n", b"   \r\n",
+    b"verbosity 1\r\n", b"mg uc v\r\n",
 ])
-def test_unknown_command(server: KestrelProcess, request_bytes: bytes, word: bytes) -> None:
-    """An unknown command (its word lowered, cut to 40 characters): CLIENT_ERROR, then a close."""
-    assert_refused(server, request_bytes, b"CLIENT_ERROR unknown command: %s\r\n" % word)
+def test_unknown_command(server: KestrelProcess, request_bytes: bytes) -> None:
+    """An unknown command or an empty line: memcache's ERROR, connection kept."""
+    assert_answered(server, request_bytes, b"ERROR\r\n")
     assert queue_is_empty(server, b"uc")
 
 
-def test_empty_line(server: KestrelProcess) -> None:
-    """An empty request line: CLIENT_ERROR empty request, then a close."""
-    assert_refused(server, b"\r\n", b"CLIENT_ERROR empty request\r\n")
+@pytest.mark.parametrize("request_bytes, word", [
+    (b"add uc 0 0 9\r\nversion\r\n\r\n", b"add"),
+    (b"replace uc 0 0 1\r\nx\r\n", b"replace"),
+    (b"append uc 0 0 1\r\nx\r\n", b"append"),
+    (b"PREPEND uc 0 0 1\r\nx\r\n", b"prepend"),
+    (b"cas uc 0 0 1 1\r\nx\r\n", b"cas"),
+])
+def test_refused_storage_command(server: KestrelProcess, request_bytes: bytes,
+                                 word: bytes) -> None:
+    """
+    add, replace, append, prepend, cas: the data block (even one that looks
+    like a command) is read and dropped, CLIENT_ERROR names the command, the
+    connection is kept, and nothing is stored.
+    """
+    assert_answered(server, request_bytes,
+                    b"CLIENT_ERROR %s is not supported by a queue server (use set)\r\n" % word)
+    assert queue_is_empty(server, b"uc")
+
+
+@pytest.mark.parametrize("request_bytes, word", [
+    (b"incr uc 1\r\n", b"incr"),
+    (b"decr uc 1\r\n", b"decr"),
+    (b"touch uc 10\r\n", b"touch"),
+    (b"gat 10 uc\r\n", b"gat"),
+    (b"gats 10 uc\r\n", b"gats"),
+])
+def test_refused_command(server: KestrelProcess, request_bytes: bytes, word: bytes) -> None:
+    """incr, decr, touch, gat, gats: CLIENT_ERROR naming the command, connection kept."""
+    assert_answered(server, request_bytes,
+                    b"CLIENT_ERROR %s is not supported by a queue server\r\n" % word)
+    assert queue_is_empty(server, b"uc")
+
+
+def test_refused_commands_with_noreply_send_nothing(server: KestrelProcess,
+                                                    raw: LineClient) -> None:
+    """With noreply a refused command sends nothing at all, so the next reply stays in step."""
+    raw.send(b"add nr 0 0 1 noreply\r\nx\r\nincr nr 1 noreply\r\ntouch nr 1 noreply\r\n"
+             b"set nr/x 0 0 1 noreply\r\nx\r\nversion\r\n")
+    assert raw.line().startswith(b"VERSION ")
+    assert queue_is_empty(server, b"nr")
 
 
 def test_error_after_good_requests_keeps_their_replies(server: KestrelProcess) -> None:
-    """Replies to the requests before a bad one are sent, in order, before its error."""
+    """Replies before and after a bad request are sent in order around its error."""
     client = connect(server)
     try:
         client.send(b"set gb 0 0 1\r\nz\r\nversion\r\nbogus\r\nget gb\r\n")
         assert client.line() == b"STORED\r\n"
         assert client.line().startswith(b"VERSION ")
-        assert client.line() == b"CLIENT_ERROR unknown command: bogus\r\n"
-        assert client.closed()
+        assert client.line() == b"ERROR\r\n"
+        assert client.until(b"END\r\n") == b"VALUE gb 0 1\r\nz\r\nEND\r\n"
     finally:
         client.close()
-    assert drain(server, b"gb") == [b"z"]
     assert_alive(server)
+
+
+# -- the binary protocol ------------------------------------------------------------------
+
+def test_binary_protocol_gets_a_binary_error_then_a_close(server: KestrelProcess) -> None:
+    """
+    A binary-protocol request gets a binary response (magic 0x81, its opcode
+    and opaque echoed, status 0x0081 unknown command) at once, then a close.
+    """
+    # binary GET (opcode 0x00) of key "k", opaque 0x01020304
+    request = (bytes([0x80, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00]) + (1).to_bytes(4, "big")
+               + bytes([1, 2, 3, 4]) + bytes(8) + b"k")
+    client = connect(server)
+    try:
+        started = time.monotonic()
+        client.send(request)
+        header = client.exactly(24)
+        assert header[:8] == bytes([0x81, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x81])
+        assert header[12:16] == bytes([1, 2, 3, 4])
+        body = client.exactly(int.from_bytes(header[8:12], "big"))
+        assert body.startswith(b"Unknown command")
+        assert client.closed()
+        assert time.monotonic() - started < REPLY_TIMEOUT / 2
+    finally:
+        client.close()
+    assert_alive(server)
+
+
+# -- server status and connection limits ---------------------------------------------------
+
+def test_status_refusal_keeps_connection(server: KestrelProcess) -> None:
+    """A write refused by the server status: SERVER_ERROR, the connection serves on."""
+    client = connect(server)
+    try:
+        client.send(b"status readonly\r\nset ro 0 0 1\r\nx\r\nget ro\r\nstatus up\r\n"
+                    b"set ro 0 0 1\r\ny\r\nget ro\r\n")
+        assert client.line() == b"END\r\n"
+        assert client.line() == b"SERVER_ERROR Server not available for operation setItem\r\n"
+        assert client.line() == b"END\r\n"
+        assert client.line() == b"END\r\n"
+        assert client.line() == b"STORED\r\n"
+        assert client.until(b"END\r\n") == b"VALUE ro 0 1\r\ny\r\nEND\r\n"
+    finally:
+        client.close()
+    assert_alive(server)
+
+
+def test_connection_limit_refusal_keeps_connection(
+        kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """A connection over connection_limit_refuse_writes gets SERVER_ERROR per write, kept open."""
+    limited = kestrel_factory(config={"connection_limit_refuse_writes": 1})
+    first = connect(limited)
+    second = connect(limited)
+    try:
+        first.send(b"version\r\n")
+        assert first.line().startswith(b"VERSION ")
+        second.send(b"set cl 0 0 1\r\nx\r\nset cl 0 0 1\r\ny\r\nget cl\r\n")
+        for _ in range(2):
+            assert second.line() == (
+                b"SERVER_ERROR Server not available for operation setItem\r\n")
+        assert second.line() == b"END\r\n"
+        first.send(b"set cl 0 0 1\r\nz\r\n")
+        assert first.line() == b"STORED\r\n"
+        second.send(b"get cl\r\n")
+        assert second.until(b"END\r\n") == b"VALUE cl 0 1\r\nz\r\nEND\r\n"
+    finally:
+        first.close()
+        second.close()
 
 
 # -- client_timeout ---------------------------------------------------------------------
