@@ -1,0 +1,75 @@
+"""pylibmc (libmemcached) against a real server, operation by operation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pylibmc
+import pytest
+
+from tests.clients.matrix import MemcacheAdapter, operation_params, run_operation
+from tests.wire.conftest import KestrelProcess
+
+#: libmemcached's timeouts, longer than every /t= wait (poll and connect in ms,
+#: send and receive in microseconds).
+BEHAVIORS = {"_poll_timeout": 10_000, "connect_timeout": 10_000,
+             "receive_timeout": 10_000_000, "send_timeout": 10_000_000}
+
+
+class PylibmcAdapter(MemcacheAdapter):
+    """pylibmc's C{Client}, text protocol, with timeouts longer than every /t=."""
+
+    name = "pylibmc"
+    unsupported = {
+        "flush": "no way to send a command the client does not know",
+        "version": "no version call (get_stats() shows the server's version)",
+        "stats": "get_stats() keeps only libmemcached's fixed set of memcached stats "
+                 "(curr_items, ...), not the per-queue ones",
+    }
+    flush = None
+    version = None
+    stats = None
+
+    def __init__(self, servers: list[KestrelProcess]) -> None:
+        super().__init__(servers)
+        self.client = pylibmc.Client([servers[0].address()], behaviors=BEHAVIORS)
+
+    def fetch(self, key: str) -> bytes | None:
+        return self.client.get(key)
+
+    def set(self, queue: str, data: bytes) -> None:
+        assert self.client.set(queue, data) is True
+
+    def delete(self, queue: str) -> None:
+        assert self.client.delete(queue) is True
+
+    def flush_all(self) -> None:
+        assert self.client.flush_all() is True
+
+    def shutdown(self) -> None:
+        self.client.disconnect_all()
+
+
+@pytest.fixture(scope="module")
+def client(server: KestrelProcess) -> Iterator[PylibmcAdapter]:
+    adapter = PylibmcAdapter([server])
+    yield adapter
+    adapter.shutdown()
+
+
+@pytest.mark.parametrize("op", operation_params(PylibmcAdapter))
+def test_pylibmc(client: PylibmcAdapter, op: str) -> None:
+    """Each matrix operation through pylibmc, checked on the server's counters."""
+    run_operation(client, op, "lmc")
+
+
+def test_binary_protocol_fails_at_once(server: KestrelProcess) -> None:
+    """pylibmc with binary=True gets the server's binary error at once instead of timing out."""
+    import time
+
+    client = pylibmc.Client([server.address()], binary=True, behaviors=BEHAVIORS)
+    started = time.monotonic()
+    with pytest.raises(pylibmc.Error):
+        client.set("bin_q", b"x")
+    assert time.monotonic() - started < 5
+    client.disconnect_all()
