@@ -298,6 +298,7 @@ class MemcacheProtocol(SessionProtocol):
             self._buf = b"".join([self._buf, *self._parts])
             self._parts = []
         buf = self._buf
+        size = len(buf)
         pos = 0
         need = 0
         need_newline = False
@@ -306,7 +307,7 @@ class MemcacheProtocol(SessionProtocol):
                 pending = self._pending_set
                 if pending is not None:
                     end = pos + pending.length
-                    if len(buf) < end + 2:
+                    if size < end + 2:
                         need = end + 2 - pos
                         break
                     if buf[end] != 13 or buf[end + 1] != 10:
@@ -317,8 +318,8 @@ class MemcacheProtocol(SessionProtocol):
                     self._pending_set = None
                     self._serve(pending, data)
                     continue
-                if pos < len(buf) and buf[pos] == BINARY_REQUEST_MAGIC:
-                    if len(buf) - pos < BINARY_HEADER_SIZE:
+                if pos < size and buf[pos] == BINARY_REQUEST_MAGIC:
+                    if size - pos < BINARY_HEADER_SIZE:
                         need = BINARY_HEADER_SIZE
                         break
                     self._fail(binary_error(buf[pos:pos + BINARY_HEADER_SIZE]))
@@ -326,7 +327,7 @@ class MemcacheProtocol(SessionProtocol):
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
                     # (one more byte may be the "\r" of a line of the largest size)
-                    if len(buf) - pos > self.max_request_size + 1:
+                    if size - pos > self.max_request_size + 1:
                         self._fail(b"CLIENT_ERROR request line too long\r\n")
                     need_newline = True
                     break
