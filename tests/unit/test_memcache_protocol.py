@@ -760,3 +760,31 @@ def test_line_of_the_largest_size_is_served_with_either_ending(clock: Clock,
         assert not conn.connected
     finally:
         server.collection.stopService()
+
+
+_WORDS = [b"get", b"gets", b"delete", b"flush", b"flush_expired", b"confirm", b"stats",
+          b"dump_stats", b"dump_config", b"version", b"status", b"reload", b"flush_all",
+          b"flush_all_expired", b"incr", b"decr", b"touch", b"gat", b"gats", b"verbosity",
+          b"bogus", b"GET"]
+#: Requests that wait, close on purpose, or announce a data block: not "read whole" lines.
+_NOT_WHOLE = {b"set", b"add", b"replace", b"append", b"prepend", b"cas", b"shutdown", b"quit",
+              b"monitor"}
+
+
+@settings(max_examples=60)
+@given(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda w, tail: w + b" " + tail, st.sampled_from(_WORDS), st.binary(max_size=40))))
+def test_a_line_read_whole_never_closes(line: bytes) -> None:
+    """
+    Whatever a request line holds, once it is read whole the connection stays
+    open and the next request is answered (storage commands, shutdown, quit
+    and waits aside).
+    """
+    line = line.replace(b"\n", b"").replace(b"\r", b"")
+    tokens = line.split()
+    if (tokens and tokens[0].lower() in _NOT_WHOLE) or b"t=" in line or line[:1] == b"\x80":
+        return
+    out, still_open = reply_to([line + b"\r\nversion\r\n"])
+    assert still_open, (line, out)
+    assert out.endswith(b"VERSION 1.1.0\r\n"), (line, out)
