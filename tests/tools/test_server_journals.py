@@ -29,7 +29,7 @@ def test_dump_and_pack_a_server_journal(kestrel_factory: Callable[..., KestrelPr
     # Leave one read open when the server stops: it is journaled as open.
     client = LineClient(server.connect())
     client.send(b"get q/open\r\n")
-    assert client.until(b"END\r\n") == b"VALUE q 0 3\r\nabc\r\nEND\r\n"
+    assert client.until(b"END\r\n") == b"VALUE q/open 0 3\r\nabc\r\nEND\r\n"
     server.kill()  # no clean close: the open read stays open in the journal
     client.close()
     journal = server.queue_path / "q"
