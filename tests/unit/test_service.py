@@ -114,7 +114,7 @@ def test_stop_returns_open_reads(tmp_path: Path) -> None:
     transport.protocol = proto
     proto.makeConnection(transport)
     proto.dataReceived(b"set q 0 0 1\r\na\r\nget q/open\r\n")
-    assert transport.value() == b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\n"
+    assert transport.value() == b"STORED\r\nVALUE q/open 0 1\r\na\r\nEND\r\n"
     service.stopService()
     assert proto.session.finished
 
