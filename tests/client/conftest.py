@@ -42,7 +42,7 @@ class PipeEnd(StringTransportWithDisconnection):
         self.peer: PipeEnd | None = None
         self.closed = False
 
-    def loseConnection(self) -> None:
+    def loseConnection(self) -> None:  # noqa: N802 - Twisted API
         """Close this end now (its protocol is told at once)."""
         if self.connected:
             self.closed = True
