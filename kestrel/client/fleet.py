@@ -249,6 +249,10 @@ class KestrelClient:
             self.pool.forget_server(gone)
         self._known = now
 
+    def ready(self) -> Deferred[None]:
+        """Fire once the server membership is known (at once for a static list)."""
+        return Deferred.fromCoroutine(self._ready())
+
     async def _ready(self) -> None:
         if self.servers.known:
             return

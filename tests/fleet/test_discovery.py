@@ -67,3 +67,31 @@ def test_client_follows_membership_and_status(
         assert sum(1 for g in got if g is not None) > 0
     finally:
         on_reactor(running_reactor, client.close)
+
+
+def test_load_tool_finds_the_fleet_in_zookeeper(
+        zookeeper: ZooKeeperServer, fleet_factory: Callable[..., KestrelProcess]) -> None:
+    import io
+
+    from kestrel.tools import load
+
+    servers = [fleet_factory(), fleet_factory()]
+    eventually(lambda: len(zookeeper_members(zookeeper)) == 2, what="both published")
+    out = io.StringIO()
+    status = load.main(["fleet", "--zookeeper", f"{zookeeper.hosts}{PREFIX}", "-n", "200",
+                        "-q", "zkload"], out)
+    text = out.getvalue()
+    assert status == 0, text
+    write_line = next(line for line in text.splitlines() if line.startswith("fleet: write set"))
+    for server in servers:
+        assert server.address() in write_line
+
+
+def zookeeper_members(zookeeper: ZooKeeperServer) -> list[str]:
+    client = zookeeper.client()
+    try:
+        path = f"{PREFIX}/write"
+        return client.get_children(path) if client.exists(path) else []
+    finally:
+        client.stop()
+        client.close()
