@@ -15,9 +15,12 @@ process:
   static list of the servers (server choice, pooling, health, handles,
   and the waiter race when the fleet is momentarily empty).
 
-It prints items per second (median of `--runs`, with min-max), the servers'
-CPU per item (utime + stime of every server process from /proc/<pid>/stat,
-summed, in microseconds), this process's CPU per item, and the load average.
+Each run has three phases: `put` (producers only, building a backlog),
+`drain` (consumers only: read and confirm the backlog) and `mixed` (both at
+once, so the queues stay near empty and reads often wait). It prints items
+per second (median of `--runs`, with min-max), the servers' CPU per item
+(utime + stime of every server process from /proc/<pid>/stat, summed, in
+microseconds), this process's CPU per item, and the load average.
 
     python benchmarks/fleet.py --help
     python benchmarks/fleet.py --items 500 --runs 1       # smoke run
@@ -42,7 +45,7 @@ from servers import ROOT, free_port, stop, wait_port
 sys.path.insert(0, str(ROOT))
 
 from twisted.internet import reactor  # noqa: E402
-from twisted.internet.defer import Deferred, DeferredList  # noqa: E402
+from twisted.internet.defer import CancelledError, Deferred, DeferredList  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # noqa: E402
 
 from kestrel.client import KestrelClient  # noqa: E402
@@ -83,83 +86,117 @@ def own_cpu() -> float:
     return t.user + t.system
 
 
-async def bare(ports: list[int], args: argparse.Namespace, queue: str) -> None:
-    """Each worker on its own connection to the first server."""
-    payload = b"x" * args.size
-    per = args.items // args.producers
+async def waiting(d: Deferred[Any], waits: set[Deferred[Any]]) -> Any:
+    """Await a read, which the last consumer may cancel; None if it did."""
+    waits.add(d)
+    try:
+        return await d
+    except CancelledError:
+        return None
+    finally:
+        waits.discard(d)
 
-    async def connect() -> MemcacheConnection:
-        conn = MemcacheConnection(f"127.0.0.1:{ports[0]}", reactor, 5.0)
-        return await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", ports[0]), conn)
 
-    async def produce() -> None:
-        conn = await connect()
-        for _ in range(per):
+def done(left: list[int], waits: set[Deferred[Any]]) -> None:
+    """After an item: once all are in, stop the reads still waiting (no 1 s tail)."""
+    if left[0] <= 0:
+        for d in list(waits):
+            d.cancel()
+
+
+class Bare:
+    """Each worker on its own connection to the first server (no fleet logic)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.port = ports[0]
+
+    async def connect(self) -> MemcacheConnection:
+        conn = MemcacheConnection(f"127.0.0.1:{self.port}", reactor, 5.0)
+        return await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", self.port), conn)
+
+    async def producer(self, queue: str, count: int, payload: bytes) -> None:
+        conn = await self.connect()
+        for _ in range(count):
             if not await conn.set(queue, payload):
                 raise RuntimeError("NOT_STORED")
         conn.close()
 
-    done = [0]
-
-    async def consume() -> None:
-        conn = await connect()
-        while done[0] < per * args.producers:
-            data = await conn.get(queue, 1000, open=True)
-            if data is not None:
-                done[0] += 1
+    async def consumer(self, queue: str, left: list[int], waits: set[Deferred[Any]]) -> None:
+        conn = await self.connect()
+        while left[0] > 0:
+            if await waiting(conn.get(queue, 1000, open=True), waits) is not None:
+                left[0] -= 1
                 await conn.get(queue, close=True)
+                done(left, waits)
         conn.close()
 
-    await DeferredList([Deferred.fromCoroutine(produce()) for _ in range(args.producers)]
-                       + [Deferred.fromCoroutine(consume()) for _ in range(args.consumers)],
-                       fireOnOneErrback=True, consumeErrors=True)
+    async def close(self) -> None:
+        pass
 
 
-async def fleet(ports: list[int], args: argparse.Namespace, queue: str) -> None:
-    """The same work through the fleet client over every server."""
+class Fleet:
+    """The same workers through the fleet client over every server."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.client = KestrelClient([f"127.0.0.1:{p}" for p in ports], reactor=reactor)
+
+    async def producer(self, queue: str, count: int, payload: bytes) -> None:
+        for _ in range(count):
+            await self.client.put(queue, payload)
+
+    async def consumer(self, queue: str, left: list[int], waits: set[Deferred[Any]]) -> None:
+        while left[0] > 0:
+            handle = await waiting(self.client.read(queue, 1.0), waits)
+            if handle is not None:
+                left[0] -= 1
+                await handle.confirm()
+                done(left, waits)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def workload(setup: Bare | Fleet, phase: str, args: argparse.Namespace, queue: str) -> int:
+    """Run one phase (put, drain or mixed); return the items moved."""
     payload = b"x" * args.size
     per = args.items // args.producers
-    client = KestrelClient([f"127.0.0.1:{p}" for p in ports], reactor=reactor)
-
-    async def produce() -> None:
-        for _ in range(per):
-            await client.put(queue, payload)
-
-    done = [0]
-
-    async def consume() -> None:
-        while done[0] < per * args.producers:
-            handle = await client.read(queue, 1.0)
-            if handle is not None:
-                done[0] += 1
-                await handle.confirm()
-
-    await DeferredList([Deferred.fromCoroutine(produce()) for _ in range(args.producers)]
-                       + [Deferred.fromCoroutine(consume()) for _ in range(args.consumers)],
-                       fireOnOneErrback=True, consumeErrors=True)
-    await client.close()
+    n = per * args.producers
+    left = [n]
+    workers = []
+    if phase in ("put", "mixed"):
+        workers += [Deferred.fromCoroutine(setup.producer(queue, per, payload))
+                    for _ in range(args.producers)]
+    if phase in ("drain", "mixed"):
+        waits: set[Deferred[Any]] = set()
+        workers += [Deferred.fromCoroutine(setup.consumer(queue, left, waits))
+                    for _ in range(args.consumers)]
+    await DeferredList(workers, fireOnOneErrback=True, consumeErrors=True)
+    return n
 
 
-async def measure(mode: str, ports: list[int], pids: list[int], args: argparse.Namespace,
-                  run: int) -> tuple[float, float, float]:
-    """One run: (items/s, server CPU us/item, client CPU us/item)."""
-    queue = f"bench_{mode}_{len(ports)}_{run}"
+async def measure(setup: Bare | Fleet, phase: str, pids: list[int], args: argparse.Namespace,
+                  queue: str) -> tuple[float, float, float]:
+    """One phase: (items/s, server CPU us/item, client CPU us/item)."""
     servers_before = sum(cpu_seconds(p) for p in pids)
     client_before = own_cpu()
     started = time.perf_counter()
-    await (bare if mode == "bare" else fleet)(ports, args, queue)
+    n = await workload(setup, phase, args, queue)
     elapsed = time.perf_counter() - started
-    n = args.items // args.producers * args.producers
     server_cpu = sum(cpu_seconds(p) for p in pids) - servers_before
     client_cpu = own_cpu() - client_before
     return n / elapsed, server_cpu * 1e6 / n, client_cpu * 1e6 / n
+
+
+PHASES = ("put", "drain", "mixed")
 
 
 async def main_async(args: argparse.Namespace) -> None:
     counts = [int(c) for c in args.servers.split(",")]
     print(f"# {args.items} items of {args.size} bytes, {args.producers} producers, "
           f"{args.consumers} consumers, {args.runs} run(s); {os.cpu_count()} CPUs")
-    print(f"{'setup':<10} {'servers':>7} {'items/s median (min-max)':>28} "
+    print("# put: producers only (a backlog builds); drain: consumers only (read, confirm);")
+    print("# mixed: both at once (the queue stays near empty, so reads often wait)")
+    print(f"{'setup':<6} {'servers':>7} {'phase':<6} {'items/s median (min-max)':>26} "
           f"{'server us/item':>15} {'client us/item':>15} {'load avg':>9}")
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         started = [stack.enter_context(server(Path(tmp) / f"s{i}")) for i in range(max(counts))]
@@ -167,13 +204,20 @@ async def main_async(args: argparse.Namespace) -> None:
         for mode, count in setups:
             ports = [p for p, _ in started[:count]]
             pids = [pid for _, pid in started[:count]]
-            results = [await measure(mode, ports, pids, args, run) for run in range(args.runs)]
-            rates = [r[0] for r in results]
-            print(f"{mode:<10} {count:>7} {statistics.median(rates):>12,.0f} "
-                  f"({min(rates):,.0f}-{max(rates):,.0f}){'':>5} "
-                  f"{statistics.median(r[1] for r in results):>15.0f} "
-                  f"{statistics.median(r[2] for r in results):>15.0f} "
-                  f"{os.getloadavg()[0]:>9.2f}", flush=True)
+            results: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PHASES}
+            for run in range(args.runs):
+                setup = Bare(ports) if mode == "bare" else Fleet(ports)
+                for phase in PHASES:
+                    queue = f"bench_{mode}_{count}_{run}_{'mixed' if phase == 'mixed' else 'pd'}"
+                    results[phase].append(await measure(setup, phase, pids, args, queue))
+                await setup.close()
+            for phase in PHASES:
+                rates = [r[0] for r in results[phase]]
+                print(f"{mode:<6} {count:>7} {phase:<6} {statistics.median(rates):>10,.0f} "
+                      f"({min(rates):,.0f}-{max(rates):,.0f}){'':>3} "
+                      f"{statistics.median(r[1] for r in results[phase]):>15.0f} "
+                      f"{statistics.median(r[2] for r in results[phase]):>15.0f} "
+                      f"{os.getloadavg()[0]:>9.2f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
