@@ -83,7 +83,9 @@ class BlockingClient:
         def build() -> KestrelClient:
             if zookeeper is not None:
                 hosts, prefix = parse_zookeeper(zookeeper)
-                return KestrelClient(ZooKeeperServers(hosts, prefix, self._reactor),
+                endpoint = options.get("protocol", "memcache")
+                return KestrelClient(ZooKeeperServers(hosts, prefix, self._reactor,
+                                                      endpoint=endpoint),
                                      reactor=self._reactor, **options)
             return KestrelClient(list(servers or ()), reactor=self._reactor, **options)
 

@@ -11,8 +11,9 @@ out by L{kestrel.client.health} after a failure:
   server refused it (L{AllServersFailed} says which and why).
 - C{read} returns a L{ReadHandle} whose C{confirm()} / C{abort()} go back over
   the very connection that opened the read (open reads belong to a connection
-  on memcache). It first asks the healthy read servers one by one, in random
-  order, without waiting; when all are empty and C{timeout} is given, it waits
+  on memcache; on thrift the read also has an id and an auto-abort). It
+  first asks the healthy read servers one by one, in random order, without
+  waiting; when all are empty and C{timeout} is given, it waits
   on every read server at once and takes the first item (see L{_Race}).
 - C{get} is a read that is confirmed at once.
 
@@ -22,7 +23,9 @@ client aborts it at once on its own connection; a loser still waiting has its
 connection closed, and the server ends that connection's open read (returning
 the item to its queue head) or drops its waiter; a loser still connecting is
 never asked. So after a lost race each other server has its items back within
-one round trip.
+one round trip. On thrift, where closing a connection does not return its open
+reads, a waiting loser is left to answer instead and whatever it brings is
+aborted on arrival.
 """
 
 from __future__ import annotations
@@ -44,8 +47,7 @@ from kestrel.client.errors import (
     RequestTimeout,
 )
 from kestrel.client.health import Backoff, Health
-from kestrel.client.memcache import MemcacheConnection
-from kestrel.client.pool import Connector, Pool, tcp_connector
+from kestrel.client.pool import Connection, Connector, Pool, tcp_connector
 
 
 def _reason(error: BaseException | Failure) -> str:
@@ -66,13 +68,14 @@ class ReadHandle:
     already returned the item to its queue, and it will be delivered again.
     """
 
-    def __init__(self, client: KestrelClient, conn: MemcacheConnection, queue: str,
-                 data: bytes) -> None:
+    def __init__(self, client: KestrelClient, conn: Connection, queue: str,
+                 data: bytes, xid: int = 0) -> None:
         self.queue = queue
         self.data = data
         self.server = conn.server
+        self.xid = xid
         self._client = client
-        self._conn: MemcacheConnection | None = conn
+        self._conn: Connection | None = conn
 
     @property
     def open(self) -> bool:
@@ -80,35 +83,42 @@ class ReadHandle:
         return self._conn is not None
 
     def confirm(self) -> Deferred[None]:
-        """Confirm the item on its server (C{get <queue>/close})."""
-        return self._settle(close=True)
+        """Confirm the item on its server (memcache C{get <queue>/close}, thrift C{confirm})."""
+        return self._settle("confirm")
 
     def abort(self) -> Deferred[None]:
-        """Give the item back to its server's queue (C{get <queue>/abort})."""
-        return self._settle(abort=True)
+        """Give the item back to its server's queue (C{get <queue>/abort}, thrift C{abort})."""
+        return self._settle("abort")
 
-    def _settle(self, **option: bool) -> Deferred[None]:
+    def _settle(self, what: str) -> Deferred[None]:
         conn, self._conn = self._conn, None
         d: Deferred[None] = Deferred()
         if conn is None:
             d.errback(HandleClosed(f"{self.server}: read on {self.queue} already settled"))
             return d
         if not conn.alive:
-            d.errback(HandleClosed(f"{self.server}: connection lost; the server returned "
-                                   f"the item to {self.queue}"))
+            d.errback(HandleClosed(f"{self.server}: connection lost; the server returns "
+                                   f"the item to {self.queue} (memcache: at once; thrift: "
+                                   "at its auto-abort)"))
             return d
-        what = "confirm" if option.get("close") else "abort"
 
-        def done(_: object) -> None:
+        def done(settled: bool) -> None:
             self._client.pool.release(conn)
+            if not settled and what == "confirm":
+                raise HandleClosed(f"{self.server}: the read on {self.queue} was no longer "
+                                   "open (auto-aborted); the item will be delivered again")
 
         def failed(f: Failure) -> None:
             self._client.pool.discard(conn)
             self._client._failed(conn.server, f)
             raise HandleClosed(f"{self.server}: {what} on {self.queue} failed "
-                               f"({_reason(f)}); the server returns the item to the queue")
+                               f"({_reason(f)}); the server returns the item to the queue "
+                               "(memcache: at once; thrift: at its auto-abort)")
 
-        return conn.get(self.queue, **option).addCallbacks(done, failed)
+        operation = conn.confirm if what == "confirm" else conn.abort
+        d = operation(self.queue, self.xid)
+        d.addErrback(failed)
+        return d.addCallback(done)
 
     def __repr__(self) -> str:
         return f"<ReadHandle {self.queue}@{self.server} {len(self.data)} bytes>"
@@ -137,43 +147,44 @@ class _Race:
         self.remaining = len(servers)
         self.empty = 0
         self.attempts: list[tuple[str, str]] = []
-        self.waiting: dict[str, Deferred[Any]] = {}
+        self.waiting: dict[str, tuple[Deferred[Any], Connection | None]] = {}
         for server in servers:
             self._start(server)
 
     def _start(self, server: str) -> None:
         connecting = self.client.pool.acquire(server)
-        self.waiting[server] = connecting
+        self.waiting[server] = (connecting, None)
 
-        def connected(conn: MemcacheConnection) -> None:
+        def connected(conn: Connection) -> None:
             if self.decided:
                 self.client.pool.release(conn)  # never opened
                 self._done(server)
                 return
-            request = conn.get(self.queue, self.timeout_ms, open=True)
-            self.waiting[server] = request
-            request.addCallbacks(lambda data: self._answered(server, conn, data),
+            request = conn.take(self.queue, self.timeout_ms, True)
+            self.waiting[server] = (request, conn)
+            request.addCallbacks(lambda got: self._answered(server, conn, got),
                                  lambda f: self._failed(server, conn, f))
 
         connecting.addCallbacks(connected, lambda f: self._failed(server, None, f))
 
-    def _answered(self, server: str, conn: MemcacheConnection, data: bytes | None) -> None:
+    def _answered(self, server: str, conn: Connection,
+                  got: tuple[bytes, int] | None) -> None:
         self.client.health.succeeded(server)
-        if data is None:
+        if got is None:
             self.client.pool.release(conn)
             self.empty += 1
         elif self.decided:
             # Lost the race with an item in hand: give it back right away.
             self.client.log.debug("aborting an item of {queue} on {server} after a lost race",
                                   queue=self.queue, server=server)
-            conn.get(self.queue, abort=True).addCallbacks(
+            conn.abort(self.queue, got[1]).addCallbacks(
                 lambda _: self.client.pool.release(conn),
                 lambda _: self.client.pool.discard(conn))
         else:
-            self._decide(ReadHandle(self.client, conn, self.queue, data))
+            self._decide(ReadHandle(self.client, conn, self.queue, got[0], got[1]))
         self._done(server)
 
-    def _failed(self, server: str, conn: MemcacheConnection | None, f: Failure) -> None:
+    def _failed(self, server: str, conn: Connection | None, f: Failure) -> None:
         if conn is not None:
             self.client.pool.discard(conn)
         if not self.decided:  # after the decision, failures are the closes we asked for
@@ -192,20 +203,28 @@ class _Race:
                 self.result.errback(AllServersFailed(f"read from {self.queue}", self.attempts))
 
     def _decide(self, handle: ReadHandle | None) -> None:
-        self.decided = True
-        for d in list(self.waiting.values()):
-            d.cancel()  # closes a waiting connection; a connect is abandoned
+        self._stop_others()
         self.result.callback(handle)
 
     def _cancel(self, _: Deferred[Any]) -> None:
+        self._stop_others()
+
+    def _stop_others(self) -> None:
+        """
+        Abandon the connects; close the waiting memcache connections (the
+        server drops the waiter or aborts what it sent). A waiting thrift
+        get is left to answer: closing would leave its item open until the
+        auto-abort, so it is aborted on arrival instead.
+        """
         self.decided = True
-        for d in list(self.waiting.values()):
-            d.cancel()
+        for d, conn in list(self.waiting.values()):
+            if conn is None or conn.cancel_returns_items:
+                d.cancel()
 
 
 class KestrelClient:
     """
-    A Twisted client for one Kestrel server or a fleet of them (memcache protocol).
+    A Twisted client for one Kestrel server or a fleet of them.
 
     C{servers} is a list of C{host:port} (each both read and written) or a
     L{ServerSet} (e.g. L{kestrel.client.discovery.ZooKeeperServers}).
@@ -213,6 +232,9 @@ class KestrelClient:
     C{reply_timeout} for a reply (plus the wait asked for, on a blocking
     read), C{discovery_timeout} for the first membership.
 
+    @param protocol: C{memcache} (the default) or C{thrift}; with thrift,
+        reliable reads auto-abort after C{auto_abort} seconds unless settled.
+        The servers' addresses must be those of that protocol's listener.
     @param connector: opens connections (tests pass fake transports).
     @param rand: the random source for server choice and backoff jitter.
     """
@@ -222,11 +244,11 @@ class KestrelClient:
     def __init__(self, servers: Sequence[str] | ServerSet, *, reactor: Any = None,
                  protocol: str = "memcache", connect_timeout: float = 3.0,
                  reply_timeout: float = 5.0, discovery_timeout: float = 10.0,
-                 backoff: Backoff | None = None, max_idle: int = 8,
+                 backoff: Backoff | None = None, max_idle: int = 8, auto_abort: float = 30.0,
                  connector: Connector | None = None,
                  rand: random.Random | None = None) -> None:
-        if protocol != "memcache":
-            raise ValueError(f"unsupported protocol {protocol!r}: only memcache is implemented")
+        if protocol not in ("memcache", "thrift"):
+            raise ValueError(f"unknown protocol {protocol!r}: memcache or thrift")
         if reactor is None:
             from twisted.internet import reactor as global_reactor  # noqa: TID251 - default
             reactor = global_reactor
@@ -234,8 +256,9 @@ class KestrelClient:
         self.servers = servers if isinstance(servers, ServerSet) else StaticServers(servers)
         self.rand = rand or random.Random()
         self.health = Health(reactor, backoff, self.rand.random)
-        self.pool = Pool(connector or tcp_connector(reactor, connect_timeout, reply_timeout),
-                         max_idle)
+        self.protocol = protocol
+        self.pool = Pool(connector or tcp_connector(reactor, connect_timeout, reply_timeout,
+                                                    protocol, auto_abort), max_idle)
         self.discovery_timeout = discovery_timeout
         self._known: set[str] = set()
         self.servers.subscribe(self._membership_changed)
@@ -310,7 +333,7 @@ class KestrelClient:
                 self._failed(server, e)
                 attempts.append((server, _reason(e)))
                 continue
-            outcomes = await DeferredList([conn.set(queue, bytes(batch[i]), expiry)
+            outcomes = await DeferredList([conn.put_item(queue, bytes(batch[i]), expiry)
                                            for i in remaining], consumeErrors=True)
             still: list[int] = []
             error: Failure | None = None
@@ -381,7 +404,7 @@ class KestrelClient:
                 attempts.append((server, _reason(e)))
                 continue
             try:
-                data = await conn.get(queue, open=True)
+                got = await conn.take(queue, None, True)
             except CancelledError:
                 raise
             except Exception as e:
@@ -390,8 +413,8 @@ class KestrelClient:
                 attempts.append((server, _reason(e)))
                 continue
             self.health.succeeded(server)
-            if data is not None:
-                return ReadHandle(self, conn, queue, data)
+            if got is not None:
+                return ReadHandle(self, conn, queue, got[0], got[1])
             self.pool.release(conn)
         if len(attempts) == len(healthy) and not timeout:
             raise AllServersFailed(f"read from {queue}", attempts)

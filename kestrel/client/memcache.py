@@ -80,6 +80,9 @@ class MemcacheConnection(Protocol):
     L{ConnectionGone}. C{on_lost} callbacks run once when the connection ends.
     """
 
+    #: Closing the connection returns the items it holds open (the server aborts them).
+    cancel_returns_items = True
+
     def __init__(self, server: str, clock: Any, reply_timeout: float = 5.0) -> None:
         self.server = server
         self.clock = clock
@@ -111,6 +114,30 @@ class MemcacheConnection(Protocol):
         wait = (timeout_ms or 0) / 1000.0
         return self._send(b"get %s\r\n" % key, "get", (queue.encode("utf-8"), key),
                           wait + self.reply_timeout)
+
+    # -- the operations the fleet client uses (shared with the thrift connection)
+
+    def put_item(self, queue: str, data: bytes, expiry: float | None = None) -> Deferred[bool]:
+        """Store C{data} on C{queue}; True when the server took it."""
+        return self.set(queue, data, expiry)
+
+    def take(self, queue: str, timeout_ms: int | None = None,
+             reliable: bool = True) -> Deferred[tuple[bytes, int] | None]:
+        """
+        One item, or None when none came in time. C{reliable} opens the read
+        (C{/open}): it belongs to this connection until confirmed or aborted.
+        The id is always 0 (memcache reads are named by queue and connection).
+        """
+        d = self.get(queue, timeout_ms, open=reliable)
+        return d.addCallback(lambda data: None if data is None else (data, 0))
+
+    def confirm(self, queue: str, xid: int = 0) -> Deferred[bool]:
+        """Confirm this connection's open read on C{queue} (C{/close})."""
+        return self.get(queue, close=True).addCallback(lambda _: True)
+
+    def abort(self, queue: str, xid: int = 0) -> Deferred[bool]:
+        """Return this connection's open read on C{queue} to its head (C{/abort})."""
+        return self.get(queue, abort=True).addCallback(lambda _: True)
 
     def close(self) -> None:
         """Drop the connection now; pending requests fail with L{ConnectionGone}."""

@@ -11,15 +11,21 @@ when it closes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory
 
 from kestrel.client.memcache import MemcacheConnection
 
+if TYPE_CHECKING:
+    from kestrel.client.thrift import ThriftConnection
+
+#: A connection of either protocol (the same operations).
+Connection = Union[MemcacheConnection, "ThriftConnection"]
+
 #: Builds a connected connection to a server named C{host:port}.
-Connector = Callable[[str], Deferred[MemcacheConnection]]
+Connector = Callable[[str], Deferred[Connection]]
 
 
 def split_address(server: str) -> tuple[str, int]:
@@ -30,16 +36,26 @@ def split_address(server: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def tcp_connector(reactor: Any, connect_timeout: float = 3.0,
-                  reply_timeout: float = 5.0) -> Connector:
-    """A L{Connector} opening TCP connections with C{reactor}, each wait bounded."""
+def tcp_connector(reactor: Any, connect_timeout: float = 3.0, reply_timeout: float = 5.0,
+                  protocol: str = "memcache", auto_abort: float = 30.0) -> Connector:
+    """
+    A L{Connector} opening TCP connections with C{reactor}, each wait bounded,
+    speaking C{protocol} (C{memcache} or C{thrift}; C{auto_abort} seconds is
+    the auto-abort of thrift reliable reads).
+    """
     from twisted.internet.endpoints import HostnameEndpoint
 
-    def connect(server: str) -> Deferred[MemcacheConnection]:
+    def build(server: str) -> Connection:
+        if protocol == "thrift":
+            from kestrel.client.thrift import ThriftConnection
+
+            return ThriftConnection(server, reactor, reply_timeout, int(auto_abort * 1000))
+        return MemcacheConnection(server, reactor, reply_timeout)
+
+    def connect(server: str) -> Deferred[Connection]:
         host, port = split_address(server)
         endpoint = HostnameEndpoint(reactor, host, port, timeout=connect_timeout)
-        factory = Factory.forProtocol(lambda: MemcacheConnection(server, reactor, reply_timeout))
-        d: Deferred[MemcacheConnection] = endpoint.connect(factory)
+        d: Deferred[Connection] = endpoint.connect(Factory.forProtocol(lambda: build(server)))
         return d
 
     return connect
@@ -57,22 +73,22 @@ class Pool:
     def __init__(self, connector: Connector, max_idle: int = 8) -> None:
         self.connector = connector
         self.max_idle = max_idle
-        self._idle: dict[str, list[MemcacheConnection]] = {}
+        self._idle: dict[str, list[Connection]] = {}
         self.opened = 0
 
-    def acquire(self, server: str) -> Deferred[MemcacheConnection]:
+    def acquire(self, server: str) -> Deferred[Connection]:
         """Lend a connection to C{server} (fails like the connect does)."""
         idle = self._idle.get(server)
         while idle:
             conn = idle.pop()
             if conn.alive and conn.idle:
-                d: Deferred[MemcacheConnection] = Deferred()
+                d: Deferred[Connection] = Deferred()
                 d.callback(conn)
                 return d
         self.opened += 1
         return self.connector(server)
 
-    def release(self, conn: MemcacheConnection) -> None:
+    def release(self, conn: Connection) -> None:
         """Take back C{conn} for reuse, or close it when it cannot be reused."""
         idle = self._idle.setdefault(conn.server, [])
         idle[:] = [c for c in idle if c.alive]
@@ -81,7 +97,7 @@ class Pool:
         else:
             self.discard(conn)
 
-    def discard(self, conn: MemcacheConnection) -> None:
+    def discard(self, conn: Connection) -> None:
         """Close C{conn} (anything it held open is returned by the server)."""
         conn.close()
 

@@ -826,11 +826,13 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
     from kestrel.client import ClientError, KestrelClient, ZooKeeperServers
     from kestrel.client.discovery import parse_servers, parse_zookeeper
 
+    protocol = "thrift" if args.thrift else "memcache"
     if args.zookeeper:
         hosts, prefix = parse_zookeeper(args.zookeeper)
-        client = KestrelClient(ZooKeeperServers(hosts, prefix, reactor), reactor=reactor)
+        client = KestrelClient(ZooKeeperServers(hosts, prefix, reactor, endpoint=protocol),
+                               reactor=reactor, protocol=protocol)
     else:
-        client = KestrelClient(parse_servers(args.servers), reactor=reactor)
+        client = KestrelClient(parse_servers(args.servers), reactor=reactor, protocol=protocol)
     try:
         await client.ready()
     except ClientError as e:
@@ -840,7 +842,8 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
     data = b"x" * args.bytes
     out(f"fleet: write set {','.join(client.servers.write)}; "
         f"read set {','.join(client.servers.read)}")
-    out(f"fleet: producers={args.producers} consumers={args.consumers} putting {n} items "
+    out(f"fleet: protocol={protocol} producers={args.producers} consumers={args.consumers} "
+        f"putting {n} items "
         f"of {args.bytes} bytes (in chunks of {rollup}) to {queue}")
     put_h, read_h, confirm_h = Histogram(), Histogram(), Histogram()
     put_on: Counter[str] = Counter()
@@ -1074,7 +1077,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--help", action="help", help="show this help and exit")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--servers", metavar="HOST:PORT,...",
-                       help="a static list of memcache endpoints")
+                       help="a static list of memcache (or, with --thrift, thrift) endpoints")
     where.add_argument("--zookeeper", metavar="ZKHOST:PORT/PATH",
                        help="follow the server sets under PATH in ZooKeeper")
     _items(p, 10000, "move ITEMS items through the fleet")
@@ -1088,7 +1091,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up after SECONDS (default: %(default)s)")
     p.add_argument("--progress", type=float, default=5.0, metavar="SECONDS",
                    help="print progress every SECONDS (default: %(default)s)")
-    p.set_defaults(run=fleet, thrift=False, port=0)
+    p.add_argument("--thrift", action="store_true",
+                   help="use thrift RPC (reliable reads with ids and auto-abort)")
+    p.set_defaults(run=fleet, port=0)
     return parser
 
 

@@ -27,7 +27,9 @@ from twisted.python.failure import Failure
 from kestrel.client import Backoff, KestrelClient
 from kestrel.client.errors import RequestTimeout
 from kestrel.client.memcache import MemcacheConnection
+from kestrel.client.thrift import ThriftConnection
 from kestrel.protocols.memcache import MemcacheFactory
+from kestrel.protocols.thrift import ThriftFactory
 from kestrel.server import KestrelServer
 from tests.support import make_server
 
@@ -96,11 +98,14 @@ class Net:
         self.hanging: set[str] = set()
         self.connects: list[str] = []
         self.muted: set[str] = set()
+        self.protocol = "memcache"
+        self.thrift_factories: dict[str, Any] = {}
 
     def add(self, name: str, yaml: str = "") -> KestrelServer:
         server = make_server(self.clock, self.base / name.replace(":", "_"), yaml)
         self.servers[name] = server
         self.factories[name] = MemcacheFactory(server)
+        self.thrift_factories[name] = ThriftFactory(server)
         return server
 
     def connector(self, reply_timeout: float = 5.0, connect_timeout: float = 3.0) -> Any:
@@ -113,12 +118,16 @@ class Net:
                 self.clock.callLater(connect_timeout, lambda: d.called or d.errback(
                     RequestTimeout(f"{name}: connect timed out")))
                 return d
-            client = MemcacheConnection(name, self.clock, reply_timeout)
-            server = self.factories[name].buildProtocol(None)
+            if self.protocol == "thrift":
+                client: Any = ThriftConnection(name, self.clock, reply_timeout, 10_000)
+                server = self.thrift_factories[name].buildProtocol(None)
+            else:
+                client = MemcacheConnection(name, self.clock, reply_timeout)
+                server = self.factories[name].buildProtocol(None)
             self.links.append(Link(client, server, lambda: name in self.muted))
-            d = Deferred()
-            d.callback(client)
-            return d
+            connected: Deferred[Any] = Deferred()
+            connected.callback(client)
+            return connected
 
         return connect
 

@@ -126,7 +126,7 @@ def test_connection_loss_returns_the_item_and_the_handle_says_so(net: Net) -> No
     handle = settle(net, client.read("q"))
     net.down(A)
     assert net.queue(A, "q").memory_length == 1  # the server aborted it on the close
-    with pytest.raises(HandleClosed, match="returned the item"):
+    with pytest.raises(HandleClosed, match="returns the item"):
         resolved(handle.confirm())
 
 
