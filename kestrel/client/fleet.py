@@ -316,7 +316,8 @@ class KestrelClient:
 
     async def _put(self, queue: str, items: bytes | Sequence[bytes],
                    expiry: float | None) -> list[str]:
-        await self._ready()
+        if not self.servers.known:
+            await self._ready()
         batch = [items] if isinstance(items, bytes | bytearray) else list(items)
         stored_on: list[str | None] = [None] * len(batch)
         remaining = list(range(len(batch)))
@@ -333,8 +334,16 @@ class KestrelClient:
                 self._failed(server, e)
                 attempts.append((server, _reason(e)))
                 continue
-            outcomes = await DeferredList([conn.put_item(queue, bytes(batch[i]), expiry)
-                                           for i in remaining], consumeErrors=True)
+            outcomes: list[tuple[bool, Any]]
+            if len(remaining) == 1:  # the common case, without a DeferredList
+                try:
+                    outcomes = [(True, await conn.put_item(queue, bytes(batch[remaining[0]]),
+                                                           expiry))]
+                except Exception:
+                    outcomes = [(False, Failure())]
+            else:
+                outcomes = await DeferredList([conn.put_item(queue, bytes(batch[i]), expiry)
+                                               for i in remaining], consumeErrors=True)
             still: list[int] = []
             error: Failure | None = None
             for i, (ok, value) in zip(remaining, outcomes, strict=True):
@@ -390,7 +399,8 @@ class KestrelClient:
         return handle.data
 
     async def _read(self, queue: str, timeout: float | None) -> ReadHandle | None:
-        await self._ready()
+        if not self.servers.known:
+            await self._ready()
         servers = self._order(self.servers.read)
         if not servers:
             raise NoServers(f"no server in the read set for {queue}")

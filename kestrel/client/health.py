@@ -83,6 +83,8 @@ class Health:
 
     def split(self, servers: list[str]) -> tuple[list[str], list[str]]:
         """C{servers} as (healthy, left out), the left-out ones soonest back first."""
+        if not self._states:
+            return list(servers), []
         healthy = [s for s in servers if self.healthy(s)]
         out = sorted((s for s in servers if not self.healthy(s)), key=self.retry_at)
         return healthy, out
