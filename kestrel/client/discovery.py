@@ -160,6 +160,9 @@ class ZooKeeperServers(ServerSet):
         self._stopping = False
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="kestrel-client-zookeeper")
         self._pool.start()
+        if hasattr(self._reactor, "addSystemEventTrigger"):
+            # Never keep the process alive at exit with a forgotten worker thread.
+            self._reactor.addSystemEventTrigger("before", "shutdown", self.stop)
         self._run(self._connect)
         self._schedule_refresh()
 
