@@ -76,8 +76,10 @@ def test_fleet_survives_a_kill_and_a_drain(
     everyone = sorted(m.address() for m in members)
     eventually(lambda: client.servers.write == everyone, what="all three in the write set")
 
-    def handler(data: bytes) -> None:
+    async def handler(data: bytes) -> None:
         run.deliveries[data] += 1
+        # Hold each read open a little, so that the kill finds reads open.
+        await deferLater(reactor, 0.01, lambda: None)
 
     def start() -> tuple[list[Deferred[None]], Any]:
         producers = [Deferred.fromCoroutine(produce(reactor, client, run, f"p{n}"))
