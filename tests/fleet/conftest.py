@@ -37,11 +37,11 @@ def fleet_config(zk: ZooKeeperServer, prefix: str = PREFIX, **extra: Any) -> dic
 @pytest.fixture
 def fleet_factory(zookeeper: ZooKeeperServer, tmp_path: Path  # noqa: F811 - the imported fixture
                   ) -> Iterator[Callable[..., KestrelProcess]]:
-    """Start fleet members (`fleet_factory(**extra_config)`); all stop at the end."""
+    """Start fleet members (`fleet_factory(protocols, **extra_config)`); all stop at the end."""
     made: list[KestrelProcess] = []
 
-    def make(**extra: Any) -> KestrelProcess:
-        server = KestrelProcess(tmp_path / f"k{len(made)}", ("memcache",),
+    def make(protocols: tuple[str, ...] = ("memcache",), **extra: Any) -> KestrelProcess:
+        server = KestrelProcess(tmp_path / f"k{len(made)}", protocols,
                                 config=fleet_config(zookeeper, **extra))
         made.append(server)
         server.start()

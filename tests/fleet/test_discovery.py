@@ -95,3 +95,23 @@ def zookeeper_members(zookeeper: ZooKeeperServer) -> list[str]:
     finally:
         client.stop()
         client.close()
+
+
+def test_thrift_client_follows_the_thrift_endpoints(
+        zookeeper: ZooKeeperServer, fleet_factory: Callable[..., KestrelProcess],
+        running_reactor: Any) -> None:
+    servers = [fleet_factory(("memcache", "thrift")) for _ in range(2)]
+    found = on_reactor(running_reactor, lambda: ZooKeeperServers(
+        zookeeper.hosts, PREFIX, running_reactor, endpoint="thrift"))
+    client = on_reactor(running_reactor, lambda: KestrelClient(
+        found, reactor=running_reactor, protocol="thrift"))
+    try:
+        thrift = sorted(s.address("thrift") for s in servers)
+        eventually(lambda: found.write == thrift, what="thrift endpoints")
+        stored = {on_reactor(running_reactor, client.put, "tq", b"%d" % i)[0] for i in range(20)}
+        assert stored == set(thrift)
+        handle = on_reactor(running_reactor, client.read, "tq", 1.0)
+        assert handle.xid > 0
+        on_reactor(running_reactor, handle.confirm)
+    finally:
+        on_reactor(running_reactor, client.close)
