@@ -406,6 +406,7 @@ class KestrelClient:
             raise NoServers(f"no server in the read set for {queue}")
         healthy = [s for s in servers if self.health.healthy(s)] or servers
         attempts: list[tuple[str, str]] = []
+        started = self.reactor.seconds()
         for server in healthy:
             try:
                 conn = await self.pool.acquire(server)
@@ -433,7 +434,10 @@ class KestrelClient:
         # All empty (or failed): wait on every read server at once, the
         # healthy ones, or all of them when none is healthy now.
         waiting_on = [s for s in servers if self.health.healthy(s)] or servers
-        return await _Race(self, queue, waiting_on, timeout).result
+        left = timeout - (self.reactor.seconds() - started)  # the sweep counts too
+        if left <= 0:
+            return None
+        return await _Race(self, queue, waiting_on, left).result
 
     # -- worker loops and lifetime
 
