@@ -248,3 +248,32 @@ def test_reply_timeout_leaves_the_server_out(net: Net) -> None:
     with pytest.raises(AllServersFailed, match="no reply within"):
         resolved(d)
     assert client.health.failures(A) == client.health.failures(B) == 1
+
+
+def test_servers_in_backoff_are_a_last_resort(net: Net) -> None:
+    """When every server is left out, a put still tries them (soonest back first)."""
+    client = fleet(net, A, B)
+    net.down(A)
+    net.down(B)
+    with pytest.raises(AllServersFailed):
+        settle(net, client.put("q", b"x"))
+    assert not client.health.healthy(A) and not client.health.healthy(B)
+    net.up(A)
+    net.up(B)
+    assert settle(net, client.put("q", b"y")) in ([A], [B])
+
+
+def test_a_handle_outlives_its_server_leaving_the_sets(net: Net) -> None:
+    from kestrel.client import ServerSet
+
+    net.add(A)
+    net.add(B)
+    servers = ServerSet()
+    servers.update([A, B], [A, B])
+    client = KestrelClient(servers, reactor=net.clock, connector=net.connector())
+    net.servers[B].collection.add("q", b"x")
+    handle = settle(net, client.read("q"))
+    assert handle.server == B
+    servers.update([A], [A])  # B is drained away (Quiescent) while the read is open
+    settle(net, handle.confirm())
+    assert net.items(B, "q") == 0
