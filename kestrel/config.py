@@ -102,6 +102,8 @@ class ZooKeeperConfig:
     path_prefix: str
     port: int = 2181
     session_timeout: float = 10.0
+    #: The host clients are told, used as given (loopback too); None: derived from the listener.
+    advertise_host: str | None = None
 
 
 def _status_converter(value: Status | str) -> Status:
@@ -539,6 +541,7 @@ _ZOOKEEPER_KEYS: dict[str, Callable[[object], Any]] = {
     "port": _required(_zk_port),
     "path_prefix": _required(_text),
     "session_timeout": _required(_positive(parse_duration)),
+    "advertise_host": _required(_text),
 }
 
 # -- the YAML walk ---------------------------------------------------------------------------

@@ -219,7 +219,8 @@ class ServerSetPublisher(Service):
     @param endpoints: the listeners to advertise by name (C{memcache},
         C{thrift}, C{text}) as C{(host, port)}, or a callable returning them
         when the service starts (for ports bound at start-up). Hosts are
-        checked by L{external_address}.
+        checked by L{external_address}, unless C{advertise_host} is given: it
+        is then advertised as it is (loopback included) for every endpoint.
     @param client_factory: builds the kazoo client (tests may pass options).
     """
 
@@ -230,8 +231,10 @@ class ServerSetPublisher(Service):
                  | Callable[[], Mapping[str, tuple[str, int]]],
                  reactor: Any, *, session_timeout: float = 10.0,
                  interfaces: Callable[[], list[InterfaceAddress]] = interface_addresses,
-                 client_factory: Callable[..., Any] | None = None) -> None:
+                 client_factory: Callable[..., Any] | None = None,
+                 advertise_host: str | None = None) -> None:
         self.hosts = hosts
+        self.advertise_host = advertise_host
         self.path_prefix = path_prefix.rstrip("/")
         self.status = status
         self._endpoints_source = endpoints
@@ -259,8 +262,8 @@ class ServerSetPublisher(Service):
         """
         Build a publisher from the C{zookeeper:} config section.
 
-        C{zookeeper} has C{host}, C{port}, C{path_prefix} and C{session_timeout}
-        (seconds) attributes or keys.
+        C{zookeeper} has C{host}, C{port}, C{path_prefix}, C{session_timeout}
+        (seconds) and optional C{advertise_host} attributes or keys.
         """
         def get(name: str, default: Any = None) -> Any:
             if isinstance(zookeeper, Mapping):
@@ -268,7 +271,8 @@ class ServerSetPublisher(Service):
             return getattr(zookeeper, name, default)
 
         return cls(f"{get('host')}:{get('port', 2181)}", get("path_prefix", "/kestrel"), status,
-                   endpoints, reactor, session_timeout=float(get("session_timeout", 10.0)))
+                   endpoints, reactor, session_timeout=float(get("session_timeout", 10.0)),
+                   advertise_host=get("advertise_host"))
 
     # -- endpoints
 
@@ -277,7 +281,10 @@ class ServerSetPublisher(Service):
             raise KestrelError("endpoints are already configured")
         if not endpoints:
             raise AdvertiseError("no endpoint to advertise")
-        resolved = {name: (external_address(host, self._interfaces), int(port))
+        # An explicit advertise_host is used as given, loopback included (a
+        # fleet on one machine); only the derived address refuses loopback.
+        resolved = {name: (self.advertise_host or external_address(host, self._interfaces),
+                           int(port))
                     for name, (host, port) in endpoints.items()}
         main = next((n for n in ENDPOINT_PREFERENCE if n in resolved), next(iter(resolved)))
         self.endpoints = resolved

@@ -1,5 +1,6 @@
 """
-C{kestrel-load}: Kestrel's load tests (flood, put-many, many-clients, leaky-reader, packing).
+C{kestrel-load}: Kestrel's load tests (flood, put-many, many-clients, leaky-reader, packing),
+and C{fleet}, which drives a fleet of servers through L{kestrel.client}.
 
 Each subcommand takes the flags and defaults of Kestrel 2.4's tool of the
 same name, talks to any Kestrel-compatible server over memcache (or thrift
@@ -796,6 +797,140 @@ def leaky_reader(args: argparse.Namespace, out: Output) -> int:
     return 1 if incomplete else 0
 
 
+# -- fleet
+
+
+def fleet(args: argparse.Namespace, out: Output) -> int:
+    """
+    Producers and reliable consumers move C{-n} items through a fleet with the fleet client.
+
+    The servers come from C{--servers} or from ZooKeeper server sets
+    (C{--zookeeper}). The client runs on the reactor in a background thread;
+    every item is put, read with C{/open} and confirmed.
+    """
+    from twisted.internet.defer import Deferred
+    from twisted.internet.threads import blockingCallFromThread
+
+    from kestrel.client.blocking import running_reactor
+
+    reactor = running_reactor()
+    return blockingCallFromThread(  # type: ignore[no-any-return]
+        reactor, lambda: Deferred.fromCoroutine(_fleet_run(reactor, args, out)))
+
+
+async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int:
+    from collections import Counter
+
+    from twisted.internet.defer import Deferred, DeferredList
+    from twisted.internet.task import deferLater
+
+    from kestrel.client import ClientError, KestrelClient, ZooKeeperServers
+    from kestrel.client.discovery import parse_servers, parse_zookeeper
+
+    protocol = "thrift" if args.thrift else "memcache"
+    if args.zookeeper:
+        hosts, prefix = parse_zookeeper(args.zookeeper)
+        client = KestrelClient(ZooKeeperServers(hosts, prefix, reactor, endpoint=protocol),
+                               reactor=reactor, protocol=protocol)
+    else:
+        client = KestrelClient(parse_servers(args.servers), reactor=reactor, protocol=protocol)
+    try:
+        await client.ready()
+    except ClientError as e:
+        await client.close()
+        raise LoadError(str(e)) from e
+    queue, n, rollup = args.queue, args.items, args.rollup
+    data = b"x" * args.bytes
+    out(f"fleet: write set {','.join(client.servers.write)}; "
+        f"read set {','.join(client.servers.read)}")
+    out(f"fleet: protocol={protocol} producers={args.producers} consumers={args.consumers} "
+        f"putting {n} items "
+        f"of {args.bytes} bytes (in chunks of {rollup}) to {queue}")
+    put_h, read_h, confirm_h = Histogram(), Histogram(), Histogram()
+    put_on: Counter[str] = Counter()
+    read_on: Counter[str] = Counter()
+    state = {"put": 0, "read": 0, "misses": 0, "errors": 0}
+    deadline = time.monotonic() + args.timeout
+
+    async def produce(count: int) -> None:
+        done = 0
+        while done < count and time.monotonic() < deadline:
+            batch = [data] * min(rollup, count - done)
+            t0 = time.perf_counter_ns()
+            try:
+                servers = await client.put(queue, batch)
+            except ClientError as e:
+                state["errors"] += 1
+                out(f"fleet: put failed: {e}")
+                await deferLater(reactor, 0.5, lambda: None)
+                continue
+            timed(put_h, t0)
+            put_on.update(servers)
+            done += len(batch)
+            state["put"] += len(batch)
+
+    async def consume() -> None:
+        while state["read"] < n and time.monotonic() < deadline:
+            t0 = time.perf_counter_ns()
+            try:
+                handle = await client.read(queue, 1.0)
+            except ClientError as e:
+                state["errors"] += 1
+                out(f"fleet: read failed: {e}")
+                await deferLater(reactor, 0.5, lambda: None)
+                continue
+            timed(read_h, t0)
+            if handle is None:
+                state["misses"] += 1
+                continue
+            if handle.data != data:
+                await handle.abort()
+                raise LoadError(f"Unexpected response at {state['read']}!")
+            t0 = time.perf_counter_ns()
+            try:
+                await handle.confirm()
+            except ClientError as e:
+                state["errors"] += 1
+                out(f"fleet: confirm failed: {e}")
+                continue
+            timed(confirm_h, t0)
+            read_on[handle.server] += 1
+            state["read"] += 1
+
+    def progress() -> None:
+        out(f"fleet: {state['put']} put, {state['read']} read and confirmed")
+
+    from twisted.internet.task import LoopingCall
+
+    ticker = LoopingCall(progress)
+    ticker.clock = reactor
+    ticker.start(args.progress, now=False)
+    per_producer = [n // args.producers + (1 if i < n % args.producers else 0)
+                    for i in range(args.producers)]
+    started = time.perf_counter()
+    workers = [Deferred.fromCoroutine(produce(c)) for c in per_producer]
+    workers += [Deferred.fromCoroutine(consume()) for _ in range(args.consumers)]
+    results = await DeferredList(workers, consumeErrors=True)
+    duration = (time.perf_counter() - started) * 1000.0
+    ticker.stop()
+    await client.close()
+    for ok, value in results:
+        if not ok:
+            raise LoadError(value.getErrorMessage())
+    out(f"Finished in {int(duration)} msec "
+        f"({duration * 1000.0 / max(1, state['read']):.1f} usec/item throughput).")
+    out("puts per server: " + " ".join(f"{s}={c}" for s, c in sorted(put_on.items())))
+    out("reads per server: " + " ".join(f"{s}={c}" for s, c in sorted(read_on.items())))
+    out(f"Consumer(s) spun {state['misses']} times in misses; {state['errors']} errors.")
+    out(latency_line("put", put_h))
+    out(latency_line("read", read_h))
+    out(latency_line("confirm", confirm_h))
+    if state["read"] < n:
+        out(f"fleet: only {state['read']} of {n} items read within {args.timeout:g}s")
+        return 1
+    return 0
+
+
 # -- command line
 
 
@@ -867,7 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Kestrel's load tests against any Kestrel-compatible server.")
     parser.add_argument("--help", action="help", help="show this help and exit")
     sub = parser.add_subparsers(dest="test", required=True, parser_class=_Parser,
-                                metavar="{flood,put-many,many-clients,leaky-reader,packing}")
+                                metavar="{flood,put-many,many-clients,leaky-reader,packing,fleet}")
 
     p = sub.add_parser("flood", add_help=False,
                        help="spin up a producer and consumer and flood N items through kestrel")
@@ -936,6 +1071,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do read/writes CYCLES times (default: %(default)s)")
     _common(p)
     p.set_defaults(run=packing)
+
+    p = sub.add_parser("fleet", add_help=False,
+                       help="producers and reliable consumers move N items through a fleet "
+                            "with the fleet client")
+    p.add_argument("--help", action="help", help="show this help and exit")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--servers", metavar="HOST:PORT,...",
+                       help="a static list of memcache (or, with --thrift, thrift) endpoints")
+    where.add_argument("--zookeeper", metavar="ZKHOST:PORT/PATH",
+                       help="follow the server sets under PATH in ZooKeeper")
+    _items(p, 10000, "move ITEMS items through the fleet")
+    p.add_argument("-b", dest="bytes", type=int, default=1024, metavar="BYTES",
+                   help="put BYTES per queue item (default: %(default)s)")
+    _queue(p)
+    _count(p, "-R", "producers", "PRODUCERS", "run PRODUCERS concurrent producers", 2)
+    _count(p, "-C", "consumers", "CONSUMERS", "run CONSUMERS concurrent reliable consumers", 2)
+    _rollup(p, "put (default: 1)")
+    p.add_argument("-t", dest="timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="give up after SECONDS (default: %(default)s)")
+    p.add_argument("--progress", type=float, default=5.0, metavar="SECONDS",
+                   help="print progress every SECONDS (default: %(default)s)")
+    p.add_argument("--thrift", action="store_true",
+                   help="use thrift RPC (reliable reads with ids and auto-abort)")
+    p.set_defaults(run=fleet, port=0)
     return parser
 
 

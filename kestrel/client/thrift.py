@@ -1,0 +1,213 @@
+"""
+One thrift connection to a Kestrel server (framed transport, binary protocol).
+
+The same operations as L{kestrel.client.memcache.MemcacheConnection}
+(C{put_item}, C{take}, C{confirm}, C{abort}), over Kestrel's IDL. Calls may
+be pipelined: the server answers them in order. A reliable read is a C{get}
+with C{auto_abort_msec}: the item comes with an id, and if it is not
+confirmed or aborted in time the server returns it to its queue by itself.
+
+Unlike memcache, closing a thrift connection does not return the items it
+holds open (they wait for their auto-abort), so a waiting C{get} that lost a
+race is not cancelled by closing its connection: it is left to answer and
+any item it brings is aborted at once (C{cancel_returns_items} is False).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from thriftpy2.thrift import TApplicationException, TMessageType
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+
+from kestrel.client.errors import (
+    ClientError,
+    ConnectionGone,
+    ProtocolError,
+    RequestTimeout,
+    ServerRefused,
+)
+from kestrel.protocols.thrift import kestrel_thrift
+
+try:
+    from thriftpy2.protocol.cybin import TCyBinaryProtocol as TBinaryProtocol
+    from thriftpy2.transport.memory import TCyMemoryBuffer as TMemoryBuffer
+except ImportError:  # pragma: no cover - thriftpy2 built without its C extensions
+    from thriftpy2.protocol.binary import TBinaryProtocol  # type: ignore[assignment]
+    from thriftpy2.transport.memory import TMemoryBuffer  # type: ignore[assignment]
+
+_SERVICE = kestrel_thrift.Kestrel
+_HEADER = struct.Struct(">i")
+#: The largest reply frame accepted.
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class _Call:
+    __slots__ = ("api", "deferred", "timer", "cancelled")
+
+    def __init__(self, api: str, on_cancel: Callable[[], None]) -> None:
+        self.api = api
+        self.cancelled = False
+
+        def cancel(_: Deferred[Any]) -> None:
+            self.cancelled = True
+            on_cancel()
+
+        self.deferred: Deferred[Any] = Deferred(cancel)
+        self.timer: IDelayedCall | None = None
+
+
+class ThriftConnection(Protocol):
+    """
+    A client connection speaking Kestrel's thrift IDL.
+
+    C{auto_abort_ms} is the auto-abort of reliable reads. Failures are
+    L{ServerRefused} (a C{TApplicationException} from the server, e.g. a
+    status that refuses the operation), L{ProtocolError}, L{RequestTimeout}
+    or L{ConnectionGone}; any of them drops the connection.
+    """
+
+    cancel_returns_items = False
+
+    def __init__(self, server: str, clock: Any, reply_timeout: float = 5.0,
+                 auto_abort_ms: int = 30_000) -> None:
+        self.server = server
+        self.clock = clock
+        self.reply_timeout = reply_timeout
+        self.auto_abort_ms = auto_abort_ms
+        self._pending: deque[_Call] = deque()
+        self._buf = b""
+        self._seqid = 0
+        self.alive = False
+        self.on_lost: list[Callable[[ThriftConnection], None]] = []
+
+    @property
+    def idle(self) -> bool:
+        """Whether no call is waiting for its reply."""
+        return not self._pending
+
+    # -- operations
+
+    def put_item(self, queue: str, data: bytes, expiry: float | None = None) -> Deferred[bool]:
+        """Store C{data} on C{queue}; True when the server took it."""
+        expiration = 0 if not expiry else max(1, int(expiry * 1000))
+        d = self._call("put", self.reply_timeout, queue_name=queue, items=[data],
+                       expiration_msec=expiration)
+        return d.addCallback(lambda stored: stored == 1)
+
+    def take(self, queue: str, timeout_ms: int | None = None,
+             reliable: bool = True) -> Deferred[tuple[bytes, int] | None]:
+        """One item (with its open-read id when C{reliable}), or None when none came in time."""
+        d = self._call("get", (timeout_ms or 0) / 1000.0 + self.reply_timeout,
+                       queue_name=queue, max_items=1, timeout_msec=int(timeout_ms or 0),
+                       auto_abort_msec=self.auto_abort_ms if reliable else 0)
+        return d.addCallback(lambda items: (items[0].data, items[0].id) if items else None)
+
+    def confirm(self, queue: str, xid: int) -> Deferred[bool]:
+        """Confirm open read C{xid}; False when it was no longer open (auto-aborted)."""
+        d = self._call("confirm", self.reply_timeout, queue_name=queue, ids={xid})
+        return d.addCallback(lambda n: n == 1)
+
+    def abort(self, queue: str, xid: int) -> Deferred[bool]:
+        """Return open read C{xid} to its queue; False when it was no longer open."""
+        d = self._call("abort", self.reply_timeout, queue_name=queue, ids={xid})
+        return d.addCallback(lambda n: n == 1)
+
+    def close(self) -> None:
+        """Drop the connection now; pending calls fail with L{ConnectionGone}."""
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    def _call(self, api: str, timeout: float, **arguments: Any) -> Deferred[Any]:
+        call = _Call(api, self.close)
+        if not self.alive:
+            call.deferred.errback(ConnectionGone(f"{self.server}: not connected"))
+            return call.deferred
+        self._seqid = (self._seqid + 1) & 0x7FFFFFFF
+        buf = TMemoryBuffer()
+        proto = TBinaryProtocol(buf)
+        proto.write_message_begin(api, TMessageType.CALL, self._seqid)
+        args = getattr(_SERVICE, api + "_args")()
+        for name, value in arguments.items():
+            setattr(args, name, value)
+        args.write(proto)
+        proto.write_message_end()
+        body = buf.getvalue()
+        call.timer = self.clock.callLater(timeout, self._timed_out, timeout)
+        self._pending.append(call)
+        self.transport.write(_HEADER.pack(len(body)) + body)
+        return call.deferred
+
+    # -- protocol
+
+    def connectionMade(self) -> None:
+        """The connection is up."""
+        self.alive = True
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        """Fail whatever is pending and tell the owners."""
+        self.alive = False
+        self._fail_all(ConnectionGone(f"{self.server}: connection lost"))
+        callbacks, self.on_lost = self.on_lost, []
+        for callback in callbacks:
+            callback(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode every complete reply frame."""
+        self._buf += data
+        try:
+            while len(self._buf) >= 4:
+                (length,) = _HEADER.unpack_from(self._buf)
+                if length < 0 or length > MAX_FRAME:
+                    raise ProtocolError(f"{self.server}: bad frame length {length}")
+                if len(self._buf) < 4 + length:
+                    return
+                frame, self._buf = self._buf[4:4 + length], self._buf[4 + length:]
+                if not self._pending:
+                    raise ProtocolError(f"{self.server}: unexpected reply")
+                self._reply(frame)
+        except ClientError as e:
+            self._fail_all(e)
+            self.close()
+
+    def _reply(self, frame: bytes) -> None:
+        call = self._pending.popleft()
+        if call.timer is not None and call.timer.active():
+            call.timer.cancel()
+        proto = TBinaryProtocol(TMemoryBuffer(frame))
+        try:
+            api, kind, _ = proto.read_message_begin()
+            if kind == TMessageType.EXCEPTION:
+                error = TApplicationException()
+                error.read(proto)
+                raise ServerRefused(self.server, f"{call.api}: {error.message}")
+            if api != call.api:
+                raise ProtocolError(f"{self.server}: reply to {api}, expected {call.api}")
+            result = getattr(_SERVICE, call.api + "_result")()
+            result.read(proto)
+        except Exception as e:
+            error = e if isinstance(e, ClientError) else ProtocolError(
+                f"{self.server}: undecodable reply: {e}")
+            if not call.cancelled and not call.deferred.called:
+                call.deferred.errback(error)
+            raise error from None
+        if not call.deferred.called:
+            call.deferred.callback(result.success)
+
+    def _fail_all(self, error: Exception) -> None:
+        pending, self._pending = self._pending, deque()
+        for call in pending:
+            if call.timer is not None and call.timer.active():
+                call.timer.cancel()
+            if not call.cancelled and not call.deferred.called:
+                call.deferred.errback(error)
+
+    def _timed_out(self, timeout: float) -> None:
+        self._fail_all(RequestTimeout(f"{self.server}: no reply within {timeout:g}s"))
+        self.close()
