@@ -10,6 +10,7 @@ stop at once with a one-line error naming the clash (L{package_clash}).
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 from twisted.application.service import ServiceMaker
@@ -31,7 +32,8 @@ def package_clash() -> str | None:
     (the old pykestrel client installs one of the same name), else None.
 
     It is not txkestrel's when C{kestrel} cannot be imported, has no
-    C{kestrel.tap}, or holds pykestrel's C{kestrel.client} module.
+    C{kestrel.tap}, or holds pykestrel's C{kestrel/client.py} module (txkestrel's
+    own C{kestrel.client} is a package, a folder).
     """
     try:
         spec = importlib.util.find_spec("kestrel")
@@ -42,7 +44,8 @@ def package_clash() -> str | None:
     where = _location(spec)
     try:
         ours = importlib.util.find_spec("kestrel.tap") is not None
-        theirs = importlib.util.find_spec("kestrel.client") is not None
+        theirs = any(os.path.isfile(os.path.join(folder, "client.py"))
+                     for folder in spec.submodule_search_locations or [])
     except Exception as e:  # noqa: BLE001 - pykestrel's __init__ fails on Python 3
         return (f"kestrel: the package 'kestrel' at {where} is not txkestrel's (importing it "
                 f"fails: {type(e).__name__}: {e}); the pykestrel client installs a package "
