@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from kestrel.errors import (
     AvailabilityError,
     ConfigError,
+    ControlRefused,
     ForbiddenStatus,
     InvalidQueueName,
     KestrelError,
@@ -59,6 +60,8 @@ _END = b"END\r\n"
 _STORED = b"STORED\r\n"
 _NOT_STORED = b"NOT_STORED\r\n"
 _DELETED = b"DELETED\r\n"
+#: Commands refused when control is kept to the admin port (a status change too).
+_CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
 Reply = bytes | Deferred[bytes]
@@ -495,6 +498,11 @@ class MemcacheProtocol(SessionProtocol):
         word = req.word
         session = self.session
         assert session is not None
+        if word in _CONTROL_COMMANDS or (word == "status" and req.args):
+            try:
+                session.check_control(word)
+            except ControlRefused as e:
+                return b"CLIENT_ERROR %s\r\n" % _encode(str(e))
         if word == "stats":
             return _encode(format_stats(self.server.stats_entries()))
         if word == "dump_stats":

@@ -378,10 +378,12 @@ class TextProtocol(SessionProtocol):
 
     def _reload(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{reload}: reread the config file; C{+0}, or C{-<problem>} keeping the old config."""
+        self.session.check_control("reload")
         return _then(self.server.reload(), b"+0\n")
 
     def _shutdown(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{shutdown}: C{+0}, then the server stops cleanly."""
+        self.session.check_control("shutdown")
         self._write(b"+0\n")
         self.server.request_shutdown()
         return b""
