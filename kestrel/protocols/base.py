@@ -13,6 +13,7 @@ connection over a L{kestrel.server.KestrelServer} and can end them all
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from twisted.internet.interfaces import IHalfCloseableProtocol
@@ -25,7 +26,26 @@ if TYPE_CHECKING:
     from kestrel.server import KestrelServer
     from kestrel.session import ClientSession
 
-__all__ = ["SessionFactory", "SessionProtocol"]
+__all__ = ["HTTP_REFUSED", "SessionFactory", "SessionProtocol", "looks_like_http"]
+
+#: An HTTP/1.x request line: a known method and a path, or any word, target and version.
+_HTTP_REQUEST_LINE = re.compile(
+    rb"(?:GET|POST|PUT|HEAD|DELETE|OPTIONS|PATCH|CONNECT|TRACE|PRI) (?:/|\*|https?://)"
+    rb"|[A-Z]+ \S+ HTTP/[0-9]")
+
+#: The reason given, in each protocol's error form, when an HTTP request is refused.
+HTTP_REFUSED = "HTTP requests are not served on this port"
+
+
+def looks_like_http(line: bytes) -> bool:
+    """
+    Whether C{line} (a request line without its line end) is an HTTP request
+    line: C{GET /}, C{POST /x HTTP/1.1}, C{CONNECT host:443 HTTP/1.1}, ...
+
+    No Kestrel command starts with an upper-case HTTP method followed by a
+    path, so a real client's first line is never taken for one.
+    """
+    return _HTTP_REQUEST_LINE.match(line) is not None
 
 
 @implementer(IHalfCloseableProtocol)
@@ -45,6 +65,9 @@ class SessionProtocol(Protocol):
     protocol_name: ClassVar[str] = "unnamed"
 
     factory: SessionFactory | None = None
+
+    #: True until the connection's first request line has been seen (L{first_line_is_http}).
+    awaiting_first_line: bool = True
 
     def __init__(self, server: KestrelServer) -> None:
         self.server = server
@@ -98,6 +121,25 @@ class SessionProtocol(Protocol):
             except Exception:
                 self._log.failure("Finishing a {protocol} session failed",
                                   protocol=self.protocol_name)
+
+    # -- HTTP on a Kestrel port ----------------------------------------------
+
+    def first_line_is_http(self, line: bytes) -> bool:
+        """
+        Note that the first request line has come; return whether it is an
+        HTTP request line (the protocol then answers one error line naming
+        L{HTTP_REFUSED} and closes, so that a browser's request headers and
+        body are never run as commands).
+
+        Protocols call it as C{self.awaiting_first_line and self.first_line_is_http(line)}.
+        """
+        self.awaiting_first_line = False
+        if looks_like_http(line):
+            peer = self.transport.getPeer() if self.transport is not None else None
+            self._log.warn("{protocol} connection from {peer} sent an HTTP request; closing",
+                           protocol=self.protocol_name, peer=getattr(peer, "host", peer))
+            return True
+        return False
 
     # -- hooks ---------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import memcache_expiry_ms
-from kestrel.protocols.base import SessionFactory, SessionProtocol
+from kestrel.protocols.base import HTTP_REFUSED, SessionFactory, SessionProtocol
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
@@ -282,6 +282,9 @@ class MemcacheProtocol(SessionProtocol):
                     break
                 line = buf[pos:end]
                 pos = nl + 1
+                if self.awaiting_first_line and self.first_line_is_http(line):
+                    self._fail(b"CLIENT_ERROR %s\r\n" % HTTP_REFUSED.encode())
+                    break
                 try:
                     request = parse_line(line)
                 except MemcacheParseError as err:

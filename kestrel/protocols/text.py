@@ -32,7 +32,7 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import relative_expiry_ms
-from kestrel.protocols.base import SessionFactory, SessionProtocol
+from kestrel.protocols.base import HTTP_REFUSED, SessionFactory, SessionProtocol
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -115,6 +115,8 @@ class TextProtocol(SessionProtocol):
         self._scan_from = 0
         self._put_header: list[bytes] | None = None
         self._put_items: list[bytes] = []
+        self._put_bytes = 0
+        self._put_refused: str | None = None
         self._waiting = False
         self._processing = False
         self._closed = False
@@ -194,17 +196,45 @@ class TextProtocol(SessionProtocol):
     def _line_received(self, line: bytes) -> None:
         """One line: a data line of a pending C{put}, a C{:}-header, or a command."""
         if self._put_header is not None:
-            if line and len(self._put_items) < MAX_PUT_BUFFER:
-                self._put_items.append(line)
+            if line:
+                self._put_line(line)
                 return
-            header, items = self._put_header, self._put_items
-            self._put_header, self._put_items = None, []
-            self._run(header, items)
+            header, items, refused = self._put_header, self._put_items, self._put_refused
+            self._put_header, self._put_items, self._put_refused = None, [], None
+            self._put_bytes = 0
+            if refused is not None:
+                self._write(error_reply(refused))
+            else:
+                self._run(header, items)
+        elif self.awaiting_first_line and self.first_line_is_http(line):
+            self._write(error_reply(HTTP_REFUSED + "."))
+            self.transport.loseConnection()
+            self._closed = True
         elif line.endswith(b":"):
             self._put_header = split_tokens(line[:-1])
             self._put_items = []
         else:
             self._run(split_tokens(line), [])
+
+    def _put_line(self, line: bytes) -> None:
+        """
+        One data line of a C{put} body. A body of more than L{MAX_PUT_BUFFER}
+        items or more than C{max_request_size} bytes is refused whole: its
+        lines are read to the blank line that ends it and dropped (none is
+        run as a command), and the put stores nothing.
+        """
+        if self._put_refused is not None:
+            return
+        self._put_bytes += len(line)
+        if len(self._put_items) >= MAX_PUT_BUFFER:
+            self._put_refused = f"Too many items in one put (limit {MAX_PUT_BUFFER}); none stored."
+        elif self._put_bytes > self.MAX_LENGTH:
+            self._put_refused = (f"Put body too large (limit {self.MAX_LENGTH} bytes); "
+                                 "none stored.")
+        else:
+            self._put_items.append(line)
+            return
+        self._put_items = []
 
     # -- dispatch ---------------------------------------------------------
 
