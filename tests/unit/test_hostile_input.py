@@ -1,11 +1,21 @@
-"""The HTTP request-line detector the memcache and text protocols share."""
+"""Hostile input below the wire: the HTTP line detector, journal paths and modes, config."""
 
 from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.task import Clock
 
+from kestrel.config import parse_config
+from kestrel.errors import ConfigError
+from kestrel.item import QItem
+from kestrel.journal.journal import FileJournal
 from kestrel.protocols.base import looks_like_http
 
 COMMANDS = ["get", "set", "put", "peek", "monitor", "confirm", "flush", "flush_all", "delete",
@@ -30,3 +40,67 @@ def test_kestrel_commands_are_not_http(command: str, case: str, args: list[str])
     line = " ".join([word, *args]).encode()
     assert not looks_like_http(line)
     assert not looks_like_http(line + b":")
+
+
+# -- journal files: modes and symbolic links ---------------------------------------------------
+
+
+def _journal(tmp_path: Path, file_mode: int = 0o600) -> FileJournal:
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    journal = FileJournal(str(tmp_path), "q", clock, None, file_mode=file_mode)
+    journal.replay(lambda record: None)
+    return journal
+
+
+def test_rewritten_journal_keeps_the_mode(tmp_path: Path) -> None:
+    """The current file and the file a rewrite puts in its place are both C{file_mode}."""
+    journal = _journal(tmp_path, 0o640)
+    journal.add(QItem(b"x", 1))
+    assert stat.S_IMODE(os.stat(tmp_path / "q").st_mode) == 0o640
+    journal.rewrite([], [QItem(b"x", 1)])
+    assert stat.S_IMODE(os.stat(tmp_path / "q").st_mode) == 0o640
+    journal.close()
+
+
+def test_current_file_symlink_is_not_opened(tmp_path: Path) -> None:
+    """A symbolic link where C{<q>} goes is refused (ELOOP); its target is never written."""
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    folder = tmp_path / "queues"
+    folder.mkdir()
+    (folder / "q").symlink_to(target)
+    with pytest.raises(OSError) as raised:
+        _journal(folder)
+    assert raised.value.errno == errno.ELOOP
+    assert target.read_bytes() == b"keep"
+    assert FileJournal.queue_names_in(str(folder)) == set()
+
+
+@pytest.mark.parametrize(("text", "expected"), [('"0600"', 0o600), ("0640", 0o640),
+                                                ('"750"', 0o750), ("0o700", 0o700)])
+def test_file_modes_parse(text: str, expected: int) -> None:
+    assert parse_config(f"journal_file_mode: {text}\n").journal_file_mode == expected
+
+
+@pytest.mark.parametrize("text", ["600", '"0999"', "rw", "true"])
+def test_bad_file_modes_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="journal_file_mode"):
+        parse_config(f"journal_file_mode: {text}\n")
+
+
+def test_control_commands_default_follows_the_token() -> None:
+    assert not parse_config("").control_admin_only
+    assert parse_config("admin_token: 0123456789abcdef\n").control_admin_only
+    assert parse_config("admin_token_file: /etc/token\n").control_admin_only
+    assert not parse_config("admin_token: 0123456789abcdef\ncontrol_commands: all\n"
+                            ).control_admin_only
+    assert parse_config("control_commands: admin_only\n").control_admin_only
+
+
+@pytest.mark.parametrize("text", ["admin_token: short\n", "control_commands: some\n",
+                                  "admin_token: 0123456789abcdef\nadmin_token_file: /x\n",
+                                  "max_client_memory: 1MiB\n"])
+def test_bad_control_settings_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(text)
