@@ -60,6 +60,7 @@ _END = b"END\r\n"
 _STORED = b"STORED\r\n"
 _NOT_STORED = b"NOT_STORED\r\n"
 _DELETED = b"DELETED\r\n"
+_OUT_OF_MEMORY = b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n"
 #: Commands refused when control is kept to the admin port (a status change too).
 _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
@@ -127,6 +128,7 @@ class MemcacheProtocol(SessionProtocol):
         self.clock = server.clock
         self.stats = server.stats
         self.max_request_size: int = server.config.max_request_size
+        self._output_limit: int = server.config.max_client_output
         self._buf = b""
         self._parts: list[bytes] = []
         self._have = 0
@@ -172,8 +174,9 @@ class MemcacheProtocol(SessionProtocol):
         self.transport.loseConnection()
 
     def stop_answering(self) -> None:
-        """Serve nothing more; stop the idle timer."""
+        """Serve nothing more; stop the idle timer; drop buffered input at once."""
         self._closing = True
+        self._buf, self._parts, self._have = b"", [], 0
         if self._idle_call is not None and self._idle_call.active():
             self._idle_call.cancel()
         self._idle_call = None
@@ -212,10 +215,13 @@ class MemcacheProtocol(SessionProtocol):
         else:
             self._buf = data
             self._have = len(data)
+        if self._have > self._input_held and not self.hold_input(max(self._have, self._need)):
+            self._fail(_OUT_OF_MEMORY)
+            return
         if self._waiting:
             if not self._paused and self._have > self.BACKLOG_LIMIT:
                 self._paused = True
-                self.transport.pauseProducing()
+                self.pause_input()
             return
         if self._have < self._need:
             return
@@ -256,8 +262,18 @@ class MemcacheProtocol(SessionProtocol):
         pos = 0
         need = 0
         need_newline = False
+        out = self._out
+        queued = 0
         try:
-            while not self._waiting and not self._closing:
+            while not self._waiting and not self._closing and not self.output_blocked:
+                if out:
+                    # A client that does not read stops being served (and read)
+                    # once max_client_output bytes of replies wait for it.
+                    queued += len(out[-1])
+                    if queued > self._output_limit:
+                        self._flush()
+                        queued = 0
+                        continue
                 pending = self._pending_set
                 if pending is not None:
                     end = pos + pending.length
@@ -299,6 +315,9 @@ class MemcacheProtocol(SessionProtocol):
                                    b"max_request_size (%d)\r\n"
                                    % (request.length, self.max_request_size))
                         break
+                    if not self.hold_input(max(len(buf) - pos, request.length + 2)):
+                        self._fail(_OUT_OF_MEMORY)
+                        break
                     self._pending_set = request
                     continue
                 self._serve(request, None)
@@ -309,11 +328,25 @@ class MemcacheProtocol(SessionProtocol):
             self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
             self._flush()
+            if not self._closing:
+                self.hold_input(max(self._have, need))
         if self._read_closed and not self._waiting and not self._closing:
             self.close_connection()
         if self._paused and not self._waiting and not self._closing:
             self._paused = False
-            self.transport.resumeProducing()
+            self.resume_input()
+
+    def output_resumed(self) -> None:
+        """The client read its replies: serve the requests that waited meanwhile."""
+        if self._in_process or self._waiting or self._closing:
+            return
+        if self._buf or self._parts or self._pending_set is not None or self._read_closed:
+            try:
+                self._process()
+            except Exception:
+                self._log.failure("Memcache connection failed")
+                if not self._closing:
+                    self._fail(b"SERVER_ERROR internal error\r\n")
 
     def _serve(self, request: Any, data: bytes | None) -> None:
         """Run one request's handler, queueing its reply or waiting for it."""
@@ -348,7 +381,7 @@ class MemcacheProtocol(SessionProtocol):
                 self._process()
             elif self._paused:
                 self._paused = False
-                self.transport.resumeProducing()
+                self.resume_input()
 
     def _flush(self) -> None:
         """

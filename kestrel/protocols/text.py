@@ -143,15 +143,36 @@ class TextProtocol(SessionProtocol):
         return self._waiting
 
     def stop_answering(self) -> None:
-        """Answer nothing more; drop the buffered input."""
+        """Answer nothing more; drop the buffered input (and a put body being read)."""
         self._closed = True
         self._buffer.clear()
+        self._put_items = []
 
     def dataReceived(self, data: bytes) -> None:
         """Buffer bytes and run the complete lines, in order."""
         self._stats.bytes_read += len(data)
+        if self._closed:
+            return
         self._buffer += data
+        if not self.hold_input(len(self._buffer) + self._put_bytes):
+            self._out_of_memory()
+            return
         if not self._waiting and not self._processing:
+            self._process_lines()
+
+    def _out_of_memory(self) -> None:
+        """Refuse the request being read: the server's max_client_memory is reached."""
+        self._write(error_reply("Out of memory for client requests (max_client_memory); "
+                                "retry later."))
+        self._buffer.clear()
+        self._scan_from = 0
+        self._put_items = []
+        self.transport.loseConnection()
+        self._closed = True
+
+    def output_resumed(self) -> None:
+        """The client read its replies: run the lines that waited meanwhile."""
+        if not self._waiting and not self._processing and not self._closed:
             self._process_lines()
 
     def _process_lines(self) -> None:
@@ -161,7 +182,7 @@ class TextProtocol(SessionProtocol):
         pos = 0
         limit = self.MAX_LENGTH
         try:
-            while not self._waiting and not self._closed:
+            while not self._waiting and not self._closed and not self.output_blocked:
                 newline = buf.find(b"\n", max(pos, self._scan_from))
                 if newline < 0:
                     if len(buf) - pos > limit + 1:
@@ -184,6 +205,8 @@ class TextProtocol(SessionProtocol):
                 del buf[:pos]
                 self._scan_from = max(0, self._scan_from - pos)
             self._processing = False
+            if not self._closed:
+                self.hold_input(len(buf) + self._put_bytes)
 
     def lineLengthExceeded(self, length: int) -> None:
         """Answer a line over C{max_request_size} with an error, then close."""
@@ -235,6 +258,7 @@ class TextProtocol(SessionProtocol):
             self._put_items.append(line)
             return
         self._put_items = []
+        self._put_bytes = 0
 
     # -- dispatch ---------------------------------------------------------
 
@@ -255,7 +279,7 @@ class TextProtocol(SessionProtocol):
             outcome.addBoth(box.append)
             if not box:
                 self._waiting = True
-                self.transport.pauseProducing()
+                self.pause_input()
                 outcome.addCallback(lambda _: self._finish_waiting(box[0]))
                 return
             outcome = box[0]
@@ -267,7 +291,7 @@ class TextProtocol(SessionProtocol):
         self._waiting = False
         if self._closed:
             return
-        self.transport.resumeProducing()
+        self.resume_input()
         if not self._processing:
             self._process_lines()
         if self._read_closed and not self._waiting:
