@@ -6,17 +6,23 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
+from kestrel.budget import TRIM_DELAY, ClientMemory, malloc_trim
 from kestrel.config import parse_config
 from kestrel.errors import ConfigError
 from kestrel.item import QItem
 from kestrel.journal.journal import FileJournal
 from kestrel.protocols.base import looks_like_http
+from kestrel.protocols.memcache import MemcacheFactory
+from kestrel.protocols.text import TextFactory
+from kestrel.server import KestrelServer
+from tests.support import StringClient, make_server
 
 COMMANDS = ["get", "set", "put", "peek", "monitor", "confirm", "flush", "flush_all", "delete",
             "status", "version", "reload", "shutdown", "quit", "stats", "dump_stats",
@@ -104,3 +110,92 @@ def test_control_commands_default_follows_the_token() -> None:
 def test_bad_control_settings_are_refused(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_config(text)
+
+
+# -- the client memory budget -------------------------------------------------------------------
+
+
+def test_client_memory_caps_the_sum() -> None:
+    """Growing past the limit is refused (and counted); shrinking and release always work."""
+    memory = ClientMemory(100)
+    assert memory.grow(0, 60)
+    assert not memory.grow(0, 41)
+    assert memory.refused == 1
+    assert memory.grow(0, 40)
+    assert memory.used == 100
+    assert memory.grow(60, 10)
+    memory.released(10)
+    memory.released(40)
+    assert memory.used == 0
+
+
+def test_trims_are_shared_and_delayed(clock: Clock) -> None:
+    """Several large closes in a row cause one trim, TRIM_DELAY seconds later."""
+    trims: list[float] = []
+    memory = ClientMemory(100, clock, trim=lambda: trims.append(clock.seconds()))
+    memory.schedule_trim()
+    memory.schedule_trim()
+    clock.advance(TRIM_DELAY)
+    assert trims == [clock.seconds()]
+    memory.schedule_trim()
+    clock.advance(TRIM_DELAY)
+    assert len(trims) == 2
+
+
+def test_malloc_trim_runs_here() -> None:
+    """On glibc (the CI platform) the trim is available and harmless."""
+    assert malloc_trim() in (True, False)
+
+
+# -- protocols over a StringTransport: input budget and back-pressure ----------------------------
+
+
+def test_memcache_set_over_the_budget_is_refused_before_its_data(
+        clock: Clock, tmp_path: Path) -> None:
+    server = make_server(clock, tmp_path, max_request_size=1000, max_client_memory=1500)
+    first = StringClient(MemcacheFactory(server))
+    assert first.send(b"set a 0 0 1000\r\n" + b"x" * 10) == b""
+    assert server.client_memory.used == 1002
+    second = StringClient(MemcacheFactory(server))
+    assert second.send(b"set b 0 0 600\r\n") == (
+        b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n")
+    assert not second.connected
+    first.close()
+    assert server.client_memory.used == 0
+    third = StringClient(MemcacheFactory(server))
+    assert third.send(b"set b 0 0 600\r\n" + b"y" * 600 + b"\r\n") == b"STORED\r\n"
+    assert server.client_memory.used == 0
+
+
+def test_text_input_over_the_budget_is_refused(clock: Clock, tmp_path: Path) -> None:
+    server = make_server(clock, tmp_path, max_request_size=1000, max_client_memory=1000)
+    first = StringClient(TextFactory(server))
+    assert first.send(b"put q:\n" + b"a" * 500 + b"\n" + b"b" * 200) == b""
+    assert server.client_memory.used == 700
+    second = StringClient(TextFactory(server))
+    assert second.send(b"c" * 400) == (
+        b"-Out of memory for client requests (max_client_memory); retry later.\n")
+    assert not second.connected
+    assert first.send(b"\n\n") == b"+2\n"
+    assert server.client_memory.used == 0
+
+
+@pytest.mark.parametrize(("factory", "request_", "reply"), [
+    (MemcacheFactory, b"get q/peek\r\n", b"VALUE q 0 1\r\nx\r\nEND\r\n"),
+    (TextFactory, b"peek q\n", b":x\n")])
+def test_blocked_output_stops_serving_until_the_client_reads(
+        server: KestrelServer, factory: Any, request_: bytes, reply: bytes) -> None:
+    """
+    While the transport holds too much unread output (it calls
+    pauseProducing), buffered requests wait and reading pauses; when the
+    client has read (resumeProducing), they are answered, in order.
+    """
+    assert StringClient(MemcacheFactory(server)).send(b"set q 0 0 1\r\nx\r\n") == b"STORED\r\n"
+    client = StringClient(factory(server))
+    assert client.transport.producer is client.protocol
+    client.protocol.pauseProducing()
+    assert client.transport.producerState == "paused"
+    assert client.send(request_ * 3) == b""
+    client.protocol.resumeProducing()
+    assert client.transport.producerState == "producing"
+    assert client.take() == reply * 3
