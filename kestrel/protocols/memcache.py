@@ -315,7 +315,10 @@ class MemcacheProtocol(SessionProtocol):
                                    b"max_request_size (%d)\r\n"
                                    % (request.length, self.max_request_size))
                         break
-                    if not self.hold_input(max(len(buf) - pos, request.length + 2)):
+                    # Held input counts from the start of buf: reserve the
+                    # declared data before it is read, unless it is here already.
+                    reserve = pos + request.length + 2
+                    if reserve > self._input_held and not self.hold_input(reserve):
                         self._fail(_OUT_OF_MEMORY)
                         break
                     self._pending_set = request
