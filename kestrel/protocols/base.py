@@ -58,10 +58,12 @@ class SessionProtocol(Protocol):
     Memory bounds (see docs/reliability.md): the protocol counts the input it
     holds through L{hold_input} against the server's
     L{kestrel.budget.ClientMemory}, and is registered as the push producer of
-    its own transport, so that once more than C{max_client_output} bytes of
-    replies wait to be sent, the transport pauses it: L{output_blocked} is
-    set, the connection is not read, and protocols stop serving buffered
-    requests until the client has read (L{output_resumed}).
+    its own transport, so that once more replies wait to be sent than the
+    transport buffers (Twisted's C{bufferSize}, 64 KiB), the transport pauses
+    it: L{output_blocked} is set, the connection is not read, and protocols
+    stop serving buffered requests until the client has read
+    (L{output_resumed}). A protocol that batches replies sends them once they
+    pass C{max_client_output}, so that the pause can take effect.
 
     Subclasses set L{protocol_name}, serve requests, and override the hooks
     L{session_started} (after the session opens), L{stop_answering} (the
