@@ -14,6 +14,14 @@ C{/reload}            POST    reread the config file
 C{/shutdown}          POST    stop the server
 ====================  ======  =====================================================
 
+Every C{POST} (the state changes) goes through L{AdminGuard}: with a token
+configured (C{admin_token} or C{admin_token_file}) it must carry
+C{Authorization: Bearer <token>}; whatever the token, a request whose
+C{Origin} is not the admin site itself is refused, and without a token a
+form or C{text/plain} body (what a web page can send without asking) or a
+C{Host} that is a DNS name (DNS rebinding) is refused too. C{GET} reports
+need no token. See C{docs/guide.md}, "Securing the admin port".
+
 Every report is built from the live objects at request time (no background
 collection). The server context is L{kestrel.server.KestrelServer}: the
 queues are read through its C{collection}, the counters through its
@@ -24,9 +32,13 @@ C{docs/metrics.md}.
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -246,13 +258,131 @@ def prometheus_text(server: Any) -> bytes:
     return generate_latest(registry)
 
 
-class _Leaf(Resource):
-    """A resource serving one path of the admin site for one server."""
+#: Content types a web page may POST cross-site without a preflight (the CORS "simple" ones).
+SIMPLE_CONTENT_TYPES = frozenset({b"application/x-www-form-urlencoded", b"multipart/form-data",
+                                  b"text/plain"})
 
-    def __init__(self, server: Any) -> None:
+#: Shortest admin token accepted.
+MIN_TOKEN_LENGTH = 16
+
+
+def load_admin_token(config: Any) -> str | None:
+    """
+    The admin token of C{config}: C{admin_token}, or the first line of
+    C{admin_token_file} (surrounding blanks dropped), or None for none.
+
+    @raise ConfigError: the file cannot be read, or holds a token shorter
+        than L{MIN_TOKEN_LENGTH} characters.
+    """
+    if config.admin_token is not None:
+        return str(config.admin_token).strip()
+    path = config.admin_token_file
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+        mode = os.stat(path).st_mode
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"admin_token_file: cannot read {path!r}: {e}"]) from e
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError([f"admin_token_file: {path!r} must hold a token of at least "
+                           f"{MIN_TOKEN_LENGTH} characters"])
+    if mode & 0o077:
+        Logger().warn("admin_token_file {path} is readable by other users (mode {mode:o}); "
+                      "chmod 600 it", path=path, mode=mode & 0o777)
+    return token
+
+
+def _host_name(host: str) -> str:
+    """The host part of a C{Host} header or URL netloc (no port, no IPv6 brackets), lowercased."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_ip_or_localhost(host: str) -> bool:
+    name = _host_name(host)
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class AdminGuard:
+    """
+    Decides whether a state-changing admin request may run.
+
+    C{token} is the configured bearer token, or None. L{refusal} returns
+    C{(code, reason)} for a request to refuse, None for one to serve.
+    """
+
+    _log = Logger()
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    def refusal(self, request: Request) -> tuple[int, str] | None:
+        """Why C{request} (a POST) must be refused, or None when it may run."""
+        headers = request.requestHeaders
+        host = (headers.getRawHeaders(b"host") or [b""])[0].decode("latin-1")
+        origin = (headers.getRawHeaders(b"origin") or [None])[0]
+        if origin is not None:
+            netloc = urlsplit(origin.decode("latin-1")).netloc.lower()
+            if not netloc or netloc != host.strip().lower():
+                return 403, "cross-origin request refused"
+        fetch_site = (headers.getRawHeaders(b"sec-fetch-site") or [b""])[0].lower()
+        if fetch_site in (b"cross-site", b"same-site"):
+            return 403, "cross-site request refused"
+        if self.token is not None:
+            given = (headers.getRawHeaders(b"authorization") or [b""])[0]
+            scheme, _, value = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                    value.strip(), self.token.encode("utf-8")):
+                request.setHeader(b"www-authenticate", b'Bearer realm="kestrel admin"')
+                return 401, "admin token required: Authorization: Bearer <admin_token>"
+            return None
+        content_type = (headers.getRawHeaders(b"content-type") or [b""])[0]
+        if content_type.split(b";", 1)[0].strip().lower() in SIMPLE_CONTENT_TYPES:
+            return 403, ("form and text/plain bodies are refused without an admin token: "
+                         "pass arguments in the query string (POST /status?status=readonly)")
+        if host and not _is_ip_or_localhost(host):
+            return 403, ("without an admin token, commands must address the server by IP "
+                         "address or localhost")
+        return None
+
+
+class _Leaf(Resource):
+    """
+    A resource serving one path of the admin site for one server; anything
+    but C{GET}/C{HEAD} must first pass the site's L{AdminGuard}.
+    """
+
+    _log = Logger()
+
+    def __init__(self, server: Any, guard: AdminGuard | None = None) -> None:
         super().__init__()
         # Not "server": twisted.web's Resource.putChild overwrites that attribute.
         self.kestrel = server
+        self.guard = guard if guard is not None else AdminGuard(None)
+
+    def render(self, request: Request) -> bytes:
+        """Refuse a state change the guard refuses (401/403), else serve it."""
+        if request.method not in (b"GET", b"HEAD"):
+            refused = self.guard.refusal(request)
+            if refused is not None:
+                code, reason = refused
+                peer = request.getClientAddress()
+                self._log.warn("admin {method} {path} from {peer} refused: {reason}",
+                               method=request.method.decode("latin-1"),
+                               path=request.path.decode("latin-1"),
+                               peer=getattr(peer, "host", str(peer)), reason=reason)
+                return _text(request, reason, code)
+        return super().render(request)
 
 
 def _text(request: Request, body: str, code: int = 200) -> bytes:
@@ -360,6 +490,13 @@ class ShutdownResource(_Command):
         return _text(request, "Shutting down.")
 
 
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
 class AdminSite(Site):
     """The admin HTTP site; requests are not access-logged (scrapes would flood the log)."""
 
@@ -368,7 +505,21 @@ class AdminSite(Site):
 
 
 def make_admin_site(server: Any) -> Site:
-    """Return the admin HTTP site of C{server} (a L{kestrel.server.KestrelServer})."""
+    """
+    Return the admin HTTP site of C{server} (a L{kestrel.server.KestrelServer}).
+
+    Its token is read now (L{load_admin_token}; a C{ConfigError} stops the
+    start). Without one, on an address other than loopback, a warning says
+    that anyone who can reach the port can change the server's state.
+    """
+    config = server.config
+    token = load_admin_token(config)
+    guard = AdminGuard(token)
+    address = getattr(config, "admin_address", "127.0.0.1")
+    if token is None and not _is_loopback(address):
+        Logger().warn("The admin port listens on {address} without admin_token: anyone who "
+                      "can reach it can change the status, reload or stop the server",
+                      address=address)
     root = Resource()
     for path, resource in [
         (b"ping", PingResource), (b"stats.json", StatsJsonResource),
@@ -376,7 +527,7 @@ def make_admin_site(server: Any) -> Site:
         (b"quiesce", QuiesceResource), (b"reload", ReloadResource),
         (b"shutdown", ShutdownResource),
     ]:
-        root.putChild(path, resource(server))
+        root.putChild(path, resource(server, guard))
     site = AdminSite(root)
     site.displayTracebacks = False
     return site

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
-from kestrel.errors import ConfigError, ShuttingDown
+from kestrel.errors import ConfigError, InvalidQueueName, ShuttingDown
 from kestrel.item import QItem
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
@@ -134,8 +134,15 @@ class QueueCollection(Service):
 
     def _ensure_queue_path(self) -> None:
         """Create the queue directory if missing; refuse one we cannot write."""
+        mode = getattr(self.config, "queue_path_mode", 0o700)
         try:
-            os.makedirs(self._path, exist_ok=True)
+            if not os.path.lexists(self._path):
+                os.makedirs(self._path, mode=mode, exist_ok=True)
+                os.chmod(self._path, mode)
+            elif os.stat(self._path).st_mode & 0o077 & ~mode:
+                self._log.warn("queue_path {path} is open to other users (mode {mode:o}); "
+                               "chmod {want:o} it", path=self._path,
+                               mode=os.stat(self._path).st_mode & 0o777, want=mode)
         except OSError as e:
             raise ConfigError([f"queue_path: Inaccessible queue path {self._path!r}: {e}"]) from e
         if not (os.path.isdir(self._path) and os.access(self._path, os.W_OK | os.X_OK)):
@@ -263,13 +270,15 @@ class QueueCollection(Service):
 
     def _create_queue(self, name: str) -> PersistentQueue:
         validate_queue_name(name)
+        self._refuse_foreign_journal(name)
         config = self.config.queue_config(name)
         if config.keep_journal:
             journal: Any = FileJournal(self._path, name, self._clock, config.sync_journal,
                                        archive_path=self._archive_path,
                                        run_in_thread=self._run_in_thread,
                                        coalescer=self.write_coalescer,
-                                       on_fsync=self._on_fsync)
+                                       on_fsync=self._on_fsync,
+                                       file_mode=self.config.journal_file_mode)
         else:
             # keep_journal: false -- forget whatever an earlier run journaled.
             FileJournal(self._path, name, self._clock, None,
@@ -288,6 +297,18 @@ class QueueCollection(Service):
         if config.expire_to_queue:
             self._wire_expire_to(queue, config.expire_to_queue)
         return queue
+
+    def _refuse_foreign_journal(self, name: str) -> None:
+        """
+        Refuse (L{InvalidQueueName}) a queue whose journal path in the queue
+        folder is a symbolic link or anything but a regular file: nothing is
+        ever read or written through it.
+        """
+        path = os.path.join(self._path, name)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(path)):
+            self._log.warn("Refusing queue {queue}: {path} is a symbolic link or not a "
+                           "regular file", queue=name, path=path)
+            raise InvalidQueueName(f"{name}: its journal path is not a regular file")
 
     def _wire_expire_to(self, queue: PersistentQueue, target: str) -> None:
         """

@@ -179,6 +179,14 @@ class ServerConfig:
     connection_limit_refuse_writes: int | None = None
     connection_limit_refuse_reads: int | None = None
     max_request_size: int = 64 * 1024 * 1024
+    admin_address: str = "127.0.0.1"
+    admin_token: str | None = attrs.field(default=None, repr=False)
+    admin_token_file: str | None = None
+    control_commands: str | None = None
+    max_client_memory: int = 256 * 1024 * 1024
+    max_client_output: int = 1024 * 1024
+    journal_file_mode: int = 0o600
+    queue_path_mode: int = 0o700
     zookeeper: ZooKeeperConfig | None = None
     default: QueueConfig = attrs.field(factory=QueueConfig)
     queues: Mapping[str, QueueOverride] = attrs.field(factory=dict, converter=_frozen_mapping)
@@ -200,6 +208,19 @@ class ServerConfig:
             parent = self.default
         override = self.queues.get(name)
         return parent if override is None else override.apply(parent)
+
+    @property
+    def control_admin_only(self) -> bool:
+        """
+        Whether C{shutdown}, C{reload}, C{flush_all} and status changes are
+        refused on the memcache, text and thrift ports (admin port only).
+
+        C{control_commands: admin_only} says so; left out, it is so exactly
+        when an admin token is configured.
+        """
+        if self.control_commands is None:
+            return self.admin_token is not None or self.admin_token_file is not None
+        return self.control_commands == "admin_only"
 
     def restart_required_changes(self, new: ServerConfig) -> list[str]:
         """
@@ -409,6 +430,27 @@ def _port(value: object) -> int | None:
     return number or None
 
 
+def _file_mode(value: object) -> int:
+    """A permission mode: an octal string (C{"0600"}, C{"600"}) or an integer (C{0o600})."""
+    if isinstance(value, str) and re.fullmatch(r"\s*0?o?[0-7]{3}\s*", value):
+        number = int(value.strip().replace("o", ""), 8)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise _BadValueError(f"expected a permission mode like '0600', got {_describe(value)}")
+    if not 0 <= number <= 0o777:
+        raise _BadValueError(f"a permission mode must be between 0000 and 0777 (quote it: "
+                             f"'0600'), got {value!r}")
+    return number
+
+
+def _control_commands(value: object) -> str:
+    """C{all} or C{admin_only}."""
+    if value not in ("all", "admin_only"):
+        raise _BadValueError(f"expected all or admin_only, got {_describe(value)}")
+    return str(value)
+
+
 def _zk_port(value: object) -> int:
     """A TCP port between 1 and 65535."""
     number = _parse_int(value, "a port number")
@@ -534,6 +576,14 @@ _SERVER_SCALARS: dict[str, Callable[[object], Any]] = {
     "connection_limit_refuse_writes": _optional(_count),
     "connection_limit_refuse_reads": _optional(_count),
     "max_request_size": _required(_positive(parse_size)),
+    "admin_address": _required(_text),
+    "admin_token": _optional(_text),
+    "admin_token_file": _optional(_text),
+    "control_commands": _optional(_control_commands),
+    "max_client_memory": _required(_positive(parse_size)),
+    "max_client_output": _required(_positive(parse_size)),
+    "journal_file_mode": _required(_file_mode),
+    "queue_path_mode": _required(_file_mode),
 }
 
 _ZOOKEEPER_KEYS: dict[str, Callable[[object], Any]] = {
@@ -808,6 +858,17 @@ def _check_server(config: ServerConfig, problems: _Problems, lines: Mapping[str,
     if config.archive_path is not None and _same_path(config.archive_path, config.queue_path):
         problems.add(lines.get("archive_path", lines.get("queue_path")), "archive_path",
                      "must not be the same folder as queue_path")
+    if config.admin_token is not None and config.admin_token_file is not None:
+        problems.add(lines.get("admin_token_file", lines.get("admin_token")), "admin_token_file",
+                     "set admin_token or admin_token_file, not both")
+    if config.admin_token is not None and len(config.admin_token.strip()) < 16:
+        problems.add(lines.get("admin_token"), "admin_token",
+                     "must be at least 16 characters (a guessable token protects nothing)")
+    if config.max_client_memory < config.max_request_size:
+        problems.add(lines.get("max_client_memory", lines.get("max_request_size")),
+                     "max_client_memory",
+                     f"must be at least max_request_size ({config.max_request_size} bytes), "
+                     f"or no request of the largest size could ever be read")
     for name in sorted(config.aliases):
         for destination in config.aliases[name]:
             if destination in config.aliases:

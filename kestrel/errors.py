@@ -50,3 +50,15 @@ class ConfigError(KestrelError, ValueError):
 
 class ShuttingDown(KestrelError):
     """The queue collection is stopping and refuses new work."""
+
+
+class ControlRefused(KestrelError):
+    """
+    A control command (shutdown, reload, flush_all, a status change) sent to
+    a client port while C{control_commands} is C{admin_only}.
+    """
+
+    def __init__(self, command: str) -> None:
+        super().__init__(f"{command} is disabled on this port (control_commands: admin_only); "
+                         "use the admin port")
+        self.command = command

@@ -19,6 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from kestrel import __version__
+from kestrel.budget import ClientMemory
 from kestrel.collection import QueueCollection, RunInThread
 from kestrel.config import ServerConfig, dump_queue_config, load_config
 from kestrel.errors import ConfigError
@@ -62,6 +63,8 @@ class KestrelServer:
         self.connection_limit_refuse_reads: int | None = config.connection_limit_refuse_reads
         self.external_reads = ExternalReads(collection, clock)
         self.shutdown_callback: Callable[[], object] | None = None
+        #: Client input held by every connection together, capped by max_client_memory.
+        self.client_memory = ClientMemory(config.max_client_memory, clock)
         self._next_session_id = 0
         if collection.status is None:
             collection.status = status

@@ -51,6 +51,8 @@ class Listener:
     name: str
     port: int
     factory: Any
+    #: The address to bind; None: C{listen_address}.
+    address: str | None = None
 
 
 def _optional_factory(module: str, attribute: str, server: KestrelServer) -> Any:
@@ -81,7 +83,8 @@ def _listeners(config: ServerConfig, server: KestrelServer) -> list[Listener]:
         if port:
             factory = _optional_factory(module, attribute, server)
             if factory is not None:
-                listeners.append(Listener(name, port, factory))
+                address = config.admin_address if name == "admin" else None
+                listeners.append(Listener(name, port, factory, address))
     return listeners
 
 
@@ -122,7 +125,7 @@ class KestrelService(Service):
         try:
             for listener in self.listeners:
                 self.ports[listener.name] = self.reactor.listenTCP(
-                    listener.port, listener.factory, interface=address)
+                    listener.port, listener.factory, interface=listener.address or address)
             if self.zookeeper is not None:
                 self.zookeeper.startService()
         except Exception:

@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from kestrel.errors import AvailabilityError, KestrelError, TooManyOpenReads
+from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooManyOpenReads
 from kestrel.item import QItem
 from kestrel.status import Status
 
@@ -569,8 +569,18 @@ class ClientSession:
         self._check_writes("flushExpired")
         return self._collection.flush_expired(name)
 
+    def check_control(self, command: str) -> None:
+        """
+        Refuse control command C{command} (shutdown, reload, flush_all, a
+        status change) with L{ControlRefused} when the config keeps control
+        commands to the admin port (C{control_commands: admin_only}).
+        """
+        if self.server.config.control_admin_only:
+            raise ControlRefused(command)
+
     def flush_all(self) -> None:
-        """Empty every queue (writes must be allowed)."""
+        """Empty every queue (writes must be allowed; a control command, see L{check_control})."""
+        self.check_control("flush_all")
         self._check_writes("flushAll")
         self._collection.flush_all()
 
@@ -625,8 +635,10 @@ class ClientSession:
     def set_status(self, name: str) -> None:
         """
         Ask for status C{name}; raises L{kestrel.errors.UnknownStatus} or
-        L{kestrel.errors.ForbiddenStatus} as the status object decides.
+        L{kestrel.errors.ForbiddenStatus} as the status object decides, and
+        L{ControlRefused} when control commands are kept to the admin port.
         """
+        self.check_control("status")
         self._status.set_status(name)
 
     # -- end ---------------------------------------------------------------

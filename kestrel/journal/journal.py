@@ -99,7 +99,7 @@ class _Reader:
     """Reads records one at a time from a journal file that may still be growing."""
 
     def __init__(self, path: str, position: int) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         self.position = position
         self._buf = b""
         self._off = 0
@@ -206,8 +206,9 @@ class FileJournal:
                  fsync: Callable[[int], None] = os.fsync,
                  run_in_thread: RunInThread | None = None,
                  coalescer: WriteCoalescer | None = None,
-                 on_fsync: FsyncObserver | None = None) -> None:
+                 on_fsync: FsyncObserver | None = None, file_mode: int = 0o600) -> None:
         self.queue_path = queue_path
+        self._file_mode = file_mode
         self.queue_name = queue_name
         self.archive_path = archive_path
         self._clock = clock
@@ -400,6 +401,10 @@ class FileJournal:
 
     # -- directories, disposal, archive ------------------------------------
 
+    def _opener(self, path: str, flags: int) -> int:
+        """Open C{path} for C{open()} without following a symbolic link, in the journal mode."""
+        return os.open(path, flags | os.O_NOFOLLOW, self._file_mode)
+
     def _fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -500,15 +505,22 @@ class FileJournal:
     def _open_writer(self) -> PeriodicSyncFile:
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
                                 fsync=self._fsync, run_in_thread=self._run_in_thread,
-                                coalescer=self._coalescer, on_fsync=self._on_fsync)
+                                coalescer=self._coalescer, on_fsync=self._on_fsync,
+                                mode=self._file_mode)
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
         path = self._path(name)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._log.info("No journal file {file} for {queue}", queue=self.queue_name,
                            file=name)
+            return
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            self._log.warn("Journal {queue}: {file} is a symbolic link; not followed, not read",
+                           queue=self.queue_name, file=name)
             return
         try:
             length = os.fstat(fd).st_size
@@ -578,7 +590,7 @@ class FileJournal:
             queue=self.queue_name, file=name, offset=offset, dropped=length - offset,
             problem=problem)
         try:
-            fd = os.open(self._path(name), os.O_WRONLY)
+            fd = os.open(self._path(name), os.O_WRONLY | os.O_NOFOLLOW)
             try:
                 os.ftruncate(fd, offset)
                 self._fsync(fd)
@@ -670,7 +682,7 @@ class FileJournal:
         while True:
             name = f"{self.queue_name}{_TEMP_INFIX}{ts}"
             try:
-                f = open(self._path(name), "xb", buffering=1024 * 1024)
+                f = open(self._path(name), "xb", buffering=1024 * 1024, opener=self._opener)
             except FileExistsError:
                 ts += 1
                 continue
@@ -962,6 +974,10 @@ class FileJournal:
             return names
         for entry in entries:
             name = entry.name
+            if entry.is_symlink():
+                FileJournal._log.warn("Ignoring symbolic link {file!r} in queue directory {path}: "
+                                      "journals are never followed out of it", file=name, path=path)
+                continue
             if _TEMP_INFIX in name or not entry.is_file():
                 continue
             queue = journal_queue_name(name)

@@ -159,13 +159,14 @@ class PeriodicSyncFile:
                  fsync: Callable[[int], None] = os.fsync,
                  run_in_thread: RunInThread | None = None,
                  coalescer: WriteCoalescer | None = None,
-                 on_fsync: FsyncObserver | None = None) -> None:
+                 on_fsync: FsyncObserver | None = None, mode: int = 0o600) -> None:
         self.path = path
         self._clock = clock
         self._policy = sync_policy
         self._fsync = fsync
         self._run_in_thread = run_in_thread
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # O_NOFOLLOW: a symbolic link planted in the queue folder is never written through.
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
         self.position: int = os.fstat(self._fd).st_size
         # Deferreds of writes that no running fsync covers yet.
         self._pending: list[Deferred[None]] = []

@@ -13,25 +13,57 @@ connection over a L{kestrel.server.KestrelServer} and can end them all
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from kestrel.budget import TRIM_AFTER
+
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
     from kestrel.session import ClientSession
 
-__all__ = ["SessionFactory", "SessionProtocol"]
+__all__ = ["HTTP_REFUSED", "SessionFactory", "SessionProtocol", "looks_like_http"]
+
+#: An HTTP/1.x request line: a known method and a path, or any word, target and version.
+_HTTP_REQUEST_LINE = re.compile(
+    rb"(?:GET|POST|PUT|HEAD|DELETE|OPTIONS|PATCH|CONNECT|TRACE|PRI) (?:/|\*|https?://)"
+    rb"|[A-Z]+ \S+ HTTP/[0-9]")
+
+#: The reason given, in each protocol's error form, when an HTTP request is refused.
+HTTP_REFUSED = "HTTP requests are not served on this port"
 
 
-@implementer(IHalfCloseableProtocol)
+def looks_like_http(line: bytes) -> bool:
+    """
+    Whether C{line} (a request line without its line end) is an HTTP request
+    line: C{GET /}, C{POST /x HTTP/1.1}, C{CONNECT host:443 HTTP/1.1}, ...
+
+    No Kestrel command starts with an upper-case HTTP method followed by a
+    path, so a real client's first line is never taken for one.
+    """
+    return _HTTP_REQUEST_LINE.match(line) is not None
+
+
+@implementer(IHalfCloseableProtocol, IPushProducer)
 class SessionProtocol(Protocol):
     """
     A connection served through its own L{ClientSession}.
+
+    Memory bounds (see docs/reliability.md): the protocol counts the input it
+    holds through L{hold_input} against the server's
+    L{kestrel.budget.ClientMemory}, and is registered as the push producer of
+    its own transport, so that once more replies wait to be sent than the
+    transport buffers (Twisted's C{bufferSize}, 64 KiB), the transport pauses
+    it: L{output_blocked} is set, the connection is not read, and protocols
+    stop serving buffered requests until the client has read
+    (L{output_resumed}). A protocol that batches replies sends them once they
+    pass C{max_client_output}, so that the pause can take effect.
 
     Subclasses set L{protocol_name}, serve requests, and override the hooks
     L{session_started} (after the session opens), L{stop_answering} (the
@@ -46,11 +78,24 @@ class SessionProtocol(Protocol):
 
     factory: SessionFactory | None = None
 
+    #: True until the connection's first request line has been seen (L{first_line_is_http}).
+    awaiting_first_line: bool = True
+
+    #: True while the client does not read fast enough (set by the transport).
+    output_blocked: bool = False
+
     def __init__(self, server: KestrelServer) -> None:
         self.server = server
         self.session: ClientSession | None = None
         self._read_closed = False
         self._session_ended = False
+        # Input accounting: bytes counted now, the most ever counted.
+        self._input_held = 0
+        self._input_peak = 0
+        # Why reading is paused: the protocol's own reason, the client's unread replies.
+        self._input_paused = False
+        self._reading_paused = False
+        self._output_was_blocked = False
 
     # -- connection life ---------------------------------------------------
 
@@ -58,6 +103,7 @@ class SessionProtocol(Protocol):
         """Track this connection and open its session."""
         if self.factory is not None:
             self.factory.connections.add(self)
+        self._register_as_producer()
         self.session = self.server.new_session(self.protocol_name)
         self.session_started()
 
@@ -90,6 +136,7 @@ class SessionProtocol(Protocol):
             return
         self._session_ended = True
         self.stop_answering()
+        self.release_input()
         if self.factory is not None:
             self.factory.connections.discard(self)
         if self.session is not None:
@@ -98,6 +145,104 @@ class SessionProtocol(Protocol):
             except Exception:
                 self._log.failure("Finishing a {protocol} session failed",
                                   protocol=self.protocol_name)
+
+    # -- memory bounds: input ------------------------------------------------
+
+    def hold_input(self, size: int) -> bool:
+        """
+        This connection now holds C{size} bytes of input (buffered lines, a
+        declared item, a put body): return whether the server-wide
+        C{max_client_memory} allows it. When it does not, nothing is counted
+        and the protocol must refuse the request (and close) without reading it.
+        """
+        held = self._input_held
+        if size == held:
+            return True
+        if not self.server.client_memory.grow(held, size):
+            return False
+        self._input_held = size
+        if size > self._input_peak:
+            self._input_peak = size
+        return True
+
+    def release_input(self) -> None:
+        """Stop counting this connection's input (it is closing); idempotent."""
+        held, self._input_held = self._input_held, 0
+        peak, self._input_peak = self._input_peak, 0
+        memory = self.server.client_memory
+        if held:
+            memory.released(held)
+        if peak >= TRIM_AFTER or self._output_was_blocked:
+            memory.schedule_trim()
+
+    # -- memory bounds: output (IPushProducer, driven by the transport) ------
+
+    def _register_as_producer(self) -> None:
+        transport = self.transport
+        if transport is None or getattr(transport, "producer", None) is not None:
+            return
+        transport.registerProducer(self, True)
+
+    def pauseProducing(self) -> None:  # noqa: N802 - Twisted interface
+        """The client reads slower than we answer: stop reading and serving."""
+        self.output_blocked = True
+        self._output_was_blocked = True
+        self._update_reading()
+
+    def resumeProducing(self) -> None:  # noqa: N802 - Twisted interface
+        """The client caught up: read again and serve what is buffered."""
+        if not self.output_blocked:
+            return
+        self.output_blocked = False
+        if getattr(self.transport, "disconnecting", False):
+            # Closing: a registered producer would hold the close back forever.
+            self.transport.unregisterProducer()
+            return
+        self._update_reading()
+        if not self._session_ended:
+            self.output_resumed()
+
+    def stopProducing(self) -> None:  # noqa: N802 - Twisted interface
+        """The connection is gone; L{connectionLost} ends the session."""
+
+    def pause_input(self) -> None:
+        """Stop reading for the protocol's own reason (a request is waiting)."""
+        self._input_paused = True
+        self._update_reading()
+
+    def resume_input(self) -> None:
+        """Read again, unless the client's unread replies still hold reading back."""
+        self._input_paused = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        want = self._input_paused or self.output_blocked
+        if want == self._reading_paused or self.transport is None:
+            return
+        self._reading_paused = want
+        if want:
+            self.transport.pauseProducing()
+        else:
+            self.transport.resumeProducing()
+
+    # -- HTTP on a Kestrel port ----------------------------------------------
+
+    def first_line_is_http(self, line: bytes) -> bool:
+        """
+        Note that the first request line has come; return whether it is an
+        HTTP request line (the protocol then answers one error line naming
+        L{HTTP_REFUSED} and closes, so that a browser's request headers and
+        body are never run as commands).
+
+        Protocols call it as C{self.awaiting_first_line and self.first_line_is_http(line)}.
+        """
+        self.awaiting_first_line = False
+        if looks_like_http(line):
+            peer = self.transport.getPeer() if self.transport is not None else None
+            self._log.warn("{protocol} connection from {peer} sent an HTTP request; closing",
+                           protocol=self.protocol_name, peer=getattr(peer, "host", peer))
+            return True
+        return False
 
     # -- hooks ---------------------------------------------------------------
 
@@ -110,6 +255,9 @@ class SessionProtocol(Protocol):
     def is_answering(self) -> bool:
         """Whether a request is still waiting for its reply (the default: never)."""
         return False
+
+    def output_resumed(self) -> None:
+        """The client read its replies: serve buffered requests again (default: nothing)."""
 
 
 class SessionFactory(Factory):

@@ -35,6 +35,7 @@ from twisted.python.failure import Failure
 from kestrel.errors import (
     AvailabilityError,
     ConfigError,
+    ControlRefused,
     ForbiddenStatus,
     InvalidQueueName,
     KestrelError,
@@ -43,7 +44,7 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import memcache_expiry_ms
-from kestrel.protocols.base import SessionFactory, SessionProtocol
+from kestrel.protocols.base import HTTP_REFUSED, SessionFactory, SessionProtocol
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
@@ -77,6 +78,9 @@ _BINARY_HEADER = struct.Struct(">BBHBBHIIQ")
 _BINARY_UNKNOWN_COMMAND = 0x0081
 _LEADING_DIGITS = re.compile(r"\d+")
 _BINARY_MESSAGE = b"Unknown command: binary protocol not supported, use the text protocol"
+_OUT_OF_MEMORY = b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n"
+#: Commands refused when control is kept to the admin port (a status change too).
+_CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
 Reply = bytes | Deferred[bytes]
@@ -170,6 +174,7 @@ class MemcacheProtocol(SessionProtocol):
         self.clock = server.clock
         self.stats = server.stats
         self.max_request_size: int = server.config.max_request_size
+        self._output_limit: int = server.config.max_client_output
         self._buf = b""
         self._parts: list[bytes] = []
         self._have = 0
@@ -217,8 +222,9 @@ class MemcacheProtocol(SessionProtocol):
         self.transport.loseConnection()
 
     def stop_answering(self) -> None:
-        """Serve nothing more; stop the idle timer."""
+        """Serve nothing more; stop the idle timer; drop buffered input at once."""
         self._closing = True
+        self._buf, self._parts, self._have = b"", [], 0
         if self._idle_call is not None and self._idle_call.active():
             self._idle_call.cancel()
         self._idle_call = None
@@ -257,10 +263,13 @@ class MemcacheProtocol(SessionProtocol):
         else:
             self._buf = data
             self._have = len(data)
+        if self._have > self._input_held and not self.hold_input(max(self._have, self._need)):
+            self._fail(_OUT_OF_MEMORY)
+            return
         if self._waiting:
             if not self._paused and self._have > self.BACKLOG_LIMIT:
                 self._paused = True
-                self.transport.pauseProducing()
+                self.pause_input()
             return
         if self._have < self._need:
             return
@@ -302,8 +311,18 @@ class MemcacheProtocol(SessionProtocol):
         pos = 0
         need = 0
         need_newline = False
+        out = self._out
+        queued = 0
         try:
-            while not self._waiting and not self._closing:
+            while not self._waiting and not self._closing and not self.output_blocked:
+                if out:
+                    # A client that does not read stops being served (and read)
+                    # once max_client_output bytes of replies wait for it.
+                    queued += len(out[-1])
+                    if queued > self._output_limit:
+                        self._flush()
+                        queued = 0
+                        continue
                 pending = self._pending_set
                 if pending is not None:
                     end = pos + pending.length
@@ -337,6 +356,9 @@ class MemcacheProtocol(SessionProtocol):
                     break
                 line = buf[pos:end]
                 pos = nl + 1
+                if self.awaiting_first_line and self.first_line_is_http(line):
+                    self._fail(b"CLIENT_ERROR %s\r\n" % HTTP_REFUSED.encode())
+                    break
                 try:
                     request = parse_line(line)
                 except MemcacheParseError as err:
@@ -351,6 +373,12 @@ class MemcacheProtocol(SessionProtocol):
                                    b"max_request_size (%d)\r\n"
                                    % (request.length, self.max_request_size))
                         break
+                    # Held input counts from the start of buf: reserve the
+                    # declared data before it is read, unless it is here already.
+                    reserve = pos + request.length + 2
+                    if reserve > self._input_held and not self.hold_input(reserve):
+                        self._fail(_OUT_OF_MEMORY)
+                        break
                     self._pending_set = request
                     continue
                 self._serve(request, None)
@@ -361,11 +389,25 @@ class MemcacheProtocol(SessionProtocol):
             self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
             self._flush()
+            if not self._closing:
+                self.hold_input(max(self._have, need))
         if self._read_closed and not self._waiting and not self._closing:
             self.close_connection()
         if self._paused and not self._waiting and not self._closing:
             self._paused = False
-            self.transport.resumeProducing()
+            self.resume_input()
+
+    def output_resumed(self) -> None:
+        """The client read its replies: serve the requests that waited meanwhile."""
+        if self._in_process or self._waiting or self._closing:
+            return
+        if self._buf or self._parts or self._pending_set is not None or self._read_closed:
+            try:
+                self._process()
+            except Exception:
+                self._log.failure("Memcache connection failed")
+                if not self._closing:
+                    self._fail(b"SERVER_ERROR internal error\r\n")
 
     def _serve(self, request: Any, data: bytes | None) -> None:
         """Run one request's handler, queueing its reply or waiting for it."""
@@ -401,7 +443,7 @@ class MemcacheProtocol(SessionProtocol):
                 self._process()
             elif self._paused:
                 self._paused = False
-                self.transport.resumeProducing()
+                self.resume_input()
 
     def _flush(self) -> None:
         """
@@ -566,6 +608,11 @@ class MemcacheProtocol(SessionProtocol):
         word = req.word
         session = self.session
         assert session is not None
+        if word in _CONTROL_COMMANDS or (word == "status" and req.args):
+            try:
+                session.check_control(word)
+            except ControlRefused as e:
+                return b"CLIENT_ERROR %s\r\n" % _encode(str(e))
         if word == "stats":
             return _encode(format_stats(self.server.stats_entries()))
         if word == "dump_stats":

@@ -32,7 +32,7 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import relative_expiry_ms
-from kestrel.protocols.base import SessionFactory, SessionProtocol
+from kestrel.protocols.base import HTTP_REFUSED, SessionFactory, SessionProtocol
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -115,6 +115,8 @@ class TextProtocol(SessionProtocol):
         self._scan_from = 0
         self._put_header: list[bytes] | None = None
         self._put_items: list[bytes] = []
+        self._put_bytes = 0
+        self._put_refused: str | None = None
         self._waiting = False
         self._processing = False
         self._closed = False
@@ -141,15 +143,36 @@ class TextProtocol(SessionProtocol):
         return self._waiting
 
     def stop_answering(self) -> None:
-        """Answer nothing more; drop the buffered input."""
+        """Answer nothing more; drop the buffered input (and a put body being read)."""
         self._closed = True
         self._buffer.clear()
+        self._put_items = []
 
     def dataReceived(self, data: bytes) -> None:
         """Buffer bytes and run the complete lines, in order."""
         self._stats.bytes_read += len(data)
+        if self._closed:
+            return
         self._buffer += data
+        if not self.hold_input(len(self._buffer) + self._put_bytes):
+            self._out_of_memory()
+            return
         if not self._waiting and not self._processing:
+            self._process_lines()
+
+    def _out_of_memory(self) -> None:
+        """Refuse the request being read: the server's max_client_memory is reached."""
+        self._write(error_reply("Out of memory for client requests (max_client_memory); "
+                                "retry later."))
+        self._buffer.clear()
+        self._scan_from = 0
+        self._put_items = []
+        self.transport.loseConnection()
+        self._closed = True
+
+    def output_resumed(self) -> None:
+        """The client read its replies: run the lines that waited meanwhile."""
+        if not self._waiting and not self._processing and not self._closed:
             self._process_lines()
 
     def _process_lines(self) -> None:
@@ -159,7 +182,7 @@ class TextProtocol(SessionProtocol):
         pos = 0
         limit = self.MAX_LENGTH
         try:
-            while not self._waiting and not self._closed:
+            while not self._waiting and not self._closed and not self.output_blocked:
                 newline = buf.find(b"\n", max(pos, self._scan_from))
                 if newline < 0:
                     if len(buf) - pos > limit + 1:
@@ -182,6 +205,8 @@ class TextProtocol(SessionProtocol):
                 del buf[:pos]
                 self._scan_from = max(0, self._scan_from - pos)
             self._processing = False
+            if not self._closed:
+                self.hold_input(len(buf) + self._put_bytes)
 
     def lineLengthExceeded(self, length: int) -> None:
         """Answer a line over C{max_request_size} with an error, then close."""
@@ -194,17 +219,46 @@ class TextProtocol(SessionProtocol):
     def _line_received(self, line: bytes) -> None:
         """One line: a data line of a pending C{put}, a C{:}-header, or a command."""
         if self._put_header is not None:
-            if line and len(self._put_items) < MAX_PUT_BUFFER:
-                self._put_items.append(line)
+            if line:
+                self._put_line(line)
                 return
-            header, items = self._put_header, self._put_items
-            self._put_header, self._put_items = None, []
-            self._run(header, items)
+            header, items, refused = self._put_header, self._put_items, self._put_refused
+            self._put_header, self._put_items, self._put_refused = None, [], None
+            self._put_bytes = 0
+            if refused is not None:
+                self._write(error_reply(refused))
+            else:
+                self._run(header, items)
+        elif self.awaiting_first_line and self.first_line_is_http(line):
+            self._write(error_reply(HTTP_REFUSED + "."))
+            self.transport.loseConnection()
+            self._closed = True
         elif line.endswith(b":"):
             self._put_header = split_tokens(line[:-1])
             self._put_items = []
         else:
             self._run(split_tokens(line), [])
+
+    def _put_line(self, line: bytes) -> None:
+        """
+        One data line of a C{put} body. A body of more than L{MAX_PUT_BUFFER}
+        items or more than C{max_request_size} bytes is refused whole: its
+        lines are read to the blank line that ends it and dropped (none is
+        run as a command), and the put stores nothing.
+        """
+        if self._put_refused is not None:
+            return
+        self._put_bytes += len(line)
+        if len(self._put_items) >= MAX_PUT_BUFFER:
+            self._put_refused = f"Too many items in one put (limit {MAX_PUT_BUFFER}); none stored."
+        elif self._put_bytes > self.MAX_LENGTH:
+            self._put_refused = (f"Put body too large (limit {self.MAX_LENGTH} bytes); "
+                                 "none stored.")
+        else:
+            self._put_items.append(line)
+            return
+        self._put_items = []
+        self._put_bytes = 0
 
     # -- dispatch ---------------------------------------------------------
 
@@ -225,7 +279,7 @@ class TextProtocol(SessionProtocol):
             outcome.addBoth(box.append)
             if not box:
                 self._waiting = True
-                self.transport.pauseProducing()
+                self.pause_input()
                 outcome.addCallback(lambda _: self._finish_waiting(box[0]))
                 return
             outcome = box[0]
@@ -237,7 +291,7 @@ class TextProtocol(SessionProtocol):
         self._waiting = False
         if self._closed:
             return
-        self.transport.resumeProducing()
+        self.resume_input()
         if not self._processing:
             self._process_lines()
         if self._read_closed and not self._waiting:
@@ -378,10 +432,12 @@ class TextProtocol(SessionProtocol):
 
     def _reload(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{reload}: reread the config file; C{+0}, or C{-<problem>} keeping the old config."""
+        self.session.check_control("reload")
         return _then(self.server.reload(), b"+0\n")
 
     def _shutdown(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{shutdown}: C{+0}, then the server stops cleanly."""
+        self.session.check_control("shutdown")
         self._write(b"+0\n")
         self.server.request_shutdown()
         return b""

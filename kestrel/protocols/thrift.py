@@ -429,22 +429,27 @@ class ThriftProtocol(SessionProtocol):
     def _run_frames(self) -> None:
         """Answer queued frames in order until one has to wait."""
         frames = self._frames
-        while frames and not self._closed:
+        while frames and not self._closed and not self.output_blocked:
             d = self._dispatch(frames.popleft())
             if d is not None:
                 self._busy = True
                 if not self._paused:
                     self._paused = True
-                    self.transport.pauseProducing()
+                    self.pause_input()
                 d.addBoth(self._call_finished)
                 return
         if self._closed:
             return
         if self._paused:
             self._paused = False
-            self.transport.resumeProducing()
+            self.resume_input()
         if self._read_closed:
             self.transport.loseConnection()
+
+    def output_resumed(self) -> None:
+        """The client read its replies: answer the frames that waited meanwhile."""
+        if not self._busy and not self._closed:
+            self._run_frames()
 
     def _call_finished(self, _: object) -> None:
         """A waiting call has replied: go on with the next frame."""

@@ -23,9 +23,12 @@ PERCENTILE_KEYS = {"count", "minimum", "maximum", "average", "p50", "p90", "p95"
 
 
 def http(server: KestrelProcess, path: str, method: str = "GET",
-         data: bytes | None = None) -> tuple[int, bytes, str]:
+         data: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes, str]:
+    """One request; an empty body is sent as none (no form content type)."""
     url = f"http://{server.host}:{server.ports['admin']}{path}"
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data or None, method=method,
+                                     headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:
             return reply.status, reply.read(), reply.headers.get("content-type", "")
@@ -108,12 +111,12 @@ def test_prometheus_metrics_parse(admin: KestrelProcess) -> None:
 def test_status_get_and_post(admin: KestrelProcess) -> None:
     """POST /status sets the status (reads still work in ReadOnly, writes do not); GET reports."""
     assert http(admin, "/status")[:2] == (200, b"UP\n")
-    assert http(admin, "/status", "POST", b"status=readonly")[:2] == (200, b"READONLY\n")
+    assert http(admin, "/status?status=readonly", "POST", b"")[:2] == (200, b"READONLY\n")
     assert http(admin, "/status")[1] == b"READONLY\n"
     assert memcache(admin, b"get other\r\n") == [b"VALUE other 0 1\r\nx\r\nEND\r\n"]
-    code, body, _ = http(admin, "/status", "POST", b"status=bogus")
+    code, body, _ = http(admin, "/status?status=bogus", "POST", b"")
     assert code == 400 and b"bogus" in body
-    assert http(admin, "/status", "POST", b"status=down")[0] == 400
+    assert http(admin, "/status?status=down", "POST", b"")[0] == 400
     assert http(admin, "/status", "POST", b"")[0] == 400
     assert http(admin, "/status?status=up", "POST", b"")[:2] == (200, b"UP\n")
     assert memcache(admin, b"set other 0 0 1\r\ny\r\n") == [b"STORED\r\n"]
@@ -131,7 +134,7 @@ def test_quiesce_and_reload(kestrel_factory: Callable[..., KestrelProcess]) -> N
     server = kestrel_factory(protocols=("memcache", "admin"))
     assert http(server, "/quiesce", "POST", b"")[:2] == (200, b"QUIESCENT\n")
     assert memcache(server, b"status\r\n") == [b"QUIESCENT\r\n"]
-    assert http(server, "/status", "POST", b"status=up")[0] == 200
+    assert http(server, "/status?status=up", "POST", b"")[0] == 200
 
     server.write_config({"aliases": {"fresh": ["jobs"]}})
     assert http(server, "/reload", "POST", b"")[:2] == (200, b"Reloaded config.\n")

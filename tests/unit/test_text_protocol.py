@@ -80,15 +80,46 @@ def test_put_expiry_zero_never_expires(client, clock) -> None:
     assert client.send(b"get q\n") == b":x\n"
 
 
-def test_put_buffer_limit_discards_the_line_after_1024(client) -> None:
+def test_put_over_1024_items_is_refused_whole(client) -> None:
     """
-    The line arriving when 1024 items are buffered is consumed and
-    discarded, and the put runs with 1024 items; later lines are commands.
+    A put body of more than 1024 items is read to its empty line and refused:
+    nothing is stored and none of its lines runs as a command.
     """
-    lines = b"".join(b"i%d\n" % n for n in range(MAX_PUT_BUFFER + 2))
-    reply = client.send(b"put q:\n" + lines + b"\n")
-    assert reply == b"+1024\n-Unknown command: i1025\n-Unknown command: \n"
-    assert client.send(b"get q\n") == b":i0\n"
+    assert client.send(b"put victim:\nkeep\n\n") == b"+1\n"
+    lines = b"".join(b"i%d\n" % n for n in range(MAX_PUT_BUFFER + 1))
+    reply = client.send(b"put q:\n" + lines + b"flush victim\ni\n\n")
+    assert reply == b"-Too many items in one put (limit 1024); none stored.\n"
+    assert client.send(b"get q\n") == b"*\n"
+    assert client.send(b"get victim\n") == b":keep\n"
+    full = b"".join(b"i%d\n" % n for n in range(MAX_PUT_BUFFER))
+    assert client.send(b"put q:\n" + full + b"\n") == b"+1024\n"
+
+
+def test_put_over_max_request_size_bytes_is_refused_whole(clock, tmp_path) -> None:
+    """A put body whose lines total more than max_request_size bytes stores nothing."""
+    server = make_server(clock, tmp_path, max_request_size=100)
+    client = Client(server)
+    body = b"".join([b"x" * 40 + b"\n"] * 3)
+    assert client.send(b"put q:\n" + body + b"flush_all\n\n") == (
+        b"-Put body too large (limit 100 bytes); none stored.\n")
+    assert client.send(b"put q:\n" + body[:82] + b"\n") == b"+2\n"
+
+
+@pytest.mark.parametrize("first", [b"GET / HTTP/1.1", b"POST /x HTTP/1.0",
+                                   b"OPTIONS * HTTP/1.1", b"GET /"])
+def test_http_request_is_refused_and_closed(server, first: bytes) -> None:
+    """An HTTP request line first: one error line, the connection closes, nothing runs."""
+    client = Client(server)
+    reply = client.send(first + b"\r\nContent-Type: text/plain\r\n\r\nput csrf:\nx\n\n")
+    assert reply == b"-HTTP requests are not served on this port.\n"
+    assert not client.connected
+    assert Client(server).send(b"get csrf\n") == b"*\n"
+
+
+def test_http_like_line_later_is_a_command(client) -> None:
+    """Only the first line is checked: a later C{POST /} is an unknown command."""
+    assert client.send(b"version\n").startswith(b":")
+    assert client.send(b"POST / HTTP/1.1\n") == b"-Unknown command: post\n"
 
 
 def test_get_confirms_previous_reads_of_the_queue(server) -> None:
