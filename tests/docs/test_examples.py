@@ -1,0 +1,111 @@
+"""
+The documentation's tested examples run and do what the text says.
+
+Which blocks run, and how, is the convention of L{tests.docs.examples}
+(explained for writers in docs/README.md): only blocks marked with a
+C{<!-- doctest -->} comment, so adding prose or untested blocks never breaks
+this test, while a marked example that stops working fails it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.docs.examples import (
+    ROOT,
+    Example,
+    all_examples,
+    busy_ports,
+    normalized,
+    parse,
+    run_script,
+)
+
+EXAMPLES = all_examples()
+
+
+def _prepare(example: Example, tmp_path: Path) -> None:
+    for name in filter(None, example.options.get("files", "").split(",")):
+        target = tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, target)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+def test_example(example: Example, tmp_path: Path) -> None:
+    """A marked example exits 0 and prints what the document shows, if it shows output."""
+    busy = busy_ports(example)
+    if busy:
+        pytest.skip(f"{example.id} needs ports {busy}, in use on this machine")
+    _prepare(example, tmp_path)
+    timeout = float(example.options.get("timeout", 60))
+    if example.setup.strip():
+        done = run_script(example.setup, tmp_path, timeout)
+        assert done.returncode == 0, f"{example.id}: hidden setup failed:\n{done.stderr}"
+    if example.transcript:
+        for command, expected in example.transcript:
+            done = run_script(command, tmp_path, timeout)
+            assert done.returncode == 0, f"{example.id}: `{command}` failed:\n{done.stderr}"
+            assert normalized(done.stdout) == normalized(expected), f"{example.id}: `{command}`"
+        return
+    done = run_script(example.body, tmp_path, timeout)
+    assert done.returncode == 0, f"{example.id} failed:\n{done.stdout}\n{done.stderr}"
+    if example.expected_output is not None:
+        assert normalized(done.stdout) == normalized(example.expected_output), example.id
+
+
+def test_the_documents_have_tested_examples() -> None:
+    """The README's quick look and the journal tools' recipes are among the tested examples."""
+    ids = {e.id for e in EXAMPLES}
+    assert {"readme-quick-look", "qdump-example", "qpack-recipe"} <= ids
+
+
+def test_only_marked_blocks_run() -> None:
+    """Unmarked blocks are prose; a marker's options, setup, transcript and output are parsed."""
+    text = """\
+```sh
+rm -rf /
+```
+<!-- doctest name=one timeout=5
+echo hidden
+-->
+```sh
+echo shown
+```
+<!-- doctest-output -->
+```
+shown
+```
+<!-- doctest -->
+```
+$ echo a
+a
+$ printf 'b\\\\n'
+b
+```
+"""
+    first, second = parse(text, "x.md")
+    assert (first.id, first.options, first.setup) == ("one", {"name": "one", "timeout": "5"},
+                                                       "echo hidden\n")
+    assert (first.body, first.expected_output) == ("echo shown\n", "shown\n")
+    assert second.id == "x.md:14"
+    assert second.transcript == [("echo a", "a\n"), ("printf 'b\\\\n'", "b\n")]
+
+
+@pytest.mark.parametrize("text", [
+    "<!-- doctest bogus=1 -->\n```\nx\n```\n",
+    "<!-- doctest -->\nno block\n",
+    "<!-- doctest\nsetup never closed\n",
+])
+def test_bad_markers_are_errors(text: str) -> None:
+    """A marker with an unknown option, no block, or no end is an error, not a silent skip."""
+    with pytest.raises(ValueError):
+        parse(text, "x.md")
+
+
+def test_normalized_drops_carriage_return_overwrites() -> None:
+    """Kestrel's tools erase progress with a carriage return; comparison sees the terminal."""
+    assert normalized("\r" + " " * 30 + "\nDone. x  \n") == ["", "Done. x", ""]
