@@ -374,6 +374,7 @@ class ClientSession:
                     done.callback(None)
                     return
                 self._stats.cmd_monitor_get += 1
+                self._stats.cmd_get += 1  # every fetch is a get, as get_hits/get_misses count
                 started = clock.seconds()
                 d = self._collection.remove(name, deadline, opening, False)
                 result = _result_now(d)
