@@ -1,7 +1,7 @@
 """
 Finds the examples the documentation marks as tested, and runs them.
 
-The convention (documented in docs/README.md, "Tested examples"): a fenced
+The convention (documented in docs/writing-docs.md, "Tested examples"): a fenced
 code block right after an HTML comment that starts with C{<!-- doctest} is
 run; every other block is prose. The comment's first line may carry options
 (C{key=value}, values without blanks), and its further lines are hidden setup
@@ -84,7 +84,7 @@ def _fenced(lines: list[str], start: int) -> tuple[str, int] | None:
     fence = opening["fence"]
     body = []
     for j in range(i + 1, len(lines)):
-        if lines[j].startswith(fence):
+        if lines[j].rstrip() == fence:
             return "".join(line + "\n" for line in body), j + 1
         body.append(lines[j])
     raise ValueError(f"unclosed fence at line {i + 1}")
@@ -98,7 +98,12 @@ def parse(text: str, path: str) -> list[Example]:
     while i < len(lines):
         marker = _MARKER.match(lines[i])
         if marker is None:
-            i += 1
+            if _FENCE.match(lines[i]):  # an unmarked block: prose, even if it shows a marker
+                skipped = _fenced(lines, i)
+                assert skipped is not None
+                i = skipped[1]
+            else:
+                i += 1
             continue
         line_no = i + 1
         rest = marker["rest"].strip()

@@ -2,7 +2,7 @@
 The documentation's tested examples run and do what the text says.
 
 Which blocks run, and how, is the convention of L{tests.docs.examples}
-(explained for writers in docs/README.md): only blocks marked with a
+(explained for writers in docs/writing-docs.md): only blocks marked with a
 C{<!-- doctest -->} comment, so adding prose or untested blocks never breaks
 this test, while a marked example that stops working fails it.
 """
@@ -109,3 +109,9 @@ def test_bad_markers_are_errors(text: str) -> None:
 def test_normalized_drops_carriage_return_overwrites() -> None:
     """Kestrel's tools erase progress with a carriage return; comparison sees the terminal."""
     assert normalized("\r" + " " * 30 + "\nDone. x  \n") == ["", "Done. x", ""]
+
+
+def test_marker_shown_inside_a_block_is_prose() -> None:
+    """A page may show the marker itself inside a longer fence; that does not run."""
+    text = "````markdown\n<!-- doctest -->\n```\necho no\n```\n````\n"
+    assert parse(text, "x.md") == []
