@@ -166,9 +166,11 @@ def all_examples() -> list[Example]:
 
 
 def normalized(text: str) -> list[str]:
-    """Lines as a terminal shows them: what a carriage return overwrote and trailing blanks go."""
-    return [line.rsplit("\r", 1)[-1].rstrip() if line.rstrip("\r ") else ""
-            for line in text.split("\n")]
+    """
+    Lines as a terminal shows them: line ends may be CRLF; what a carriage
+    return inside a line overwrote, and trailing blanks, go.
+    """
+    return [line.rstrip("\r").rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]
 
 
 def busy_ports(example: Example) -> list[int]:

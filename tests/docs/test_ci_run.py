@@ -17,9 +17,10 @@ from pathlib import Path
 
 from tests.docs.examples import ROOT
 
-#: Debian packages the test suite needs on a fresh machine (CI installs exactly these).
+#: Debian packages the test suite needs on a fresh machine (netcat: the guide's examples).
 REQUIRED_PACKAGES = {"python3-venv", "zookeeper", "memcached", "thrift-compiler",
-                     "default-jre-headless", "libmemcached-dev", "libmemcached-tools"}
+                     "default-jre-headless", "libmemcached-dev", "libmemcached-tools",
+                     "netcat-openbsd"}
 
 
 def readme_command(title: str) -> str:

@@ -42,19 +42,23 @@ def test_example(example: Example, tmp_path: Path) -> None:
         pytest.skip(f"{example.id} needs ports {busy}, in use on this machine")
     _prepare(example, tmp_path)
     timeout = float(example.options.get("timeout", 60))
-    if example.setup.strip():
-        done = run_script(example.setup, tmp_path, timeout)
-        assert done.returncode == 0, f"{example.id}: hidden setup failed:\n{done.stderr}"
-    if example.transcript:
-        for command, expected in example.transcript:
-            done = run_script(command, tmp_path, timeout)
-            assert done.returncode == 0, f"{example.id}: `{command}` failed:\n{done.stderr}"
-            assert normalized(done.stdout) == normalized(expected), f"{example.id}: `{command}`"
-        return
-    done = run_script(example.body, tmp_path, timeout)
-    assert done.returncode == 0, f"{example.id} failed:\n{done.stdout}\n{done.stderr}"
-    if example.expected_output is not None:
-        assert normalized(done.stdout) == normalized(example.expected_output), example.id
+    steps = example.transcript or [(example.body, example.expected_output)]
+    # One shell for the hidden setup and every step, so that what the setup
+    # started (a server) serves the steps; each step's output goes to its own file.
+    script = [f"{{\n{example.setup}}} > .doctest-setup.out"]
+    for n, (command, _expected) in enumerate(steps):
+        script.append(f"echo {n} > .doctest-step\n{{\n{command}\n}} > .doctest-{n}.out")
+    done = run_script("\n".join(script) + "\nrm .doctest-step\n", tmp_path,
+                      timeout * (len(steps) + 1))
+    step = (tmp_path / ".doctest-step")
+    if done.returncode != 0:
+        where = (f"step `{steps[int(step.read_text())][0]}`" if step.exists()
+                 else "the hidden setup")
+        pytest.fail(f"{example.id}: {where} failed (status {done.returncode}):\n{done.stderr}")
+    for n, (command, expected) in enumerate(steps):
+        if expected is not None:
+            output = (tmp_path / f".doctest-{n}.out").read_bytes().decode("utf-8", "replace")
+            assert normalized(output) == normalized(expected), f"{example.id}: `{command}`"
 
 
 def test_the_documents_have_tested_examples() -> None:
@@ -109,6 +113,7 @@ def test_bad_markers_are_errors(text: str) -> None:
 def test_normalized_drops_carriage_return_overwrites() -> None:
     """Kestrel's tools erase progress with a carriage return; comparison sees the terminal."""
     assert normalized("\r" + " " * 30 + "\nDone. x  \n") == ["", "Done. x", ""]
+    assert normalized("STORED\r\nEND\r\n") == ["STORED", "END", ""]
 
 
 def test_marker_shown_inside_a_block_is_prose() -> None:
