@@ -45,7 +45,7 @@ def test_example(example: Example, tmp_path: Path) -> None:
     steps = example.transcript or [(example.body, example.expected_output)]
     # One shell for the hidden setup and every step, so that what the setup
     # started (a server) serves the steps; each step's output goes to its own file.
-    script = [f"{{\n{example.setup}}} > .doctest-setup.out"]
+    script = [f"{{\n:\n{example.setup}}} > .doctest-setup.out"]
     for n, (command, _expected) in enumerate(steps):
         script.append(f"echo {n} > .doctest-step\n{{\n{command}\n}} > .doctest-{n}.out")
     done = run_script("\n".join(script) + "\nrm .doctest-step\n", tmp_path,
