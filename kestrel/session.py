@@ -242,7 +242,7 @@ class ClientSession:
         Abort every memcache/text open read; return how many.
 
         Per queue the newest goes back first, so that the one opened first
-        ends at the head and is delivered first (decisions.md).
+        ends at the head and is delivered first (docs/differences.md).
         """
         reads, self._open_reads = self._open_reads, {}
         count = 0
@@ -579,7 +579,7 @@ class ClientSession:
         """
         Discard expired items of every queue; return how many.
 
-        Unlike Kestrel, writes must be allowed (decisions.md).
+        Unlike Kestrel, writes must be allowed (docs/differences.md).
         """
         self._check_writes("flushAllExpired")
         return self._collection.flush_all_expired()

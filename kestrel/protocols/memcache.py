@@ -8,8 +8,8 @@ connection are answered strictly in order: while one waits (a C{get q/t=...},
 a C{monitor} stream, a durable C{set}), later requests stay in the buffer, and
 reading is paused if that backlog grows past L{MemcacheProtocol.BACKLOG_LIMIT}.
 
-Replies follow Kestrel 2.4 byte for byte (reference §1), with the deviations
-of C{../shared/spec/decisions.md}: where Kestrel closed a connection silently
+Replies follow Kestrel 2.4 byte for byte, with the deviations of
+C{docs/differences.md}: where Kestrel closed a connection silently
 we first send C{CLIENT_ERROR <reason>}. Nothing raised while serving a request
 escapes C{dataReceived}: unexpected failures are logged and answered with
 C{SERVER_ERROR} before the connection is closed.

@@ -6,7 +6,7 @@ bytes before C{\\n}, with any C{\\r} already stripped) and returns a request
 object, or raises L{MemcacheParseError} carrying the reason for the
 C{CLIENT_ERROR} reply and whether the connection must then be closed.
 
-Rules (Kestrel 2.4 reference §1.1-§1.4, plus ../shared/spec/decisions.md):
+Rules (Kestrel 2.4's, plus the fixes in C{docs/differences.md}):
   - the command word is matched in any case; queue names keep their case;
   - runs of blanks separate tokens, so C{get  q} is C{get q} and a trailing
     blank after C{set}'s byte count is accepted;
