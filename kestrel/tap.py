@@ -26,7 +26,7 @@ from kestrel import __version__
 from kestrel.config import DEFAULT_CONFIG, ServerConfig, load_config
 from kestrel.errors import ConfigError, KestrelError
 
-__all__ = ["Options", "StartError", "makeService", "version_line"]
+__all__ = ["Options", "StartError", "StartFailed", "makeService", "version_line"]
 
 
 class StartError(SystemExit):
@@ -41,6 +41,10 @@ class StartError(SystemExit):
     def __init__(self, message: str) -> None:
         super().__init__(f"kestrel: {message}")
         self.message = message
+
+
+class StartFailed(Exception):
+    """The server could not start (a daemon's report to twistd); the message is the one line."""
 
 
 def _kazoo_installed() -> bool:
@@ -185,8 +189,14 @@ class StartErrors(Service):
         super().startService()
 
     def _fail(self, message: str) -> None:
-        # The service has logged the error already. twistd has replaced sys.stderr
-        # by the log, so the one line goes to the process's real stderr.
+        # The service has logged the error already.
+        parent = getattr(self.options, "parent", None)
+        if parent is not None and not parent.get("nodaemon", True):
+            # Daemon: stderr is gone; twistd reports this exception's message
+            # through its status pipe ("An error has occurred: ...") and exits 1.
+            raise StartFailed(message)
+        # Foreground: twistd has replaced sys.stderr by the log, so the one
+        # line goes to the process's real stderr.
         self._remove_pidfile()
         stderr = sys.__stderr__ or sys.stderr
         stderr.write(f"kestrel: {message}\n")

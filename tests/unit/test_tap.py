@@ -235,6 +235,24 @@ def test_queue_path_under_a_file_is_one_line(tmp_path: Path) -> None:
     assert line.endswith("(set by k.yaml)")
 
 
+def test_port_in_use_as_a_daemon(tmp_path: Path) -> None:
+    """Without -n, twistd reports the refused start and exits 1; the pid file is removed."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = "import sys\nfrom twisted.scripts.twistd import run; run()"
+        result = subprocess.run(
+            [sys.executable, "-c", code, "--pidfile=k.pid", "--logfile=k.log", "kestrel",
+             "--queue-path", "q", *NO_PORTS, "--memcache-port", str(port)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1
+    assert "An error has occurred: b'kestrel.tap.StartFailed: memcache_port: " in result.stderr
+    assert not (tmp_path / "k.pid").exists()
+    assert f"127.0.0.1:{port} for the memcache listener" in (tmp_path / "k.log").read_text()
+
+
 def test_zookeeper_with_loopback_address_is_one_line(tmp_path: Path) -> None:
     """A zookeeper section while listening on loopback cannot be advertised: one line."""
     (tmp_path / "k.yaml").write_text("zookeeper: {host: 127.0.0.1, path_prefix: /kestrel}\n")
