@@ -14,7 +14,8 @@ commands that run first, in the same shell:
     kestrel-qdump kestrel-data/jobs
     ```
 
-A block whose lines start with C{$ } is a transcript: each C{$ } command runs
+A C{python} block runs in the Python that runs the tests. A block whose
+lines start with C{$ } is a transcript: each C{$ } command runs
 and its standard output must be the lines that follow it. Any other block is a
 script that must exit 0; if the next fenced block follows a
 C{<!-- doctest-output -->} comment, the script's output must be that block.
@@ -71,8 +72,11 @@ class Example:
         return self.options.get("name", f"{self.path}:{self.line}")
 
 
-def _fenced(lines: list[str], start: int) -> tuple[str, int] | None:
-    """The block whose opening fence is at or after C{start} (blank lines skipped)."""
+def _fenced(lines: list[str], start: int) -> tuple[str, int, str] | None:
+    """
+    The block whose opening fence is at or after C{start} (blank lines skipped):
+    its text, the index after its closing fence, and its info string.
+    """
     i = start
     while i < len(lines) and not lines[i].strip():
         i += 1
@@ -85,7 +89,7 @@ def _fenced(lines: list[str], start: int) -> tuple[str, int] | None:
     body = []
     for j in range(i + 1, len(lines)):
         if lines[j].rstrip() == fence:
-            return "".join(line + "\n" for line in body), j + 1
+            return "".join(line + "\n" for line in body), j + 1, opening["info"].strip()
         body.append(lines[j])
     raise ValueError(f"unclosed fence at line {i + 1}")
 
@@ -126,7 +130,9 @@ def parse(text: str, path: str) -> list[Example]:
         block = _fenced(lines, i + 1)
         if block is None:
             raise ValueError(f"{path}:{line_no}: doctest comment without a fenced block")
-        body, i = block
+        body, i, info = block
+        if info.split()[:1] in (["python"], ["py"]):  # a Python example runs in this Python
+            body = f'"$KESTREL_DOCS_PYTHON" - <<\'DOCTEST_EOF\'\n{body}DOCTEST_EOF\n'
         example = Example(path, line_no, options, "\n".join(setup) + "\n", body)
         if any(line.startswith("$ ") for line in body.splitlines()):
             example.transcript = _transcript(body)
@@ -137,7 +143,7 @@ def parse(text: str, path: str) -> list[Example]:
             output = _fenced(lines, j + 1)
             if output is None:
                 raise ValueError(f"{path}:{j + 1}: doctest-output without a fenced block")
-            example.expected_output, i = output
+            example.expected_output, i, _info = output
         examples.append(example)
     return examples
 
