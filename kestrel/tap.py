@@ -176,7 +176,9 @@ class StartErrors(Service):
         """Log the config file and queue path, start the server, or raise L{StartError}."""
         config = self.options.config
         self._log.info("txkestrel {version} starting: config {config}, queue_path {queue_path}",
-                       version=__version__, config=self.options["config"] or "built-in defaults",
+                       version=__version__,
+                       config=os.path.abspath(self.options["config"]) if self.options["config"]
+                       else "built-in defaults",
                        queue_path=os.path.abspath(config.queue_path))
         try:
             self.inner.startService()

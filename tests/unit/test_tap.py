@@ -289,7 +289,7 @@ def test_version_prints_txkestrel_version(tmp_path: Path) -> None:
 
 def test_start_log_and_ctrl_c(tmp_path: Path) -> None:
     """
-    The start-up log names the config file and the absolute queue path; SIGINT
+    The start-up log names the absolute config file and queue path; SIGINT
     (Ctrl-C) stops the server cleanly with status 0.
     """
     (tmp_path / "k.yaml").write_text("queue_path: data\n")
@@ -317,6 +317,6 @@ def test_start_log_and_ctrl_c(tmp_path: Path) -> None:
             server.kill()
             server.wait()
     start = next(line for line in log if "starting: config" in line)
-    assert f"config k.yaml, queue_path {tmp_path / 'data'}" in start
+    assert f"config {tmp_path / 'k.yaml'}, queue_path {tmp_path / 'data'}" in start
     assert server.returncode == 0, err
     assert "Received SIGINT, shutting down" in out and "kestrel stopped" in out
