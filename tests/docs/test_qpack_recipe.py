@@ -38,3 +38,16 @@ def test_qpack_recipe_failure_touches_nothing(tmp_path: Path) -> None:
     assert "Exception reading journal file: kestrel-data/jobs.1767225600000" in done.stderr
     assert sorted(p.name for p in (tmp_path / "kestrel-data").iterdir()) == [
         "jobs", "jobs.1767225600000"]
+
+
+def test_qpack_recipe_waits_for_unfinished_packs(tmp_path: Path) -> None:
+    """A pack file left by a crash makes the recipe do nothing, with a failing status."""
+    recipe = next(e for e in all_examples() if e.id == "qpack-recipe")
+    setup = ("kestrel-docs-journal kestrel-data/jobs add:d\n"
+             "kestrel-docs-journal kestrel-data/jobs.1767225600000 add:a\n"
+             "kestrel-docs-journal kestrel-data/jobs.1767225600000.pack add:a\n")
+    assert run_script(setup, tmp_path, 30).returncode == 0
+    done = run_script(recipe.body, tmp_path, 60)
+    assert done.returncode != 0
+    assert sorted(p.name for p in (tmp_path / "kestrel-data").iterdir()) == [
+        "jobs", "jobs.1767225600000", "jobs.1767225600000.pack"]
