@@ -186,7 +186,10 @@ class StartErrors(Service):
             self._fail(str(e))
         except KestrelError as e:
             if type(e).__module__ == "kestrel.serverset":
-                self._fail(f"zookeeper: {e} (listen_address is {config.listen_address})")
+                hint = (" (memcache_port, text_port and thrift_port are all disabled)"
+                        if "no endpoint" in str(e)
+                        else f" (listen_address is {config.listen_address})")
+                self._fail(f"zookeeper: {e}{hint}")
             self._fail(str(e))
         super().startService()
 

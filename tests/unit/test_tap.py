@@ -262,6 +262,15 @@ def test_zookeeper_with_loopback_address_is_one_line(tmp_path: Path) -> None:
     assert line.endswith("(listen_address is 127.0.0.1)")
 
 
+def test_zookeeper_with_nothing_to_advertise_is_one_line(tmp_path: Path) -> None:
+    """A zookeeper section with every client listener disabled: one line saying so."""
+    (tmp_path / "k.yaml").write_text("zookeeper: {host: 127.0.0.1, path_prefix: /kestrel}\n")
+    line = _one_line(_run_twistd(tmp_path, "-c", "k.yaml", "--queue-path", "q", *NO_PORTS,
+                                 "--listen-address", "0.0.0.0"))
+    assert line == ("kestrel: zookeeper: no endpoint to advertise "
+                    "(memcache_port, text_port and thrift_port are all disabled)")
+
+
 def test_zookeeper_without_kazoo_is_one_line(tmp_path: Path) -> None:
     """A zookeeper section without kazoo installed is refused before start, naming the fix."""
     (tmp_path / "k.yaml").write_text("zookeeper: {host: zk.example, path_prefix: /kestrel}\n")
