@@ -59,7 +59,7 @@ from kestrel.metrics import GLOBAL_METRICS
 NO_MAX_ITEMS = 2**31 - 1
 NO_MAX_BYTES = 2**63 - 1
 
-#: Per-queue counters of Ostrich's C{q/<name>/...} (reference section 8.3), as queue attributes.
+#: Per-queue counters of Ostrich's C{q/<name>/...} (Kestrel's names), as queue attributes.
 QUEUE_COUNTERS = (
     "total_items", "put_items", "put_bytes", "get_items_hit", "get_items_miss", "transactions",
     "canceled_transactions", "expired_items", "discarded", "total_flushes", "journal_rewrites",
@@ -119,7 +119,7 @@ def stats_report(server: Any) -> dict[str, dict[str, Any]]:
 
     C{{"counters": {...}, "gauges": {...}, "labels": {...}, "metrics": {...}}},
     with the global names and the per-queue C{q/<name>/<stat>} names of
-    reference section 8.3; each metric is C{count, minimum, maximum, average,
+    Kestrel 2.4 (C{docs/metrics.md}); each metric is C{count, minimum, maximum, average,
     p50, p90, p95, p99, p999, p9999}.
     """
     collection = server.collection

@@ -7,9 +7,9 @@ fanout children of their master, and swept for expired items on a timer.
 It is a Twisted L{Service}; it knows nothing of sockets or protocols. Time
 comes from the injected C{clock}.
 
-Sections 7.5-7.8 of C{../shared/spec/kestrel-reference.md} and
-C{../shared/spec/decisions.md} describe the behaviour; the choices made where
-they are silent are stated in the docstrings below.
+The behaviour is Kestrel 2.4's fanout, aliases, names, delete and flush,
+with the fixes listed in C{docs/differences.md}; the choices made where
+Kestrel gives no answer are stated in the docstrings below.
 """
 
 from __future__ import annotations

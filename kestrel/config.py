@@ -1,12 +1,12 @@
 """
 Configuration: the YAML schema, its defaults, and per-queue resolution.
 
-The schema is the one of C{../shared/spec/interface.md}; C{docs/config.md}
-documents every key. L{parse_config} is pure (no I/O): it checks the whole
+C{docs/config.md}
+documents every key of the schema. L{parse_config} is pure (no I/O): it checks the whole
 file and raises one L{ConfigError} listing every problem, each naming its
 dotted key path and line. L{load_config} reads a file and parses it.
 
-Per-queue settings resolve as Kestrel 2.4 does (reference section 5.3):
+Per-queue settings resolve as Kestrel 2.4 does:
 built-in defaults, then the C{default:} section, then the queue's own entry
 under C{queues:}, then, for a fanout child C{q+f}, the child's entry on top of
 its master C{q}'s resolved settings.

@@ -10,7 +10,7 @@ the 500 buckets, which only the admin endpoints do.
 L{Metrics} holds one L{QueueMetrics} per queue (Ostrich's C{q/<name>/...}
 metrics) and the server-wide histograms; a server-wide read or write latency
 is the sum of the queues' (each value is recorded once, in its queue). The
-names are Kestrel's (reference section 8.3). Nothing here reads a clock:
+names are Kestrel's (C{docs/metrics.md}). Nothing here reads a clock:
 callers measure with their injected clock and record the difference.
 """
 
@@ -181,13 +181,13 @@ class Histogram:
         return out
 
 
-#: Server-wide metric names (reference section 8.3).
+#: Server-wide metric names (Kestrel's).
 GLOBAL_METRICS = (
     "set_latency_usec", "get_timeout_msec", "delivery_latency_msec", "get_hit_latency_usec",
     "get_miss_latency_usec", "item_fsync_delay_usec", "fsync_delay_usec",
 )
 
-#: Per-queue metric names (reference section 8.3).
+#: Per-queue metric names (Kestrel's).
 QUEUE_METRICS = (
     "journal_rewrite_usec", "journal_rotation_usec", "set_latency_usec", "get_timeout_msec",
     "delivery_latency_msec", "get_hit_latency_usec", "get_miss_latency_usec",

@@ -15,7 +15,7 @@ written to the file system.
 Kestrel rejects only C{.}, C{/} and C{~}; we also reject empty names, names
 longer than 200 bytes, whitespace, control characters (NUL included), lone
 surrogates, and fanout names with nothing before or after the C{+}
-(see C{../shared/spec/decisions.md} and C{docs/config.md}).
+(see C{docs/config.md} and C{docs/differences.md}).
 """
 
 from __future__ import annotations

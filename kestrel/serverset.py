@@ -4,7 +4,7 @@ ZooKeeper server sets: advertise this server to clients, as Kestrel 2.4 did.
 The server joins two Twitter ServerSets, C{<path_prefix>/read} and
 C{<path_prefix>/write}, as ephemeral sequential C{member_} znodes holding the
 ServerSet JSON (C{serviceEndpoint}, C{additionalEndpoints}, C{status}). The
-status of each membership follows the server status (reference section 9.1):
+status of each membership follows the server status (as in Kestrel 2.4):
 
 ============  ========  =========
 status        read set  write set

@@ -12,8 +12,8 @@ and closes the journals. C{MultiService} would stop children without waiting
 for one another, which is why the order is spelled out here.
 
 Signals (installed once the reactor runs, main thread only): SIGHUP reloads
-the config in place (the handler only hops to the reactor); SIGTERM stops
-cleanly and the process then exits with status 0.
+the config in place (the handler only hops to the reactor); SIGTERM and SIGINT
+(Ctrl-C) stop cleanly and the process then exits with status 0.
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from typing import Any
 import attrs
 from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
-from kestrel.errors import ConfigError
+from kestrel.errors import ConfigError, KestrelError
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.server import KestrelServer
 
@@ -42,6 +43,19 @@ __all__ = ["KestrelService", "Listener", "SHUTDOWN_DELAY", "make_kestrel_service
 SHUTDOWN_DELAY = 0.1
 
 _log = Logger()
+
+
+class ListenerError(CannotListenError):
+    """A listener's port cannot be opened; the message names the listener, address and port."""
+
+    def __init__(self, name: str, error: CannotListenError) -> None:
+        super().__init__(error.interface, error.port, error.socketError)
+        self.name = name
+
+    def __str__(self) -> str:
+        reason = getattr(self.socketError, "strerror", None) or str(self.socketError)
+        return (f"{self.name}_port: cannot listen on {self.interface or '*'}:{self.port} "
+                f"for the {self.name} listener: {reason}")
 
 
 @attrs.frozen
@@ -124,12 +138,18 @@ class KestrelService(Service):
         address = server.config.listen_address
         try:
             for listener in self.listeners:
-                self.ports[listener.name] = self.reactor.listenTCP(
-                    listener.port, listener.factory, interface=listener.address or address)
+                try:
+                    self.ports[listener.name] = self.reactor.listenTCP(
+                        listener.port, listener.factory, interface=listener.address or address)
+                except CannotListenError as e:
+                    raise ListenerError(listener.name, e) from e
             if self.zookeeper is not None:
                 self.zookeeper.startService()
-        except Exception:
-            self._log.failure("kestrel cannot start; stopping")
+        except Exception as e:
+            if isinstance(e, CannotListenError | KestrelError):  # an operator error: one line
+                self._log.error("kestrel cannot start ({error}); stopping", error=str(e))
+            else:
+                self._log.failure("kestrel cannot start; stopping")
             for port in self.ports.values():
                 port.stopListening()
             self.ports.clear()
@@ -200,7 +220,8 @@ class KestrelService(Service):
         if threading.current_thread() is not threading.main_thread() or not self.running:
             return
         for signum, handler in [(signal.SIGHUP, self._on_sighup),
-                                (signal.SIGTERM, self._on_sigterm)]:
+                                (signal.SIGTERM, self._on_sigterm),
+                                (signal.SIGINT, self._on_sigterm)]:
             self._old_handlers[signum] = signal.signal(signum, handler)
 
     def _restore_signals(self) -> None:
@@ -213,7 +234,8 @@ class KestrelService(Service):
         self.reactor.callFromThread(self.reload)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
-        self.reactor.callFromThread(self._log.info, "Received SIGTERM, shutting down")
+        self.reactor.callFromThread(self._log.info, "Received {signal}, shutting down",
+                                    signal=signal.Signals(signum).name)
         self.reactor.callFromThread(self.reactor.stop)
 
     def reload(self) -> None:

@@ -242,7 +242,7 @@ class ClientSession:
         Abort every memcache/text open read; return how many.
 
         Per queue the newest goes back first, so that the one opened first
-        ends at the head and is delivered first (decisions.md).
+        ends at the head and is delivered first (docs/differences.md).
         """
         reads, self._open_reads = self._open_reads, {}
         count = 0
@@ -374,6 +374,7 @@ class ClientSession:
                     done.callback(None)
                     return
                 self._stats.cmd_monitor_get += 1
+                self._stats.cmd_get += 1  # every fetch is a get, as get_hits/get_misses count
                 started = clock.seconds()
                 d = self._collection.remove(name, deadline, opening, False)
                 result = _result_now(d)
@@ -588,7 +589,7 @@ class ClientSession:
         """
         Discard expired items of every queue; return how many.
 
-        Unlike Kestrel, writes must be allowed (decisions.md).
+        Unlike Kestrel, writes must be allowed (docs/differences.md).
         """
         self._check_writes("flushAllExpired")
         return self._collection.flush_all_expired()

@@ -3,8 +3,8 @@ Server-wide counters and the memcache C{STATS} / C{DUMP_STATS} reports.
 
 L{ServerStats} holds plain int attributes so the hot path pays one C{+= 1}.
 The report functions build pure values (lists of pairs, strings): a protocol
-only has to encode and send them. Their order and format follow
-C{../shared/spec/kestrel-reference.md} sections 8.1 and 8.2.
+only has to encode and send them. Their order and format are Kestrel 2.4's
+C{STATS} and C{DUMP_STATS} replies (C{docs/metrics.md}).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class StatsSource(Protocol):
 def global_stat_entries(stats: ServerStats, *, now: float, version: str,
                         source: StatsSource) -> StatList:
     """
-    The global part of the memcache C{STATS} reply, in the order of reference 8.1.
+    The global part of the memcache C{STATS} reply, in Kestrel 2.4's order.
 
     C{now} is the clock time in epoch seconds.
     """
@@ -163,7 +163,7 @@ def dump_stat_blocks(source: StatsSource, names: Sequence[str] = ()) -> list[tup
 def format_stat_blocks(blocks: Iterable[tuple[str, StatList]]) -> str:
     """
     The memcache C{DUMP_STATS} reply text of L{dump_stat_blocks}, C{"\\r\\nEND\\r\\n"}
-    included (reference 8.2).
+    included (as Kestrel).
 
     An empty stat list gives an empty block (C{"queue 'x' {\\r\\n  \\r\\n}"});
     no block at all gives C{"\\r\\nEND\\r\\n"}.

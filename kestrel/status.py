@@ -1,7 +1,7 @@
 """
 Server status: the availability level (Up, WriteAvoid, ReadOnly, Quiescent,
 Down), its persistence in the status file, and the grace period that delays a
-stricter level (Kestrel's C{ServerStatus}, reference section 9.1).
+stricter level (Kestrel's C{ServerStatus}; C{docs/config.md}, "Server status").
 
 Two statuses are tracked:
 

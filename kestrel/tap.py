@@ -2,20 +2,64 @@
 The composition root of C{twistd kestrel}: command-line options and L{makeService}.
 
 C{Options} loads and validates the config (built-in defaults when no
-C{--config} is given) and applies the command-line overrides, so that every
-problem surfaces as a L{usage.UsageError} before anything starts.
+C{--config} is given) and applies the command-line overrides. A malformed
+command line is a L{usage.UsageError} (twistd prints the help with it); every
+operator error (a config problem, an unusable C{queue_path}, a port in use, a
+ZooKeeper problem, a missing optional dependency) is a L{StartError}: one line
+C{kestrel: <what>} on stderr and exit status 1, before C{kestrel ready}.
 L{makeService} only wires: it is the one place that imports the global reactor.
 """
 
 from __future__ import annotations
 
-from twisted.application.service import IService
+import os
+import sys
+from pathlib import Path
+
+from twisted.application.service import IService, Service
+from twisted.internet.error import CannotListenError
+from twisted.logger import Logger
 from twisted.python import usage
 
+import twisted
+from kestrel import __version__
 from kestrel.config import DEFAULT_CONFIG, ServerConfig, load_config
-from kestrel.errors import ConfigError
+from kestrel.errors import ConfigError, KestrelError
 
-__all__ = ["Options", "makeService"]
+__all__ = ["Options", "StartError", "StartFailed", "makeService", "version_line"]
+
+
+class StartError(SystemExit):
+    """
+    An operator error that stops the server before it is ready.
+
+    It is a C{SystemExit} whose code is the line C{kestrel: <message>}, so the
+    interpreter prints exactly that line on stderr and exits with status 1,
+    with no traceback and no help text.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"kestrel: {message}")
+        self.message = message
+
+
+class StartFailed(Exception):
+    """The server could not start (a daemon's report to twistd); the message is the one line."""
+
+
+def _kazoo_installed() -> bool:
+    """Whether the ZooKeeper client library (the C{zookeeper} extra) can be imported."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def version_line() -> str:
+    """The line C{--version} prints: txkestrel's version, then Twisted's and Python's."""
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"txkestrel {__version__} (Twisted {twisted.__version__}, Python {python})"
 
 
 def _port(value: str) -> int:
@@ -65,15 +109,25 @@ class Options(usage.Options):
 
     config: ServerConfig
 
+    def opt_version(self) -> None:
+        """Print the txkestrel version (and Twisted's and Python's) and exit."""
+        print(version_line())
+        raise SystemExit(0)
+
     def postOptions(self) -> None:
-        """Load the config file (or the defaults) and apply the command-line overrides."""
+        """
+        Load the config file (or the defaults) and apply the command-line overrides.
+
+        Raises L{StartError} for a config problem (the file's own messages
+        name the file, line and key) or a C{zookeeper:} section without kazoo.
+        """
         path = self["config"]
         try:
             config = load_config(path) if path else DEFAULT_CONFIG
         except ConfigError as e:
-            raise usage.UsageError(f"config file {path}: " + "; ".join(e.problems)) from e
+            raise StartError("; ".join(e.problems)) from e
         except OSError as e:
-            raise usage.UsageError(f"cannot read config file {path}: {e.strerror}") from e
+            raise StartError(f"cannot read config file {path}: {e.strerror}") from e
         overrides: dict[str, object] = {}
         for option, field in [("queue-path", "queue_path"),
                               ("listen-address", "listen_address"),
@@ -85,13 +139,104 @@ class Options(usage.Options):
             self.config = config.with_overrides(**overrides) if overrides else config
         except ConfigError as e:
             problems = [p.removeprefix("<overrides>: ") for p in e.problems]
-            raise usage.UsageError("bad option: " + "; ".join(problems)) from e
+            raise StartError("bad option: " + "; ".join(problems)) from e
+        if self.config.zookeeper is not None and not _kazoo_installed():
+            raise StartError(
+                f"zookeeper: {path or 'the config'} has a zookeeper section but kazoo is not "
+                "installed; pip install 'txkestrel[zookeeper]' or remove the section")
+
+    def source_of(self, option: str) -> str:
+        """Where a setting came from: its command-line option, the config file, or the default."""
+        if self[option] is not None:
+            return f"--{option}"
+        return self["config"] or "the built-in default"
+
+
+class StartErrors(Service):
+    """
+    The server's service as twistd runs it: logs where the config and the
+    queues are, and turns an operator error while starting (a port in use, a
+    ZooKeeper problem) into one line C{kestrel: <what>} on the process's stderr
+    and exit status 1.
+
+    Stopping is the inner service's (it returns the inner Deferred).
+    """
+
+    _log = Logger()
+
+    def __init__(self, inner: IService, options: Options) -> None:
+        self.inner = inner
+        self.options = options
+
+    def privilegedStartService(self) -> None:
+        """Nothing privileged here: the listeners open in L{startService}."""
+        self.inner.privilegedStartService()
+
+    def startService(self) -> None:
+        """Log the config file and queue path, start the server, or raise L{StartError}."""
+        config = self.options.config
+        self._log.info("txkestrel {version} starting: config {config}, queue_path {queue_path}",
+                       version=__version__,
+                       config=os.path.abspath(self.options["config"]) if self.options["config"]
+                       else "built-in defaults",
+                       queue_path=os.path.abspath(config.queue_path))
+        try:
+            self.inner.startService()
+        except CannotListenError as e:
+            self._fail(str(e))
+        except KestrelError as e:
+            if type(e).__module__ == "kestrel.serverset":
+                hint = (" (memcache_port, text_port and thrift_port are all disabled)"
+                        if "no endpoint" in str(e)
+                        else f" (listen_address is {config.listen_address})")
+                self._fail(f"zookeeper: {e}{hint}")
+            self._fail(str(e))
+        super().startService()
+
+    def _fail(self, message: str) -> None:
+        # The service has logged the error already.
+        parent = getattr(self.options, "parent", None)
+        if parent is not None and not parent.get("nodaemon", True):
+            # Daemon: stderr is gone; twistd reports this exception's message
+            # through its status pipe ("An error has occurred: ...") and exits 1.
+            raise StartFailed(message)
+        # Foreground: twistd has replaced sys.stderr by the log, so the one
+        # line goes to the process's real stderr.
+        self._remove_pidfile()
+        stderr = sys.__stderr__ or sys.stderr
+        stderr.write(f"kestrel: {message}\n")
+        stderr.flush()
+        raise SystemExit(1)
+
+    def _remove_pidfile(self) -> None:
+        """Remove twistd's pid file (it is written before the start, and left on SystemExit)."""
+        parent = getattr(self.options, "parent", None)
+        pidfile = parent.get("pidfile") if parent is not None else None
+        try:
+            if pidfile and int(Path(pidfile).read_text().strip() or 0) == os.getpid():
+                os.remove(pidfile)
+        except (OSError, ValueError):
+            pass
+
+    def stopService(self) -> object:
+        """Stop the server (the Deferred of its ordered stop)."""
+        super().stopService()
+        return self.inner.stopService()
 
 
 def makeService(options: Options) -> IService:
-    """Build the server's service on the global reactor from parsed C{options}."""
+    """
+    Build the server's service on the global reactor from parsed C{options}.
+
+    Raises L{StartError} if C{queue_path} cannot be created or written.
+    """
     from twisted.internet import reactor
 
     from kestrel.service import make_kestrel_service
 
-    return make_kestrel_service(options.config, reactor, config_path=options["config"])
+    try:
+        service = make_kestrel_service(options.config, reactor, config_path=options["config"])
+    except ConfigError as e:
+        where = f" (set by {options.source_of('queue-path')})" if "queue_path" in str(e) else ""
+        raise StartError(f"{e}{where}") from e
+    return StartErrors(service, options)

@@ -10,6 +10,7 @@ given as ``PATH`` (server named after the folder) or ``NAME=PATH``. Without
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -107,9 +108,22 @@ def make_session(master: str | None, conf: dict[str, str] | None = None,
     return builder.getOrCreate()
 
 
+def _installed(module: str) -> bool:
+    """Whether C{module} can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the analysis; return the process exit status (0 on success)."""
     args = build_parser().parse_args(argv)
+    missing = [m for m in ("pyspark", "pandas", "pyarrow", "numpy") if not _installed(m)]
+    if missing:  # one line, not a traceback, when the [analytics] extra is not installed
+        print(f"kestrel-analyze: the analytics extra is not installed (missing: "
+              f"{', '.join(missing)}); pip install 'txkestrel[analytics]'", file=sys.stderr)
+        return 1
     from kestrel.analytics.job import run
     from kestrel.analytics.layout import LayoutError, parse_input
 

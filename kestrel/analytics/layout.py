@@ -5,7 +5,7 @@ This module is Spark-free. It turns folder listings into a L{Plan}: for each
 server and queue, the files whose records count, in replay order, with the
 time bounds the scanner uses to bracket records that carry no timestamp.
 
-Naming (reference section 6.2): ``<q>`` is the live file, ``<q>.<ms>`` a
+Naming (Kestrel's): ``<q>`` is the live file, ``<q>.<ms>`` a
 rotated file, ``<q>.<ms>.pack`` a pack, and any name holding ``~~`` is a
 temporary file (skipped). The pack rule is the server's replay rule: when a
 queue has packs, the newest pack (timestamp P) replaces every ``<q>.<ms>``

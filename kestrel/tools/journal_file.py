@@ -1,5 +1,6 @@
 """
-Streaming access to one journal file for the offline tools, and Kestrel's human sizes.
+Streaming access to one journal file for the offline tools, Kestrel's human
+sizes, and the command-line parser the journal tools share.
 
 The tools read journals far larger than memory, so records are decoded from a
 sliding buffer filled in chunks; only the record being decoded is held whole.
@@ -8,9 +9,12 @@ The codec itself is L{kestrel.journal.records}.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import BinaryIO
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from typing import IO, Any, BinaryIO
 
+from kestrel import __version__
 from kestrel.journal import records as rec
 
 #: How much of a journal file is read at a time.
@@ -117,3 +121,39 @@ def duration_to_text(ms: int) -> str:
                 parts.append("+")
             parts.append(f"{value}.{name}")
     return "".join(parts)
+
+
+class ToolParser(argparse.ArgumentParser):
+    """
+    The command line of a journal tool, printing to given binary streams.
+
+    C{--help} and C{--version} print on C{out} (status 0); a usage error prints
+    the usage line and the problem on C{err} (status 1, as C{kestrel-load}).
+    L{parse} returns the parsed arguments or that exit status, never exits.
+    """
+
+    def __init__(self, prog: str, description: str, out: BinaryIO, err: BinaryIO,
+                 **kwargs: Any) -> None:
+        super().__init__(prog=prog, description=description, **kwargs)
+        self._out = out
+        self._err = err
+        self.add_argument("--version", action="version",
+                          version=f"%(prog)s (txkestrel) {__version__}")
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if message:
+            stream = self._err if file is sys.stderr else self._out
+            stream.write(message.encode())
+            stream.flush()
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """Print the usage and the problem on stderr, then exit 1."""
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+    def parse(self, argv: Sequence[str]) -> argparse.Namespace | int:
+        """The parsed C{argv} (options and files in any order), or the exit status to return."""
+        try:
+            return self.parse_intermixed_args(list(argv))
+        except SystemExit as done:
+            return done.code if isinstance(done.code, int) else 1

@@ -1,6 +1,9 @@
 """
 C{kestrel-qdump}: describe the contents of Kestrel journal files, as Kestrel's C{qdump.sh}.
 
+The options are Kestrel's (C{-q}, C{-d}, C{-A}, C{-Q}), plus C{--help} and
+C{--version}; with no file it is a usage error (status 1).
+
 Output on stdout matches Kestrel 2.4's C{QDumper} byte for byte; the
 "Reading journal" progress of C{-q} goes to stderr instead, so that stdout
 stays clean when redirected. Item data is printed as raw bytes (Kestrel
@@ -18,23 +21,11 @@ from typing import BinaryIO
 from kestrel.journal import records as rec
 from kestrel.tools.journal_file import (
     JournalReadError,
+    ToolParser,
     bytes_to_human,
     duration_to_text,
     iter_journal,
 )
-
-USAGE = """\
-
-usage: qdump.sh <journal-files...>
-    describe the contents of a kestrel journal file
-
-options:
-    -q      quiet: don't describe every line, just the summary
-    -d      dump contents of added items
-    -A      dump only the raw contents of added items
-    -Q      dump only the raw queue state (data for items actually in the queue)
-
-"""
 
 #: Progress is shown every time this many more bytes have been read (quiet mode).
 PROGRESS_EVERY = 1024 * 1024
@@ -174,30 +165,29 @@ def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,
     """
     Run C{kestrel-qdump} with C{argv} (default: the command line); return the exit status.
 
-    0 when every file was read to its end (or for usage), 1 otherwise.
+    0 when every file was read to its end (or for C{--help}, C{--version}), 1 otherwise
+    (a file that cannot be read, or a usage error).
     """
-    args = list(sys.argv[1:] if argv is None else argv)
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
-    quiet = dump = dump_raw = dump_queue = False
-    filenames: list[str] = []
-    for arg in args:
-        if arg == "--help":
-            out.write(USAGE.encode())
-            return 0
-        if arg == "-q":
-            quiet = True
-        elif arg == "-d":
-            dump = True
-        elif arg == "-A":
-            dump_raw = quiet = True
-        elif arg == "-Q":
-            dump_queue = quiet = True
-        else:
-            filenames.append(arg)
-    if not filenames:
-        out.write(USAGE.encode())
-        return 0
+    parser = ToolParser("kestrel-qdump", "Describe the contents of Kestrel journal files.",
+                        out, err)
+    parser.add_argument("-q", dest="quiet", action="store_true",
+                        help="quiet: don't describe every operation, just the summary")
+    parser.add_argument("-d", dest="dump", action="store_true",
+                        help="dump the contents of added items")
+    parser.add_argument("-A", dest="dump_raw", action="store_true",
+                        help="dump only the raw contents of added items")
+    parser.add_argument("-Q", dest="dump_queue", action="store_true",
+                        help="dump only the raw queue state (the items still in the queue)")
+    parser.add_argument("files", nargs="+", metavar="JOURNAL_FILE",
+                        help="journal files, each described on its own")
+    args = parser.parse(sys.argv[1:] if argv is None else argv)
+    if isinstance(args, int):
+        return args
+    dump, dump_raw, dump_queue = args.dump, args.dump_raw, args.dump_queue
+    quiet = args.quiet or dump_raw or dump_queue
+    filenames: list[str] = args.files
     status = 0
     for filename in filenames:
         if not quiet:

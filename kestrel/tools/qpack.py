@@ -1,6 +1,9 @@
 """
 C{kestrel-qpack}: pack journal files into one compact journal, as Kestrel's C{qpack.sh}.
 
+The options are Kestrel's (C{-f FILE}, C{-q} accepted and ignored), plus
+C{--help} and C{--version}; missing C{-f} or files is a usage error (status 1).
+
 The given files are replayed in order with two cursors (Kestrel's
 C{JournalPacker}): a remover that walks every operation and an adder that
 yields the added items only when a removal or the final write needs them, so
@@ -24,17 +27,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 from kestrel.journal import records as rec
-from kestrel.tools.journal_file import JournalReadError, bytes_to_human, iter_journal
-
-USAGE = """\
-
-usage: qpack.sh <journal-files...>
-    pack one or more kestrel journal file into a single new one
-
-options:
-    -f filename     new packed journal file
-
-"""
+from kestrel.tools.journal_file import (
+    JournalReadError,
+    ToolParser,
+    bytes_to_human,
+    iter_journal,
+)
 
 #: Progress is reported each time a cursor has moved this many more bytes.
 PROGRESS_EVERY = 1024 * 1024
@@ -206,30 +204,27 @@ def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,
     """
     Run C{kestrel-qpack} with C{argv} (default: the command line); return the exit status.
 
-    0 on success or usage, 1 when the journals could not be packed.
+    0 on success (or for C{--help}, C{--version}), 1 when the journals could not be
+    packed or on a usage error.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr.buffer
-    filenames: list[str] = []
-    new_filename: str | None = None
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--help":
-            out.write(USAGE.encode())
-            return 0
-        if arg == "-q":
-            pass
-        elif arg == "-f" and i + 1 < len(args):
-            new_filename = args[i + 1]
-            i += 1
-        else:
-            filenames.append(arg)
-        i += 1
-    if not filenames or new_filename is None:
-        out.write(USAGE.encode())
-        return 0
+    parser = ToolParser("kestrel-qpack",
+                        "Pack one or more Kestrel journal files, in order, into a single new "
+                        "one holding only the open transactions and the items still queued.",
+                        out, err)
+    parser.add_argument("-f", dest="new_file", required=True, metavar="FILE",
+                        help="the new packed journal file (written under a temporary name, "
+                        "then renamed into place)")
+    parser.add_argument("-q", dest="quiet", action="store_true",
+                        help="accepted for Kestrel's command lines; has no effect")
+    parser.add_argument("files", nargs="+", metavar="JOURNAL_FILE",
+                        help="journal files, oldest first")
+    args = parser.parse(sys.argv[1:] if argv is None else argv)
+    if isinstance(args, int):
+        return args
+    filenames: list[str] = args.files
+    new_filename: str = args.new_file
 
     out.write(b"Packing journals...\n")
     out.flush()

@@ -17,7 +17,7 @@ def queue_state(records: Iterable[rec.Record]) -> tuple[list[bytes], dict[int, b
     """
     Return the payloads queued and the open reads (xid to payload) after C{records}.
 
-    Replay semantics of Kestrel (reference section 6.1): adds append, REMOVE
+    Replay semantics of Kestrel (docs/journal.md): adds append, REMOVE
     pops the head, REMOVE_TENTATIVE(_XID) moves the head into the open reads,
     UNREMOVE puts an open read back at the head, CONFIRM_REMOVE drops it,
     CONTINUE drops it and appends a new item.

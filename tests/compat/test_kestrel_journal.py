@@ -1,6 +1,6 @@
 """
 Journal compatibility with Kestrel 2.4: journals built byte by byte from the
-record layouts of ../shared/spec/kestrel-reference.md section 6.1 (not with our
+record layouts of Kestrel 2.4 (docs/journal.md; not with our
 encoder) replay to the right records, and what FileJournal writes is those
 exact bytes.
 """

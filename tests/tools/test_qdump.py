@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import kestrel
 from kestrel.journal import records as rec
 from kestrel.tools import qdump
 from kestrel.tools.journal_file import bytes_to_human, duration_to_text, iter_journal
@@ -165,13 +166,34 @@ def test_corrupt_opcode_is_reported(tmp_path: Path) -> None:
     assert out == CLEAR + "Journal size: 22 bytes, with 1 operations.\n1 items totalling 1 bytes.\n"
 
 
-def test_no_files_prints_usage() -> None:
-    """With no files (or --help) the usage is printed and the exit status is 0."""
-    for args in ([], ["--help"]):
-        status, out, _ = run(*args)
-        assert status == 0
-        assert "usage: qdump.sh <journal-files...>" in out
-        assert "    -Q      dump only the raw queue state" in out
+def test_help_names_the_tool() -> None:
+    """--help prints the usage under the tool's own name, every option, and status 0."""
+    status, out, err = run("--help")
+    assert (status, err) == (0, "")
+    assert out.startswith("usage: kestrel-qdump ")
+    for option in ("-q", "-d", "-A", "-Q", "--version", "JOURNAL_FILE"):
+        assert option in out
+
+
+def test_version_is_not_a_file_name() -> None:
+    """--version prints the txkestrel version; it is never taken for a journal file."""
+    status, out, err = run("--version")
+    assert (status, err) == (0, "")
+    assert out == f"kestrel-qdump (txkestrel) {kestrel.__version__}\n"
+
+
+def test_no_files_is_a_usage_error() -> None:
+    """With no file the usage line and the problem go to stderr, status 1, nothing on stdout."""
+    status, out, err = run("-q")
+    assert (status, out) == (1, "")
+    assert err.startswith("usage: kestrel-qdump ")
+    assert err.endswith("kestrel-qdump: error: the following arguments are required: "
+                        "JOURNAL_FILE\n")
+
+
+def test_options_after_files(journal: Path) -> None:
+    """Options may follow the files, as Kestrel's tool allowed."""
+    assert run(str(journal), "-q") == run("-q", str(journal))
 
 
 def test_quiet_progress_goes_to_stderr(tmp_path: Path) -> None:

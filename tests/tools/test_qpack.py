@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kestrel
 from kestrel.journal import records as rec
 from kestrel.tools import qpack
 
@@ -97,14 +98,24 @@ def test_legacy_records(tmp_path: Path) -> None:
                        rec.RemoveTentativeXid(7), rec.Add(b"older", NOW_MS, 0)]
 
 
-def test_usage_without_target_or_files(tmp_path: Path) -> None:
-    """Missing -f or missing files prints the usage and exits 0, writing nothing."""
-    for args in (["a"], ["-f", str(tmp_path / "x")], ["--help"]):
-        status, out, _ = run(*args)
-        assert status == 0
-        assert "usage: qpack.sh <journal-files...>" in out
-        assert "    -f filename     new packed journal file" in out
+def test_usage_error_without_target_or_files(tmp_path: Path) -> None:
+    """Missing -f or missing files is a usage error on stderr, status 1, writing nothing."""
+    for args, missing in ((["a"], "-f"), (["-f", str(tmp_path / "x")], "JOURNAL_FILE")):
+        status, out, err = run(*args)
+        assert (status, out) == (1, "")
+        assert err.startswith("usage: kestrel-qpack ")
+        assert err.endswith(f"kestrel-qpack: error: the following arguments are required: "
+                            f"{missing}\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_help_and_version_name_the_tool() -> None:
+    """--help and --version print under the tool's own name, status 0."""
+    status, out, err = run("--help")
+    assert (status, err) == (0, "")
+    assert out.startswith("usage: kestrel-qpack ") and "-f FILE" in out
+    status, out, err = run("--version")
+    assert (status, out, err) == (0, f"kestrel-qpack (txkestrel) {kestrel.__version__}\n", "")
 
 
 def test_corrupt_input_writes_nothing(tmp_path: Path) -> None:

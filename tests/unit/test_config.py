@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
 
-#: The `default:` keys of ../shared/spec/interface.md, in its order.
+#: The `default:` keys of docs/config.md, in its order.
 INTERFACE_QUEUE_KEYS = [
     "max_items", "max_size", "max_item_size", "max_age", "default_journal_size",
     "max_memory_size", "max_journal_size", "min_journal_compact_delay", "discard_old_when_full",
@@ -56,7 +56,7 @@ def problems_of(text: str, source: str = "k.yaml") -> list[str]:
 
 
 def test_built_in_defaults() -> None:
-    """Without a file the server runs on interface.md's defaults."""
+    """Without a file the server runs on the documented defaults (docs/config.md)."""
     c = DEFAULT_CONFIG
     assert (c.listen_address, c.memcache_port, c.text_port, c.thrift_port, c.admin_port) == (
         "127.0.0.1", 22133, 2222, 2229, 2223)
@@ -85,7 +85,7 @@ def test_queue_defaults_are_kestrels() -> None:
 
 
 def test_queue_config_fields_are_the_interface_keys() -> None:
-    """QueueConfig has exactly the `default:` keys of interface.md."""
+    """QueueConfig has exactly the documented `default:` keys."""
     assert [f.name for f in attrs.fields(QueueConfig)] == INTERFACE_QUEUE_KEYS
 
 
@@ -157,7 +157,7 @@ aliases:
 
 
 def test_interface_example_parses() -> None:
-    """The example of interface.md is valid and means what it says."""
+    """The documented example config is valid and means what it says."""
     c = parse_config(INTERFACE_EXAMPLE)
     assert attrs.evolve(c, queues={}, aliases={}) == DEFAULT_CONFIG
     weather = c.queue_config("weather_updates")
@@ -621,7 +621,7 @@ def test_zookeeper_requires_host_and_absolute_prefix() -> None:
     ("/srv/q/", "/srv/q/x"),
 ])
 def test_status_file_inside_queue_path_is_refused(queue_path: str, status_file: str) -> None:
-    """decisions.md: the status file never lives inside the queue directory (after normalising)."""
+    """The status file never lives inside the queue directory (after normalising)."""
     problems = problems_of(f"queue_path: {queue_path}\nstatus_file: {status_file}\n")
     assert len(problems) == 1 and problems[0].startswith("k.yaml:2: status_file: must not be")
 

@@ -255,7 +255,7 @@ def test_negative_memcache_expiry_is_already_expired(clock: Clock) -> None:
 
 
 def test_expired_items_do_not_count_against_limits(clock: Clock) -> None:
-    """Expired head items are discarded before the fullness check (decisions.md)."""
+    """Expired head items are discarded before the fullness check (docs/differences.md)."""
     q = make(clock, max_items=2, max_size=100)
     value(q.add(b"a", expiry_ms=ms(clock) + 100))
     value(q.add(b"b", expiry_ms=ms(clock) + 100))

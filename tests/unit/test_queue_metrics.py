@@ -1,7 +1,7 @@
 """
 PersistentQueue's observer: journal rewrite, rotation and read-behind times
 measured on the injected clock, and the request, queue and open-read sizes
-of reference section 8.3, recorded into a real L{QueueMetrics}.
+of Kestrel's metrics (docs/metrics.md), recorded into a real L{QueueMetrics}.
 """
 
 from __future__ import annotations

@@ -232,6 +232,8 @@ def test_monitor_streams_up_to_max_items(server: KestrelServer, clock: Clock) ->
     assert got == [b"a", b"b"]
     assert s.count_pending_reads("q") == 2
     assert server.stats.cmd_monitor == 1
+    stats = server.stats  # each monitor fetch is a get: cmd_get = get_hits + get_misses
+    assert (stats.cmd_monitor_get, stats.cmd_get, stats.get_hits, stats.get_misses) == (2, 2, 2, 0)
 
 
 def test_monitor_stops_at_open_read_limit_and_waits(server: KestrelServer,

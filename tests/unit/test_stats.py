@@ -76,7 +76,7 @@ def test_uptime() -> None:
 
 
 def test_global_entries_in_reference_order(collection: QueueCollection, clock: Clock) -> None:
-    """The global STATS entries come in the order of reference 8.1 with their values."""
+    """The global STATS entries come in Kestrel's order with their values."""
     collection.add("a", b"xyz")
     collection.stats.cmd_set = 7
     clock.advance(12)

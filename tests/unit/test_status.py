@@ -35,7 +35,7 @@ def make(clock: Clock, path: Path | None, default: Status | str = Status.UP,
 
 
 def test_levels_follow_kestrel_table() -> None:
-    """Strictness and what each level blocks are Kestrel's (reference 9.1)."""
+    """Strictness and what each level blocks are Kestrel's."""
     table = {
         Status.UP: (1, False, False, False),
         Status.WRITE_AVOID: (2, False, False, False),

@@ -69,7 +69,7 @@ def test_interface_addresses_finds_this_machines_addresses() -> None:
 
 
 def test_membership_table() -> None:
-    """Read and write set values follow reference section 9.1."""
+    """Read and write set values follow the server status as in Kestrel 2.4."""
     table = {s: (read_membership(s), write_membership(s)) for s in Status}
     alive, dead = Membership.ALIVE, Membership.DEAD
     assert table == {Status.UP: (alive, alive), Status.WRITE_AVOID: (alive, dead),
