@@ -28,6 +28,9 @@ Workloads (1 KiB items):
   second server with `sync_journal: always` and `durable_acks: true`
   (STORED only after the fsync that covers the set), darner gets
   `set <queue>/sync` (it fsyncs that write); memcached has no durable mode;
+* with --floor, benchmarks/floor_server.py (a bare Twisted memcache queue:
+  no journal, no metrics) runs beside the others as "twisted-floor": the
+  part of txkestrel's cost that is Twisted's reactor and the kernel's;
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -63,7 +66,14 @@ from functools import partial
 from pathlib import Path
 
 from flood import flood
-from servers import ROOT, darner_process, free_port, kestrel_process, memcached_process
+from servers import (
+    ROOT,
+    darner_process,
+    floor_process,
+    free_port,
+    kestrel_process,
+    memcached_process,
+)
 
 TICKS = os.sysconf("SC_CLK_TCK")
 DURABLE_CONFIG = "default:\n  sync_journal: always\n  durable_acks: true\n"
@@ -427,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="memcached binary (apt-get install memcached); '' to leave it out")
     parser.add_argument("--baseline-src", type=Path,
                         help="also run txkestrel from this checkout (labelled txkestrel-before)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also run benchmarks/floor_server.py (a bare Twisted memcache "
+                             "queue, no journal): the reactor's and kernel's share")
     parser.add_argument("--runs", type=int, default=5, help="repetitions of every measurement")
     parser.add_argument("--pairs", type=int, default=20000, help="set+get pairs per run")
     parser.add_argument("--durable-sets", type=int, default=5000,
@@ -476,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             proc = stack.enter_context(memcached_process(args.memcached, port))
             plain.append(Server("memcached", port, proc.pid))
+        if args.floor:
+            port = free_port()
+            proc = stack.enter_context(floor_process(port))
+            plain.append(Server("twisted-floor", port, proc.pid))
 
         for work in workloads(args):
             servers = durable if work.durable else plain
@@ -490,13 +507,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {work.name} {server.name} run {rep + 1}: {sample.cpu_us:.1f} us/"
                           f"{work.unit}, {sample.rate:,.0f} {work.unit}s/s, load "
                           f"{sample.load:.2f}", file=sys.stderr, flush=True)
-                    if server.name != "memcached":
+                    if server.name not in ("memcached", "twisted-floor"):
                         drain(server.port, work.queue)
             if use_strace:
                 for server in servers:
                     with straced(server.pid, root) as counts:
                         units = work.run(server)[0]
-                    if server.name != "memcached":
+                    if server.name not in ("memcached", "twisted-floor"):
                         drain(server.port, work.queue)
                     result = results[work.name, server.name]
                     result.syscalls, result.strace_units = dict(counts), units

@@ -124,3 +124,16 @@ def darner_process(binary: str, port: int, datadir: Path) -> Iterator[subprocess
 def summary(rates: list[float]) -> str:
     """Format rates as "median (min-max)"."""
     return f"{statistics.median(rates):>9,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
+
+
+@contextmanager
+def floor_process(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs (no journal)."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
+                             str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield proc
+    finally:
+        stop(proc)
