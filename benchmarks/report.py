@@ -10,6 +10,7 @@ targets next to the measured figures. Everything else in the file (the prose,
 sections other people add after it) is kept as it is.
 
     python3 benchmarks/report.py --darner ~/darner/darner            # 5 runs, then write
+    python3 benchmarks/report.py --darner ~/darner/darner --json cost.json   # and keep the data
     python3 benchmarks/report.py --from-json cost.json               # write from a saved run
     python3 benchmarks/report.py --print --from-json cost.json       # show, do not write
 """
@@ -127,17 +128,37 @@ def render(data: dict[str, Any]) -> str:
         if r is None:
             continue
         if figure == "syscalls":
-            value = r["syscalls_per_request"]
+            value, shown = r["syscalls_per_request"], "{:.2f}"
             if value is None:
                 continue
         else:
-            value = r[figure]["median"]
+            value, shown = r[figure]["median"], "{:,.1f}" if figure == "cpu_us" else "{:,.0f}"
+        text = shown.format(value)
+        value = float(text.replace(",", ""))  # judged as shown
         met = value <= target if bound == "max" else value >= target
         sign = "<=" if bound == "max" else ">="
-        out.append(f"| {label} | {sign} {target:,.0f} | {value:,.1f} | "
-                   f"{'yes' if met else 'no'} |")
+        out.append(f"| {label} | {sign} {target:,.0f} | {text} | {'yes' if met else 'no'} |")
+    out += floor_reading(by_workload)
     out += ["", END]
     return "\n".join(out)
+
+
+def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """A paragraph comparing txkestrel with the bare Twisted server, when both ran."""
+    lines = []
+    for name, rows in by_workload.items():
+        cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
+        if "txkestrel" in cpu and "twisted-floor" in cpu and rows[0]["unit"] == "pair":
+            lines.append(f"{WORKLOAD_TITLES.get(name, name).split(' (')[0].split(':')[0]}: "
+                         f"{cpu['twisted-floor']:,.1f} of txkestrel's {cpu['txkestrel']:,.1f} us "
+                         f"per pair ({cpu['twisted-floor'] / cpu['txkestrel']:.0%})")
+    if not lines:
+        return []
+    return ["", "*twisted-floor* (`benchmarks/floor_server.py`) is a bare Twisted memcache "
+            "queue with the same reply path and no journal, metrics or sessions: what it "
+            "costs is Twisted's reactor and the kernel's socket work, which no change inside "
+            "txkestrel's protocol or queue code removes. Its share of txkestrel's CPU: "
+            + "; ".join(lines) + "."]
 
 
 def public_command(command: str) -> str:
@@ -171,15 +192,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=Path,
                         help="render the figures a previous `cost.py --json FILE` saved")
     parser.add_argument("--print", action="store_true", help="print the section, do not write")
+    parser.add_argument("--json", type=Path,
+                        help="keep the figures cost.py measured in this file (for --from-json)")
     args, rest = parser.parse_known_args(argv)
     if args.from_json:
         data = json.loads(args.from_json.read_text())
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "cost.json"
+            out = args.json or Path(tmp) / "cost.json"
             cost.main([*rest, "--json", str(out)])
             data = json.loads(out.read_text())
             data["command"] = " ".join(["python3 benchmarks/report.py", *rest])
+            out.write_text(json.dumps(data, indent=1))
     section = render(data)
     if args.print:
         print(section)
