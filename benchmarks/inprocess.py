@@ -5,11 +5,12 @@ Not a test. It builds a real server (real queues and journal files in a
 temporary directory, `sync_journal: never`) driven by a manual clock, opens
 one memcache connection on an in-memory transport, and feeds it `--pairs`
 set+get pairs of 1 KiB items, `--depth` pairs per chunk of input (1: one
-request at a time; 16: pipelined). It prints this process's user and system
-CPU microseconds per pair (getrusage), the median of `--runs` runs after one
-warm-up run: the cost of the protocol, session, queue, journal and metrics
-code alone, which `benchmarks/cost.py` measures together with Twisted's
-reactor and the kernel's socket work.
+request at a time, the set and the get in separate chunks; 16: pipelined).
+It prints this process's user and system CPU microseconds per pair
+(getrusage), the median of `--runs` runs after one warm-up run: the cost of
+the protocol, session, queue, journal and metrics code alone, which
+`benchmarks/cost.py` measures together with Twisted's reactor and the
+kernel's socket work.
 
     python3 benchmarks/inprocess.py --help
     python3 benchmarks/inprocess.py --depth 1 16
@@ -42,13 +43,20 @@ from kestrel.server import KestrelServer  # noqa: E402
 
 def pairs_once(protocol: object, transport: StringTransport, pairs: int, depth: int,
                size: int) -> None:
-    """Feed C{pairs} set+get pairs, C{depth} per chunk, checking the replies' length."""
+    """
+    Feed C{pairs} set+get pairs, checking the replies' length: with C{depth}
+    1 the set and the get arrive as separate chunks (one request at a time),
+    else C{depth} pairs per chunk.
+    """
     data = b"x" * size
-    chunk = (b"set bench 0 0 %d\r\n%s\r\nget bench\r\n" % (size, data)) * depth
+    pair = b"set bench 0 0 %d\r\n%s\r\nget bench\r\n" % (size, data)
     reply_len = len(b"STORED\r\nVALUE bench 0 %d\r\n%s\r\nEND\r\n" % (size, data)) * depth
+    chunks = [pair[:pair.index(b"get")], pair[pair.index(b"get"):]] if depth == 1 else [
+        pair * depth]
     feed = protocol.dataReceived  # type: ignore[attr-defined]
     for _ in range(pairs // depth):
-        feed(chunk)
+        for chunk in chunks:
+            feed(chunk)
         if len(transport.value()) != reply_len:
             raise RuntimeError(f"unexpected reply: {transport.value()[:80]!r}")
         transport.clear()
