@@ -16,6 +16,7 @@ do not use it for anything else.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict, deque
 from pathlib import Path
@@ -72,9 +73,14 @@ class FloorProtocol(Protocol):
 
 
 def main() -> None:
-    """Listen on loopback port argv[1] until stopped."""
+    """Listen on the loopback port given until stopped."""
+    parser = argparse.ArgumentParser(
+        description="A bare Twisted memcache queue (set/get, in memory, no journal): the "
+                    "floor of what a Twisted server costs per request. For benchmarks only.")
+    parser.add_argument("port", type=int, help="loopback TCP port to listen on")
+    args = parser.parse_args()
     factory = Factory.forProtocol(FloorProtocol)
-    reactor.listenTCP(int(sys.argv[1]), factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+    reactor.listenTCP(args.port, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]
 
 
