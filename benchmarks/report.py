@@ -47,7 +47,8 @@ WORKLOAD_TITLES = {
     "one-at-a-time-10": "One request at a time, 10 connections (asyncio client)",
     "pipelined-10x16": "Pipelined: 10 connections x 16 set+get pairs per write",
     "durable-50": "Durable sets: 50 connections, one set outstanding each",
-    "latency-100": "100 clients at a fixed request rate",
+    "latency-100": "100 clients at a fixed request rate (latency from when each request "
+                   "was due; the asyncio client shares the machine)",
 }
 
 
@@ -149,7 +150,8 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
     for name, rows in by_workload.items():
         cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
         if "txkestrel" in cpu and "twisted-floor" in cpu and rows[0]["unit"] == "pair":
-            lines.append(f"{WORKLOAD_TITLES.get(name, name).split(' (')[0].split(':')[0]}: "
+            title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
+            lines.append(f"{title[0].lower()}{title[1:]}: "
                          f"{cpu['twisted-floor']:,.1f} of txkestrel's {cpu['txkestrel']:,.1f} us "
                          f"per pair ({cpu['twisted-floor'] / cpu['txkestrel']:.0%})")
     if not lines:
