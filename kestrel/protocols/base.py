@@ -162,9 +162,9 @@ def write_now(transport: ITransport, data: bytes) -> None:
     calls C{doWrite}, which sends and unregisters it. For a reply to one
     request that costs two C{epoll_ctl} calls and one C{epoll_wait} more than
     the C{send} itself. Here, when the transport is a plain TCP connection
-    (not TLS), still connected and not closing, and nothing is buffered in it
-    (C{dataBuffer} and C{_tempDataBuffer} are empty), C{data} is sent with one
-    C{socket.send}. Whatever the kernel does not take (a partial send, or any
+    (not TLS), still connected and neither closing nor aborted, and nothing is
+    buffered in it (C{dataBuffer} and C{_tempDataBuffer} are empty), C{data}
+    is sent with one C{socket.send}. Whatever the kernel does not take (a partial send, or any
     error: C{EAGAIN}, a reset connection) is handed to C{transport.write}, so
     Twisted buffers it, or finds the error and loses the connection, exactly
     as it would have. Any other transport (TLS, UNIX sockets, test
@@ -172,8 +172,8 @@ def write_now(transport: ITransport, data: bytes) -> None:
     """
     if transport.__class__ in _DIRECT_SEND_TYPES:
         t: Any = transport
-        if (t.connected and not t.TLS and not t.disconnecting and not t.dataBuffer
-                and not t._tempDataLen and not t._writeDisconnecting
+        if (t.connected and not t.TLS and not t.disconnecting and not t._aborting
+                and not t.dataBuffer and not t._tempDataLen and not t._writeDisconnecting
                 and not t._writeDisconnected and data):
             try:
                 sent = t.socket.send(data)
