@@ -36,8 +36,10 @@ Workloads (1 KiB items):
   request latency instead of the throughput.
 
 darner is not part of this project: build it yourself and pass --darner
-PATH (its `db` client is looked up beside it). Without --darner the db
-workloads use the asyncio client one request at a time instead.
+PATH (its `db` client is looked up beside it). Without --darner (and --db)
+the db workloads are replaced by "one-at-a-time-1/10": the asyncio client
+at depth 1, which writes a set and its get together and waits for both
+replies (one pair at a time, not one request).
 
     python benchmarks/cost.py --help
     python benchmarks/cost.py --darner ~/darner/darner --runs 5 --json cost.json
