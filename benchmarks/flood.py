@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from servers import free_port, kestrel_process, stop, summary, wait_port
+from servers import free_port, kestrel_process, memcached_process, summary
 
 
 @contextmanager
@@ -55,15 +55,8 @@ def install_memcached() -> None:
 def memcached_server(binary: str) -> Iterator[int]:
     """Debian's memcached on a free loopback port; yields the port."""
     port = free_port()
-    command = [binary, "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "256", "-c", "1024"]
-    if os.geteuid() == 0:
-        command += ["-u", "nobody"]  # memcached refuses to run as root without -u
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
+    with memcached_process(binary, port):
         yield port
-    finally:
-        stop(proc)
 
 
 async def one_connection(port: int, key: bytes, pairs: int, depth: int, payload: bytes) -> None:

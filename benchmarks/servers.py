@@ -1,9 +1,11 @@
 """
-Servers for the flood benchmarks: txkestrel (and memcached) as child processes on free ports.
+Servers for the benchmarks: txkestrel, memcached and darner as child processes on free ports.
 
-Shared by `benchmarks/flood.py` and `benchmarks/thrift_flood.py`; not a
-benchmark itself. Every server listens on loopback only and is stopped (SIGTERM,
-then SIGKILL after 30 s) when its context ends.
+Shared by `benchmarks/flood.py`, `benchmarks/thrift_flood.py` and
+`benchmarks/cost.py`; not a benchmark itself. Every server listens on loopback
+(darner, which has no bind option, on every address) and is stopped (SIGTERM,
+then SIGKILL after 30 s) when its context ends. Each context yields the
+server's process, whose pid is what `/proc/<pid>/stat` is read for.
 """
 
 from __future__ import annotations
@@ -56,30 +58,65 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
-                    extra_config: str = "") -> Iterator[None]:
+                    extra_config: str = "", src: Path = ROOT
+                    ) -> Iterator[subprocess.Popen[bytes]]:
     """
     Run our server (`python -m twisted kestrel`) with its journals under C{workdir}.
 
     It listens on C{memcache_port} and, unless 0, C{thrift_port} (text and
-    admin are off); C{extra_config} is more YAML lines. The context is entered
-    once every port accepts connections; the log is C{workdir/kestrel.log}.
+    admin are off); C{extra_config} is more YAML lines; the code is the
+    checkout at C{src} (this one by default). The context is entered once
+    every port accepts connections; the log is C{workdir/kestrel.log}.
     """
+    workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "kestrel.yaml"
     config.write_text(
         f"listen_address: 127.0.0.1\nmemcache_port: {memcache_port}\ntext_port: 0\n"
         f"thrift_port: {thrift_port}\nadmin_port: 0\n{extra_config}"
         f"queue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(src)}
     with open(workdir / "kestrel.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
-                                 "--config", str(config)], cwd=ROOT, env=env, stdout=log,
+                                 "--config", str(config)], cwd=src, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
         for port in (thrift_port, memcache_port):
             if port:
                 wait_port(port, proc)
-        yield
+        yield proc
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def memcached_process(binary: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Debian's memcached on loopback C{port} (C{-m 256 -c 1024}, no UDP)."""
+    command = [binary, "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "256", "-c", "1024"]
+    if os.geteuid() == 0:
+        command += ["-u", "nobody"]  # memcached refuses to run as root without -u
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield proc
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def darner_process(binary: str, port: int, datadir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """
+    darner (a C++ Kestrel clone, built separately) on C{port}, its LevelDB in C{datadir}.
+
+    darner fsyncs only the writes to a queue named with a C{/sync} suffix.
+    Never send it C{flush_all}: darner 0.2.0 crashes on it.
+    """
+    datadir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([binary, "-p", str(port), "-d", str(datadir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield proc
     finally:
         stop(proc)
 
@@ -87,3 +124,16 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
 def summary(rates: list[float]) -> str:
     """Format rates as "median (min-max)"."""
     return f"{statistics.median(rates):>9,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
+
+
+@contextmanager
+def floor_process(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs (no journal)."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
+                             str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield proc
+    finally:
+        stop(proc)

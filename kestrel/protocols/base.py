@@ -9,6 +9,10 @@ C{nc -N} does) still gets the reply to everything it sent: the connection
 closes once no request is waiting. L{SessionFactory} builds one protocol per
 connection over a L{kestrel.server.KestrelServer} and can end them all
 (L{SessionFactory.disconnect_all}) before the journals close.
+
+L{write_now} is how protocols send replies: on a plain TCP connection with
+nothing already queued it sends at once, without Twisted's register-for-writing
+round trip (see its docstring).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
+from twisted.internet import tcp
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ITransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -28,7 +33,9 @@ if TYPE_CHECKING:
     from kestrel.server import KestrelServer
     from kestrel.session import ClientSession
 
-__all__ = ["HTTP_REFUSED", "SessionFactory", "SessionProtocol", "looks_like_http"]
+__all__ = [
+    "HTTP_REFUSED", "SessionFactory", "SessionProtocol", "looks_like_http", "write_now",
+]
 
 #: An HTTP/1.x request line: a known method and a path, or any word, target and version.
 _HTTP_REQUEST_LINE = re.compile(
@@ -285,3 +292,45 @@ class SessionFactory(Factory):
             if protocol.transport is not None:
                 protocol.transport.abortConnection()
         self.connections.clear()
+
+
+# -- replies -----------------------------------------------------------------
+
+#: Transports whose socket L{write_now} may send on directly: exactly Twisted's
+#: plain TCP connections (subclasses may change how bytes reach the socket).
+_DIRECT_SEND_TYPES = frozenset({tcp.Server, tcp.Client})
+
+
+def write_now(transport: ITransport, data: bytes) -> None:
+    """
+    Write C{data} to C{transport}: the same promise as C{transport.write}
+    (every byte is sent, in order, after everything written before), but sent
+    at once when possible.
+
+    Twisted's TCP transport (C{abstract.FileDescriptor.write}) only appends to
+    its buffer and registers the socket for writing; a later reactor turn
+    calls C{doWrite}, which sends and unregisters it. For a reply to one
+    request that costs two C{epoll_ctl} calls and one C{epoll_wait} more than
+    the C{send} itself. Here, when the transport is a plain TCP connection
+    (not TLS), still connected and neither closing nor aborted, and nothing is
+    buffered in it (C{dataBuffer} and C{_tempDataBuffer} are empty), C{data}
+    is sent with one C{socket.send}. Whatever the kernel does not take (a partial send, or any
+    error: C{EAGAIN}, a reset connection) is handed to C{transport.write}, so
+    Twisted buffers it, or finds the error and loses the connection, exactly
+    as it would have. Any other transport (TLS, UNIX sockets, test
+    transports such as C{StringTransport}) just gets C{transport.write}.
+    """
+    if transport.__class__ in _DIRECT_SEND_TYPES:
+        t: Any = transport
+        if (t.connected and not t.TLS and not t.disconnecting and not t._aborting
+                and not t.dataBuffer and not t._tempDataLen and not t._writeDisconnecting
+                and not t._writeDisconnected and data):
+            try:
+                sent = t.socket.send(data)
+            except OSError:
+                sent = 0
+            if sent == len(data):
+                return
+            if sent:
+                data = data[sent:]
+    transport.write(data)

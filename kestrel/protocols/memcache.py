@@ -44,7 +44,12 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import memcache_expiry_ms
-from kestrel.protocols.base import HTTP_REFUSED, SessionFactory, SessionProtocol
+from kestrel.protocols.base import (
+    HTTP_REFUSED,
+    SessionFactory,
+    SessionProtocol,
+    write_now,
+)
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
@@ -467,7 +472,7 @@ class MemcacheProtocol(SessionProtocol):
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             self.stats.bytes_written += len(data)
-            self.transport.write(data)
+            write_now(self.transport, data)
 
     def _fail(self, reply: bytes) -> None:
         """Send C{reply} after every reply queued before it, then close the connection."""

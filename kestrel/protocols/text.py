@@ -32,7 +32,12 @@ from kestrel.errors import (
     UnknownStatus,
 )
 from kestrel.item import relative_expiry_ms
-from kestrel.protocols.base import HTTP_REFUSED, SessionFactory, SessionProtocol
+from kestrel.protocols.base import (
+    HTTP_REFUSED,
+    SessionFactory,
+    SessionProtocol,
+    write_now,
+)
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -327,7 +332,7 @@ class TextProtocol(SessionProtocol):
         """Send bytes unless the connection is gone."""
         if not self._closed:
             self._stats.bytes_written += len(data)
-            self.transport.write(data)
+            write_now(self.transport, data)
 
     # -- commands ---------------------------------------------------------
 

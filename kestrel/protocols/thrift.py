@@ -33,7 +33,7 @@ from twisted.python.failure import Failure
 
 from kestrel.errors import KestrelError, UnknownStatus
 from kestrel.item import relative_expiry_ms
-from kestrel.protocols.base import SessionFactory, SessionProtocol
+from kestrel.protocols.base import SessionFactory, SessionProtocol, write_now
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -543,7 +543,7 @@ class ThriftProtocol(SessionProtocol):
         oprot.write_struct(body)
         oprot.write_message_end()
         payload = out.getvalue()
-        self.transport.writeSequence([_FRAME_HEADER.pack(len(payload)), payload])
+        write_now(self.transport, _FRAME_HEADER.pack(len(payload)) + payload)
 
 
 class ThriftFactory(SessionFactory):

@@ -1,0 +1,586 @@
+"""
+Per-request cost of txkestrel next to darner and memcached, measured in one run.
+
+Not a test. It starts every server once (txkestrel from this checkout, and
+with --baseline-src a second txkestrel from another checkout; memcached;
+darner when --darner names its binary), then runs each workload against each
+server in turn, alternating the order every repetition, --runs times. For
+every (workload, server) it prints the median over the runs, with min-max, of
+
+* the server's CPU time per unit of work: utime + stime of the server process
+  (every thread) from /proc/<pid>/stat, before and after the run, divided by
+  the pairs (or sets) served; the robust figure on a busy machine;
+* the throughput the client saw (wall clock: noisy when the machine is shared);
+* the 1-minute load average at the end of the run;
+
+and, from one more run under `strace -c -f -p <pid>` (when strace works here),
+the system calls per request (a set+get pair is two requests) with the most
+frequent ones, and for durable sets the sets per fsync.
+
+Workloads (1 KiB items):
+
+* db-1, db-10: darner's own C++ client `db` (built beside the darner binary,
+  or --db) with 1 and 10 connections, each sending one request at a time,
+  sets and gets interleaved on one queue; a pair is one set and one get;
+* pipelined-10x16: 10 connections, each writing 16 set+get pairs at once and
+  reading the 32 replies (the asyncio client of benchmarks/flood.py);
+* durable-50: 50 connections with one set outstanding each. txkestrel runs a
+  second server with `sync_journal: always` and `durable_acks: true`
+  (STORED only after the fsync that covers the set), darner gets
+  `set <queue>/sync` (it fsyncs that write); memcached has no durable mode;
+* with --floor, benchmarks/floor_server.py (a bare Twisted memcache queue:
+  no journal, no metrics) runs beside the others as "twisted-floor": the
+  part of txkestrel's cost that is Twisted's reactor and the kernel's;
+* latency-100 (--latency): 100 connections sending sets and gets, one at a
+  time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
+  request latency instead of the throughput.
+
+darner is not part of this project: build it yourself and pass --darner
+PATH (its `db` client is looked up beside it). Without --darner (and --db)
+the db workloads are replaced by "one-at-a-time-1/10": the asyncio client
+at depth 1, which writes a set and its get together and waits for both
+replies (one pair at a time, not one request).
+
+    python benchmarks/cost.py --help
+    python benchmarks/cost.py --darner ~/darner/darner --runs 5 --json cost.json
+    python benchmarks/cost.py --runs 1 --pairs 2000 --no-strace      # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+from flood import flood
+from servers import (
+    ROOT,
+    darner_process,
+    floor_process,
+    free_port,
+    kestrel_process,
+    memcached_process,
+)
+
+TICKS = os.sysconf("SC_CLK_TCK")
+DURABLE_CONFIG = "default:\n  sync_journal: always\n  durable_acks: true\n"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process C{pid}, every thread included, in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # The command name (field 2) may hold spaces: split after its closing ")".
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@dataclass
+class Server:
+    """A running server: its label, memcache port, pid and how its queues are named."""
+
+    name: str
+    port: int
+    pid: int
+    durable: bool = False
+    queue_suffix: str = ""
+
+
+@dataclass
+class Sample:
+    """One run of one workload against one server."""
+
+    units: int
+    cpu_s: float
+    wall_s: float
+    load: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+    @property
+    def cpu_us(self) -> float:
+        """Server CPU microseconds per unit (pair or set)."""
+        return self.cpu_s * 1e6 / self.units
+
+    @property
+    def rate(self) -> float:
+        """Units per second of wall-clock time."""
+        return self.units / self.wall_s
+
+
+@dataclass
+class Result:
+    """Every run of one workload against one server, and its strace counts."""
+
+    workload: str
+    server: str
+    unit: str
+    requests_per_unit: int
+    samples: list[Sample] = field(default_factory=list)
+    syscalls: dict[str, int] | None = None
+    strace_units: int = 0
+
+    def syscalls_per_request(self) -> float | None:
+        """System calls per request in the strace run (None without strace)."""
+        if not self.syscalls or not self.strace_units:
+            return None
+        return self.syscalls["total"] / (self.strace_units * self.requests_per_unit)
+
+    def top_syscalls(self, n: int = 5) -> list[tuple[str, float]]:
+        """The C{n} most frequent system calls, per request."""
+        if not self.syscalls or not self.strace_units:
+            return []
+        per = self.strace_units * self.requests_per_unit
+        calls = sorted(((k, v) for k, v in self.syscalls.items() if k != "total"),
+                       key=lambda kv: -kv[1])
+        return [(k, v / per) for k, v in calls[:n]]
+
+    def units_per_fsync(self) -> float | None:
+        """Units per fsync/fdatasync in the strace run (None when none were counted)."""
+        if not self.syscalls:
+            return None
+        fsyncs = self.syscalls.get("fsync", 0) + self.syscalls.get("fdatasync", 0)
+        return self.strace_units / fsyncs if fsyncs else None
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready summary: medians, ranges and the raw samples."""
+        def med(values: list[float]) -> dict[str, float]:
+            return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        out: dict[str, object] = {
+            "workload": self.workload, "server": self.server, "unit": self.unit,
+            "cpu_us": med([s.cpu_us for s in self.samples]),
+            "rate": med([s.rate for s in self.samples]),
+            "load": med([s.load for s in self.samples]),
+            "syscalls_per_request": self.syscalls_per_request(),
+            "top_syscalls": self.top_syscalls(),
+            "units_per_fsync": self.units_per_fsync(),
+            "samples": [asdict(s) for s in self.samples],
+        }
+        if self.samples and self.samples[0].p50_ms is not None:
+            out["p50_ms"] = med([s.p50_ms or 0.0 for s in self.samples])
+            out["p99_ms"] = med([s.p99_ms or 0.0 for s in self.samples])
+        return out
+
+
+# -- clients ------------------------------------------------------------------
+
+def run_db(db: str, port: int, conns: int, pairs: int, size: int) -> tuple[int, float]:
+    """darner's C++ client: C{pairs} sets and gets over C{conns} connections; (pairs, seconds)."""
+    out = subprocess.run([db, "-p", str(port), "-c", str(conns), "-s", str(pairs),
+                          "-g", str(pairs), "-i", str(size)],
+                         check=True, capture_output=True, text=True, timeout=600).stdout
+    match = re.search(r"Time taken for tests:\s+([0-9.]+)", out)
+    if match is None:
+        raise RuntimeError(f"unexpected output from {db}: {out[:200]!r}")
+    return pairs, float(match.group(1))
+
+
+def run_pipelined(port: int, conns: int, depth: int, pairs: int, size: int) -> tuple[int, float]:
+    """The flood.py client: C{depth} pairs per write on C{conns} connections."""
+    rate = asyncio.run(flood(port, pairs, conns, depth, size))
+    return pairs, pairs / rate
+
+
+async def _setter(port: int, queue: bytes, count: int, payload: bytes) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = b"set %s 0 0 %d\r\n%s\r\n" % (queue, len(payload), payload)
+    try:
+        for _ in range(count):
+            writer.write(request)
+            line = await reader.readline()
+            if line != b"STORED\r\n":
+                raise RuntimeError(f"set answered {line!r}")
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+def run_sets(port: int, queue: str, conns: int, sets: int, size: int) -> tuple[int, float]:
+    """C{sets} sets over C{conns} connections, one outstanding on each; (sets, seconds)."""
+    payload = b"d" * size
+    share = [sets // conns + (1 if i < sets % conns else 0) for i in range(conns)]
+
+    async def run() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(_setter(port, queue.encode(), n, payload) for n in share))
+        return time.perf_counter() - started
+    return sets, asyncio.run(run())
+
+
+def drain(port: int, queue: str) -> None:
+    """Read C{queue} empty (so the next run starts from an empty queue)."""
+    async def run() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while True:
+                writer.write(b"get %s\r\n" % queue.encode())
+                line = await reader.readline()
+                if line == b"END\r\n":
+                    return
+                length = int(line.split()[3])
+                await reader.readexactly(length + 2 + 5)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+    asyncio.run(run())
+
+
+async def _paced(port: int, queue: bytes, count: int, interval: float, start: float,
+                 payload: bytes, latencies: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    set_request = b"set %s 0 0 %d\r\n%s\r\n" % (queue, len(payload), payload)
+    get_request = b"get %s\r\n" % queue
+    loop = asyncio.get_running_loop()
+    try:
+        for i in range(count):
+            due = start + i * interval
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent = loop.time()
+            if i % 2 == 0:
+                writer.write(set_request)
+                line = await reader.readline()
+            else:
+                writer.write(get_request)
+                line = await reader.readline()
+                if line.startswith(b"VALUE "):
+                    await reader.readexactly(int(line.split()[3]) + 2 + 5)
+            # From when the request was due: a late send counts as waiting.
+            latencies.append(loop.time() - min(sent, max(due, start)))
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+def run_latency(port: int, queue: str, conns: int, rate: float, seconds: float,
+                size: int) -> tuple[int, float, float, float]:
+    """Sets and gets at C{rate} requests/s over C{conns} connections; (pairs, s, p50, p99 ms)."""
+    per_conn = max(2, int(rate * seconds / conns) // 2 * 2)
+    interval = conns / rate
+    latencies: list[float] = []
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.2
+        t0 = time.perf_counter()
+        await asyncio.gather(*(
+            _paced(port, queue.encode(), per_conn, interval, start + i * interval / conns,
+                   b"l" * size, latencies) for i in range(conns)))
+        return time.perf_counter() - t0
+    wall = asyncio.run(run())
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1000
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+    return conns * per_conn // 2, wall, p50, p99
+
+
+# -- measurement --------------------------------------------------------------
+
+def measure(server: Server, work: Callable[[Server], tuple]) -> Sample:
+    """Run C{work} once against C{server}, reading its CPU time around it."""
+    before = cpu_seconds(server.pid)
+    result = work(server)
+    cpu = cpu_seconds(server.pid) - before
+    units, wall = result[0], result[1]
+    sample = Sample(units=units, cpu_s=cpu, wall_s=wall, load=os.getloadavg()[0])
+    if len(result) == 4:
+        sample.p50_ms, sample.p99_ms = result[2], result[3]
+    return sample
+
+
+def strace_works() -> bool:
+    """Whether `strace -c -p` can attach to a child process here."""
+    if shutil.which("strace") is None:
+        return False
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        probe = subprocess.run(["timeout", "-s", "INT", "0.5", "strace", "-c", "-p",
+                                str(child.pid), "-o", os.devnull],
+                               capture_output=True, text=True, timeout=10)
+        return "attached" in probe.stderr
+    finally:
+        child.kill()
+        child.wait()
+
+
+def parse_strace(text: str) -> dict[str, int]:
+    """Calls per system call (and C{total}) from an C{strace -c} summary."""
+    calls: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and re.fullmatch(r"[0-9.]+", parts[0]) and parts[3].isdigit():
+            calls[parts[-1]] = int(parts[3])
+    return calls
+
+
+@contextmanager
+def straced(pid: int, workdir: Path) -> Iterator[dict[str, int]]:
+    """Count the system calls of C{pid} (every thread) while the context runs."""
+    out = workdir / f"strace-{pid}-{time.monotonic_ns()}.txt"
+    err = workdir / "strace.err"
+    with open(err, "w") as errfile:
+        proc = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
+                                stderr=errfile)
+    deadline = time.monotonic() + 10
+    while "attached" not in err.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    counts: dict[str, int] = {}
+    try:
+        yield counts
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        counts.update(parse_strace(out.read_text() if out.exists() else ""))
+
+
+# -- the run ------------------------------------------------------------------
+
+@dataclass
+class Workload:
+    """A named way to load a server, in units of C{unit} of C{requests_per_unit} requests."""
+
+    name: str
+    unit: str
+    requests_per_unit: int
+    run: Callable[[Server], tuple]
+    durable: bool = False
+    queue: str = "cost"
+
+
+def _db_work(db: str, conns: int, pairs: int, size: int, server: Server) -> tuple:
+    return run_db(db, server.port, conns, pairs, size)
+
+
+def _pipelined_work(conns: int, depth: int, pairs: int, size: int, server: Server) -> tuple:
+    return run_pipelined(server.port, conns, depth, pairs, size)
+
+
+def _sets_work(conns: int, sets: int, size: int, server: Server) -> tuple:
+    return run_sets(server.port, "durable" + server.queue_suffix, conns, sets, size)
+
+
+def _latency_work(conns: int, rate: float, seconds: float, size: int, server: Server) -> tuple:
+    return run_latency(server.port, "paced", conns, rate, seconds, size)
+
+
+def workloads(args: argparse.Namespace) -> list[Workload]:
+    """The workloads asked for, in the order they run."""
+    size = args.size
+    out: list[Workload] = []
+    for conns in (1, 10):
+        if args.db:
+            run = partial(_db_work, args.db, conns, args.pairs, size)
+            name = f"db-{conns}"
+        else:
+            run = partial(_pipelined_work, conns, 1, args.pairs, size)
+            name = f"one-at-a-time-{conns}"
+        out.append(Workload(name, "pair", 2, run, queue="db_bench"))
+    out.append(Workload("pipelined-10x16", "pair", 2,
+                        partial(_pipelined_work, 10, 16, args.pairs, size)))
+    out.append(Workload("durable-50", "set", 1,
+                        partial(_sets_work, 50, args.durable_sets, size),
+                        durable=True, queue="durable"))
+    if args.latency:
+        out.append(Workload("latency-100", "pair", 2,
+                            partial(_latency_work, 100, args.rate, args.latency_seconds, size),
+                            queue="paced"))
+    return [w for w in out if not args.only or any(w.name.startswith(o) for o in args.only)]
+
+
+def machine() -> dict[str, object]:
+    """What the figures were measured on."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import twisted
+    return {"cpus": os.cpu_count(), "cpu_model": model, "mem_mib": mem,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "twisted": twisted.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                  time.gmtime())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Server CPU us per request, throughput, system calls per request and "
+                    "load average of txkestrel, darner and memcached, measured alternately "
+                    "in one run (median of --runs).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--darner", help="darner binary (not part of this project; build it "
+                        "yourself); its `db` client is looked up beside it")
+    parser.add_argument("--db", help="darner's C++ load client `db` (default: beside --darner)")
+    parser.add_argument("--memcached", default=shutil.which("memcached") or "/usr/bin/memcached",
+                        help="memcached binary (apt-get install memcached); '' to leave it out")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="also run txkestrel from this checkout (labelled txkestrel-before)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also run benchmarks/floor_server.py (a bare Twisted memcache "
+                             "queue, no journal): the reactor's and kernel's share")
+    parser.add_argument("--runs", type=int, default=5, help="repetitions of every measurement")
+    parser.add_argument("--pairs", type=int, default=20000, help="set+get pairs per run")
+    parser.add_argument("--durable-sets", type=int, default=5000,
+                        help="sets per durable run (darner's /sync does one fsync per set)")
+    parser.add_argument("--size", type=int, default=1024, help="item size in bytes")
+    parser.add_argument("--latency", action="store_true",
+                        help="also measure p50/p99 latency of 100 paced clients")
+    parser.add_argument("--rate", type=float, default=5000, help="requests/s of --latency")
+    parser.add_argument("--latency-seconds", type=float, default=4.0,
+                        help="length of a --latency run")
+    parser.add_argument("--only", nargs="+", help="run only the workloads named so (prefixes)")
+    parser.add_argument("--no-strace", action="store_true", help="skip the strace runs")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    args = parser.parse_args(argv)
+    if args.darner and not args.db:
+        beside = Path(args.darner).with_name("db")
+        args.db = str(beside) if beside.exists() else None
+    if args.memcached and not os.path.exists(args.memcached):
+        parser.error(f"{args.memcached} not found: apt-get install memcached, or --memcached ''")
+    use_strace = not args.no_strace and strace_works()
+
+    info = machine()
+    load_start = os.getloadavg()
+    results: dict[tuple[str, str], Result] = {}
+    with tempfile.TemporaryDirectory(prefix="kestrel-cost-") as tmp, ExitStack() as stack:
+        root = Path(tmp)
+        plain: list[Server] = []
+        durable: list[Server] = []
+        sources = [("txkestrel", ROOT)]
+        if args.baseline_src:
+            sources.append(("txkestrel-before", args.baseline_src.resolve()))
+        for label, src in sources:
+            port = free_port()
+            proc = stack.enter_context(kestrel_process(root / label, port, src=src))
+            plain.append(Server(label, port, proc.pid))
+            if any(w.durable for w in workloads(args)):
+                port = free_port()
+                proc = stack.enter_context(kestrel_process(
+                    root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src))
+                durable.append(Server(label, port, proc.pid, durable=True))
+        if args.darner:
+            port = free_port()
+            proc = stack.enter_context(darner_process(args.darner, port, root / "darner"))
+            plain.append(Server("darner", port, proc.pid))
+            durable.append(Server("darner", port, proc.pid, durable=True, queue_suffix="/sync"))
+        if args.memcached:
+            port = free_port()
+            proc = stack.enter_context(memcached_process(args.memcached, port))
+            plain.append(Server("memcached", port, proc.pid))
+        if args.floor:
+            port = free_port()
+            proc = stack.enter_context(floor_process(port))
+            plain.append(Server("twisted-floor", port, proc.pid))
+
+        for work in workloads(args):
+            servers = durable if work.durable else plain
+            for server in servers:
+                results[work.name, server.name] = Result(work.name, server.name, work.unit,
+                                                         work.requests_per_unit)
+            for rep in range(args.runs):
+                shift = rep % len(servers)
+                for server in servers[shift:] + servers[:shift]:
+                    sample = measure(server, work.run)
+                    results[work.name, server.name].samples.append(sample)
+                    print(f"  {work.name} {server.name} run {rep + 1}: {sample.cpu_us:.1f} us/"
+                          f"{work.unit}, {sample.rate:,.0f} {work.unit}s/s, load "
+                          f"{sample.load:.2f}", file=sys.stderr, flush=True)
+                    if server.name not in ("memcached", "twisted-floor"):
+                        drain(server.port, work.queue)
+            if use_strace:
+                for server in servers:
+                    with straced(server.pid, root) as counts:
+                        units = work.run(server)[0]
+                    if server.name not in ("memcached", "twisted-floor"):
+                        drain(server.port, work.queue)
+                    result = results[work.name, server.name]
+                    result.syscalls, result.strace_units = dict(counts), units
+    load_end = os.getloadavg()
+
+    print(render(info, load_start, load_end, args, list(results.values()), use_strace))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": info, "load_start": load_start, "load_end": load_end,
+            "command": command_line(argv), "runs": args.runs, "pairs": args.pairs,
+            "durable_sets": args.durable_sets, "size": args.size, "strace": use_strace,
+            "results": [r.to_json() for r in results.values()]}, indent=1))
+    return 0
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that reproduces this run (paths as given)."""
+    words = sys.argv[1:] if argv is None else argv
+    return " ".join(["python3 benchmarks/cost.py", *words])
+
+
+def render(info: dict[str, object], load_start: tuple[float, float, float],
+           load_end: tuple[float, float, float], args: argparse.Namespace,
+           results: list[Result], use_strace: bool) -> str:
+    """The figures as Markdown tables, one per workload."""
+    lines = [f"{info['date']}: {info['cpus']} CPUs ({info['cpu_model']}), "
+             f"{info['mem_mib']} MiB, Linux {info['kernel']}, Python {info['python']}, "
+             f"Twisted {info['twisted']}; load average "
+             f"{load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f} at the start, "
+             f"{load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} at the end.",
+             f"Median (min-max) of {args.runs} runs; {args.size} B items"
+             + ("" if use_strace else "; no strace here, so no system-call counts") + "."]
+    by_workload: dict[str, list[Result]] = {}
+    for r in results:
+        by_workload.setdefault(r.workload, []).append(r)
+    for name, rows in by_workload.items():
+        unit = rows[0].unit
+        latency = rows[0].samples and rows[0].samples[0].p50_ms is not None
+        lines += ["", f"### {name}", ""]
+        header = (f"| server | CPU us per {unit} | {unit}s/s | syscalls per request "
+                  f"| most frequent (per request) | load |")
+        if latency:
+            header = header.replace(f"| {unit}s/s |", "| p50 ms | p99 ms |")
+        if unit == "set":
+            header = header.replace("| load |", "| sets per fsync | load |")
+        lines += [header, "|" + "---|" * (header.count("|") - 1)]
+        for r in rows:
+            cpu = [s.cpu_us for s in r.samples]
+            rate = [s.rate for s in r.samples]
+            calls = r.syscalls_per_request()
+            top = ", ".join(f"{k} {v:.2f}" for k, v in r.top_syscalls(4))
+            cells = [r.server, f"{statistics.median(cpu):,.1f} ({min(cpu):,.1f}-{max(cpu):,.1f})"]
+            if latency:
+                cells += [f"{statistics.median([s.p50_ms or 0 for s in r.samples]):.2f}",
+                          f"{statistics.median([s.p99_ms or 0 for s in r.samples]):.2f}"]
+            else:
+                cells.append(f"{statistics.median(rate):,.0f} ({min(rate):,.0f}-{max(rate):,.0f})")
+            cells += ["-" if calls is None else f"{calls:.2f}", top or "-"]
+            if unit == "set":
+                per = r.units_per_fsync()
+                cells.append("-" if per is None else f"{per:.1f}")
+            cells.append(f"{statistics.median([s.load for s in r.samples]):.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""
+CPU per memcache set+get pair inside txkestrel, with no sockets and no reactor.
+
+Not a test. It builds a real server (real queues and journal files in a
+temporary directory, `sync_journal: never`) driven by a manual clock, opens
+one memcache connection on an in-memory transport, and feeds it `--pairs`
+set+get pairs of 1 KiB items, `--depth` pairs per chunk of input (1: one
+request at a time, the set and the get in separate chunks; 16: pipelined).
+It prints this process's user and system CPU microseconds per pair
+(getrusage), the median of `--runs` runs after one warm-up run: the cost of
+the protocol, session, queue, journal and metrics code alone, which
+`benchmarks/cost.py` measures together with Twisted's reactor and the
+kernel's socket work.
+
+    python3 benchmarks/inprocess.py --help
+    python3 benchmarks/inprocess.py --depth 1 16
+    python3 benchmarks/inprocess.py --profile 20       # cProfile: the top 20 functions
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import resource
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import attrs  # noqa: E402
+from twisted.internet.task import Clock  # noqa: E402
+from twisted.internet.testing import StringTransport  # noqa: E402
+
+from kestrel.config import DEFAULT_CONFIG  # noqa: E402
+from kestrel.protocols.memcache import MemcacheFactory  # noqa: E402
+from kestrel.server import KestrelServer  # noqa: E402
+
+
+def pairs_once(protocol: object, transport: StringTransport, pairs: int, depth: int,
+               size: int) -> None:
+    """
+    Feed C{pairs} set+get pairs, checking the replies' length: with C{depth}
+    1 the set and the get arrive as separate chunks (one request at a time),
+    else C{depth} pairs per chunk.
+    """
+    data = b"x" * size
+    pair = b"set bench 0 0 %d\r\n%s\r\nget bench\r\n" % (size, data)
+    reply_len = len(b"STORED\r\nVALUE bench 0 %d\r\n%s\r\nEND\r\n" % (size, data)) * depth
+    chunks = [pair[:pair.index(b"get")], pair[pair.index(b"get"):]] if depth == 1 else [
+        pair * depth]
+    feed = protocol.dataReceived  # type: ignore[attr-defined]
+    for _ in range(pairs // depth):
+        for chunk in chunks:
+            feed(chunk)
+        if len(transport.value()) != reply_len:
+            raise RuntimeError(f"unexpected reply: {transport.value()[:80]!r}")
+        transport.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="CPU us per memcache set+get pair inside txkestrel (no sockets, "
+                    "no reactor), median of --runs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=32000, help="pairs per run")
+    parser.add_argument("--depth", type=int, nargs="+", default=[1, 16],
+                        help="pairs per chunk of input")
+    parser.add_argument("--size", type=int, default=1024, help="item size in bytes")
+    parser.add_argument("--runs", type=int, default=5, help="measured runs per depth")
+    parser.add_argument("--profile", type=int, metavar="N",
+                        help="instead, profile one run per depth and print the top N functions")
+    args = parser.parse_args(argv)
+
+    clock = Clock()
+    clock.advance(1_767_225_600.0)
+    with tempfile.TemporaryDirectory(prefix="kestrel-inprocess-") as tmp:
+        config = attrs.evolve(DEFAULT_CONFIG, queue_path=str(Path(tmp) / "queues"),
+                              status_file=None, expiration_timer_frequency=None)
+        server = KestrelServer.from_config(config, clock)
+        server.collection.startService()
+        try:
+            protocol = MemcacheFactory(server).buildProtocol(None)
+            transport = StringTransport()
+            protocol.makeConnection(transport)
+            print(f"{args.pairs} pairs of {args.size} B per run, median (min-max) of "
+                  f"{args.runs}; CPU us per pair of this process")
+            for depth in args.depth:
+                pairs_once(protocol, transport, args.pairs, depth, args.size)  # warm-up
+                if args.profile:
+                    profiler = cProfile.Profile()
+                    profiler.runcall(pairs_once, protocol, transport, args.pairs, depth,
+                                     args.size)
+                    print(f"depth {depth}:")
+                    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+                    continue
+                user, system = [], []
+                for _ in range(args.runs):
+                    before = resource.getrusage(resource.RUSAGE_SELF)
+                    pairs_once(protocol, transport, args.pairs, depth, args.size)
+                    after = resource.getrusage(resource.RUSAGE_SELF)
+                    user.append((after.ru_utime - before.ru_utime) * 1e6 / args.pairs)
+                    system.append((after.ru_stime - before.ru_stime) * 1e6 / args.pairs)
+                print(f"depth {depth}: user {statistics.median(user):.1f} "
+                      f"({min(user):.1f}-{max(user):.1f}), system "
+                      f"{statistics.median(system):.1f} ({min(system):.1f}-{max(system):.1f})")
+        finally:
+            server.collection.stopService()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
