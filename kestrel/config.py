@@ -28,258 +28,13 @@ import yaml
 from twisted.logger import Logger
 
 from kestrel.errors import ConfigError, ForbiddenStatus, InvalidQueueName, UnknownStatus
-from kestrel.names import is_fanout, master_name, validate_queue_name
+from kestrel.names import FANOUT_SEPARATOR, is_fanout, master_name, validate_queue_name
 from kestrel.status import Status, parse_settable_status
 
 #: Sync policy: None = never fsync on write, 0.0 = fsync every write, > 0 = period in seconds.
 SyncPolicy = float | None
 
 _log = Logger(namespace="kestrel.config")
-
-
-@attrs.frozen
-class QueueConfig:
-    """
-    The resolved settings of one queue. Every field has Kestrel's built-in default.
-
-    Durations are float seconds (or None), sizes are bytes, and a limit of
-    None means unlimited.
-    """
-
-    max_items: int | None = None
-    max_size: int | None = None
-    max_item_size: int | None = None
-    max_age: float | None = None
-    default_journal_size: int = 16 * 1024 * 1024
-    max_memory_size: int = 128 * 1024 * 1024
-    max_journal_size: int = 1024 * 1024 * 1024
-    min_journal_compact_delay: float | None = 60.0
-    discard_old_when_full: bool = False
-    keep_journal: bool = True
-    sync_journal: SyncPolicy = None
-    durable_acks: bool = False
-    expire_to_queue: str | None = None
-    max_expire_sweep: int | None = None
-    fanout_only: bool = False
-    max_queue_age: float | None = None
-    open_transaction_timeout: float | None = None
-    disable_aggressive_rewrites: bool = False
-
-
-def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Return a read-only copy of C{value}."""
-    return types.MappingProxyType(dict(value))
-
-
-@attrs.frozen
-class QueueOverride:
-    """
-    The settings one C{queues:} entry sets explicitly (a partial QueueConfig).
-
-    Only keys present in the file are in C{settings}; everything else is
-    inherited from the parent level.
-    """
-
-    settings: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
-
-    def __attrs_post_init__(self) -> None:
-        unknown = set(self.settings) - _QUEUE_FIELDS
-        if unknown:
-            raise ValueError(f"not queue settings: {', '.join(sorted(unknown))}")
-
-    def apply(self, parent: QueueConfig) -> QueueConfig:
-        """Return C{parent} with every setting of this override replacing its value."""
-        if not self.settings:
-            return parent
-        return attrs.evolve(parent, **self.settings)
-
-
-@attrs.frozen
-class ZooKeeperConfig:
-    """Where and how to publish this server in ZooKeeper server sets."""
-
-    host: str
-    path_prefix: str
-    port: int = 2181
-    session_timeout: float = 10.0
-    #: The host clients are told, used as given (loopback too); None: derived from the listener.
-    advertise_host: str | None = None
-
-
-def _status_converter(value: Status | str) -> Status:
-    """Accept a L{Status} or its (case-insensitive) name; reject Down."""
-    return parse_settable_status(value)
-
-
-def _alias_converter(value: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
-    """Return a read-only mapping of alias name to a tuple of destination names."""
-    return types.MappingProxyType({k: tuple(v) for k, v in value.items()})
-
-
-#: Where the status file goes when none is configured (unless that is inside queue_path).
-DEFAULT_STATUS_FILE = "./kestrel-status"
-
-
-def default_status_file(queue_path: str) -> str:
-    """
-    Return where the status file goes when C{status_file} is not configured.
-
-    That is C{./kestrel-status}, unless it would lie inside C{queue_path}
-    (C{queue_path: .}); then it is a sibling file of the queue folder,
-    C{<absolute queue_path>.kestrel-status}. Only a queue_path of the file
-    system root leaves no such place; the config check then asks for an
-    explicit C{status_file}.
-    """
-    if not _inside(DEFAULT_STATUS_FILE, queue_path):
-        return DEFAULT_STATUS_FILE
-    return os.path.abspath(queue_path).rstrip(os.sep) + ".kestrel-status"
-
-
-def _normalised(path: str) -> str:
-    """C{path} made absolute, normalised and case-folded where the OS ignores case."""
-    return os.path.normcase(os.path.abspath(path))
-
-
-def _inside(path: str, folder: str) -> bool:
-    """Whether C{path} is C{folder} or lies under it (lexically, after normalising)."""
-    path_abs, folder_abs = _normalised(path), _normalised(folder)
-    return path_abs == folder_abs or path_abs.startswith(folder_abs.rstrip(os.sep) + os.sep)
-
-
-def _same_path(a: str, b: str) -> bool:
-    """Whether two paths name the same location (lexically, after normalising)."""
-    return _normalised(a) == _normalised(b)
-
-
-@attrs.frozen
-class ServerConfig:
-    """
-    The whole server configuration: server-level settings, the default queue
-    settings, per-queue overrides and aliases.
-
-    Ports of None mean "listener disabled". C{warnings} holds non-fatal
-    remarks found while parsing (for example aliases masking queues); it does
-    not take part in equality.
-    """
-
-    listen_address: str = "127.0.0.1"
-    memcache_port: int | None = 22133
-    text_port: int | None = 2222
-    thrift_port: int | None = 2229
-    admin_port: int | None = 2223
-    queue_path: str = "./kestrel-data"
-    archive_path: str | None = None
-    status_file: str | None = attrs.field(
-        default=attrs.Factory(lambda self: default_status_file(self.queue_path), takes_self=True))
-    default_status: Status = attrs.field(default=Status.UP, converter=_status_converter)
-    status_change_grace_period: float = 0.0
-    expiration_timer_frequency: float | None = 1.0
-    client_timeout: float | None = None
-    max_open_transactions: int = 1
-    connection_limit_refuse_writes: int | None = None
-    connection_limit_refuse_reads: int | None = None
-    max_request_size: int = 64 * 1024 * 1024
-    admin_address: str = "127.0.0.1"
-    admin_token: str | None = attrs.field(default=None, repr=False)
-    admin_token_file: str | None = None
-    control_commands: str | None = None
-    max_client_memory: int = 256 * 1024 * 1024
-    max_client_output: int = 1024 * 1024
-    journal_file_mode: int = 0o600
-    queue_path_mode: int = 0o700
-    zookeeper: ZooKeeperConfig | None = None
-    default: QueueConfig = attrs.field(factory=QueueConfig)
-    queues: Mapping[str, QueueOverride] = attrs.field(factory=dict, converter=_frozen_mapping)
-    aliases: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict,
-                                                         converter=_alias_converter)
-    warnings: tuple[str, ...] = attrs.field(default=(), eq=False, converter=tuple)
-
-    def queue_config(self, name: str) -> QueueConfig:
-        """
-        Return the resolved settings of queue C{name}.
-
-        A plain queue is C{default} with its C{queues:} entry (if any) on top;
-        a fanout child C{q+f} is its master C{q}'s resolved settings with the
-        entry for C{q+f} (if any) on top. The name is not validated here.
-        """
-        if is_fanout(name):
-            parent = self.queue_config(master_name(name))
-        else:
-            parent = self.default
-        override = self.queues.get(name)
-        return parent if override is None else override.apply(parent)
-
-    @property
-    def control_admin_only(self) -> bool:
-        """
-        Whether C{shutdown}, C{reload}, C{flush_all} and status changes are
-        refused on the memcache, text and thrift ports (admin port only).
-
-        C{control_commands: admin_only} says so; left out, it is so exactly
-        when an admin token is configured.
-        """
-        if self.control_commands is None:
-            return self.admin_token is not None or self.admin_token_file is not None
-        return self.control_commands == "admin_only"
-
-    def restart_required_changes(self, new: ServerConfig) -> list[str]:
-        """
-        Return the server-level keys whose value differs in C{new}, in field order.
-
-        A reload applies only C{default}, C{queues} and C{aliases}; the keys
-        returned here keep their old value until a restart, and the reload
-        should say so (a logged warning).
-        """
-        return [f.name for f in attrs.fields(ServerConfig)
-                if f.name not in _RELOADABLE and getattr(self, f.name) != getattr(new, f.name)]
-
-    def with_overrides(self, **overrides: Any) -> ServerConfig:
-        """
-        Return a copy with server-level settings replaced (command-line options).
-
-        Values take the same forms as in the YAML file (C{memcache_port=0}
-        disables a listener, C{max_request_size="1MiB"}, durations as
-        C{"30s"} or seconds) and are checked the same way, including the
-        checks between keys (C{status_file} outside C{queue_path}). Raises
-        L{ConfigError} listing every problem. C{default}, C{queues} and
-        C{aliases} cannot be overridden here.
-
-        A status file at its default place (L{default_status_file} of the old
-        C{queue_path}) follows a new C{queue_path} unless C{status_file} is
-        overridden too, so the default never ends up inside the queue folder.
-        """
-        problems = _Problems("<overrides>")
-        changes: dict[str, Any] = {}
-        if ("queue_path" in overrides and "status_file" not in overrides
-                and self.status_file == default_status_file(self.queue_path)
-                and isinstance(overrides["queue_path"], str)):
-            changes["status_file"] = default_status_file(overrides["queue_path"])
-        for key, value in overrides.items():
-            if key == "zookeeper" and (value is None or isinstance(value, ZooKeeperConfig)):
-                changes[key] = value
-                continue
-            parser = _SERVER_SCALARS.get(key)
-            if parser is None:
-                problems.add(None, key, "not a server-level setting that can be overridden")
-                continue
-            try:
-                changes[key] = parser(value)
-            except _BadValueError as e:
-                problems.add(None, key, str(e))
-        result = attrs.evolve(self, **changes)
-        _check_server(result, problems, {})
-        problems.raise_if_any()
-        return result
-
-
-#: The keys a reload applies in place (everything else needs a restart).
-_RELOADABLE = frozenset({"default", "queues", "aliases", "warnings"})
-
-#: The built-in defaults: what the server runs on without a config file.
-DEFAULT_CONFIG = ServerConfig()
-
-
-_QUEUE_FIELDS = frozenset(f.name for f in attrs.fields(QueueConfig))
 
 
 # -- value parsers ---------------------------------------------------------------------------
@@ -538,26 +293,387 @@ def _zero_if_null(parser: Callable[[object], float]) -> Callable[[object], float
     return parse
 
 
+# -- queue keys: one declaration ------------------------------------------------------------
+
+
+def _render_duration(seconds: float) -> str:
+    """A duration in the config's own notation (C{250ms}, C{60s}), exact and re-parsable."""
+    candidates = []
+    if 0 < seconds < 1:
+        candidates.append(f"{round(seconds * 1000)}ms")
+    if seconds == int(seconds):
+        candidates.append(f"{int(seconds)}s")
+    for text in candidates:
+        if parse_duration(text) == seconds:
+            return text
+    return f"{seconds!r}s"
+
+
+def _render_value(value: Any) -> str:
+    """
+    A setting in config-file notation: integers plain, durations with a unit,
+    booleans C{true}/C{false}, None as C{null}, and strings quoted when YAML
+    would read them back as something else.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _render_duration(value)
+    if isinstance(value, str) and yaml.safe_load(value) != value:
+        return json.dumps(value)  # quoted: "no", "123" or "null" would read back as non-strings
+    return str(value)
+
+
+def _render_sync_policy(value: SyncPolicy) -> str:
+    """C{never}, C{always} or the fsync period."""
+    if value is None:
+        return "never"
+    if value == 0:
+        return "always"
+    return _render_duration(value)
+
+
+@attrs.frozen
+class QueueKey:
+    """
+    Everything about one queue setting besides its name and default: how a
+    config value is parsed (C{parse}), how a resolved value is rendered by
+    C{dump_config} (C{render}), and the row of the docs table (C{shown}: the
+    built-in default as written in the docs, C{kind}: the type column,
+    C{meaning}).
+    """
+
+    parse: Callable[[object], Any]
+    kind: str
+    shown: str
+    meaning: str
+    render: Callable[[Any], str] = _render_value
+
+
+#: The key under which a QueueConfig field's metadata holds its L{QueueKey}.
+_KEY = "kestrel.queue_key"
+
+
+def _setting(default: Any, parse: Callable[[object], Any], kind: str, shown: str,
+             meaning: str, render: Callable[[Any], str] = _render_value) -> Any:
+    """Declare one QueueConfig field: its default and its L{QueueKey}."""
+    return attrs.field(default=default, metadata={
+        _KEY: QueueKey(parse=parse, kind=kind, shown=shown, meaning=meaning, render=render)})
+
+
+@attrs.frozen
+class QueueConfig:
+    """
+    The resolved settings of one queue. Every field has Kestrel's built-in default.
+
+    Durations are float seconds (or None), sizes are bytes, and a limit of
+    None means unlimited. Each field is declared once, here: its default and
+    its L{QueueKey} (parser, C{dump_config} rendering, docs table row; see
+    L{queue_key} and L{queue_keys_table}).
+    """
+
+    max_items: int | None = _setting(
+        None, _optional(_count), "count or null", "`null`",
+        "refuse (or, with `discard_old_when_full`, drop the oldest) when the queue holds "
+        "this many items; `null`: unlimited")
+    max_size: int | None = _setting(
+        None, _optional(parse_size), "size or null", "`null`",
+        "the same for the total bytes of queued items")
+    max_item_size: int | None = _setting(
+        None, _optional(parse_size), "size or null", "`null`",
+        "larger items are always refused (an item of exactly this size is accepted)")
+    max_age: float | None = _setting(
+        None, _optional(parse_duration), "duration or null", "`null`",
+        "items older than this expire (client expiries are capped to it)")
+    default_journal_size: int = _setting(
+        16 * 1024 * 1024, _required(parse_size), "size", "`16MiB`",
+        "rewrite the journal of an empty queue once it reaches this size")
+    max_memory_size: int = _setting(
+        128 * 1024 * 1024, _required(parse_size), "size", "`128MiB`",
+        "item bytes kept in memory (the rest is read back from the journal); also the "
+        "journal rotation size")
+    max_journal_size: int = _setting(
+        1024 * 1024 * 1024, _required(parse_size), "size", "`1GiB`",
+        "rewrite or pack the journal once all its files total this much")
+    min_journal_compact_delay: float | None = _setting(
+        60.0, _optional(parse_duration), "duration or null", "`1m`",
+        "least time between two size-triggered rewrites; `null`: no limit")
+    discard_old_when_full: bool = _setting(
+        False, _boolean, "boolean", "`false`",
+        "a full queue drops its oldest items instead of refusing new ones")
+    keep_journal: bool = _setting(
+        True, _boolean, "boolean", "`true`",
+        "`false`: memory only; contents are lost on restart and an existing journal is "
+        "erased when the queue is created")
+    sync_journal: SyncPolicy = _setting(
+        None, parse_sync_policy, "sync policy", "`never`",
+        "fsync policy of the journal (see Units)", render=_render_sync_policy)
+    durable_acks: bool = _setting(
+        False, _boolean, "boolean", "`false`",
+        "with a `sync_journal` period: reply to a write only after the fsync that covers it "
+        "(with `always` every reply already waits for its fsync)")
+    expire_to_queue: str | None = _setting(
+        None, _optional(_queue_name), "queue name or null", "`null`",
+        "expired items are moved to this queue instead of dropped")
+    max_expire_sweep: int | None = _setting(
+        None, _optional(_count), "count or null", "`null`",
+        "most items expired in one pass; `null`: no limit")
+    fanout_only: bool = _setting(
+        False, _boolean, "boolean", "`false`",
+        f"the queue stores nothing itself; only its `{FANOUT_SEPARATOR}` children receive items")
+    max_queue_age: float | None = _setting(
+        None, _optional(parse_duration), "duration or null", "`null`",
+        "the sweep deletes the queue when it is empty and older than this")
+    open_transaction_timeout: float | None = _setting(
+        None, _optional(parse_duration), "duration or null", "`null`",
+        "open reads held longer than this are aborted (by a timer)")
+    disable_aggressive_rewrites: bool = _setting(
+        False, _boolean, "boolean", "`false`",
+        "Kestrel's alternative, gentler rewrite policy")
+
+
+def queue_key(name: str) -> QueueKey:
+    """The L{QueueKey} of queue setting C{name}; C{KeyError} if there is none."""
+    try:
+        return attrs.fields_dict(QueueConfig)[name].metadata[_KEY]
+    except KeyError:
+        raise KeyError(name) from None
+
+
+def queue_keys_table() -> list[str]:
+    """
+    The lines of the queue-keys table of C{docs/config.md} (header included),
+    one row per QueueConfig field in declaration order; a test checks that
+    the docs hold exactly these lines.
+    """
+    lines = ["| key | built-in | type | meaning |", "|---|---|---|---|"]
+    for f in attrs.fields(QueueConfig):
+        key: QueueKey = f.metadata[_KEY]
+        lines.append(f"| `{f.name}` | {key.shown} | {key.kind} | {key.meaning} |")
+    return lines
+
+
+def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Return a read-only copy of C{value}."""
+    return types.MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class QueueOverride:
+    """
+    The settings one C{queues:} entry sets explicitly (a partial QueueConfig).
+
+    Only keys present in the file are in C{settings}; everything else is
+    inherited from the parent level.
+    """
+
+    settings: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    def __attrs_post_init__(self) -> None:
+        unknown = set(self.settings) - _QUEUE_FIELDS
+        if unknown:
+            raise ValueError(f"not queue settings: {', '.join(sorted(unknown))}")
+
+    def apply(self, parent: QueueConfig) -> QueueConfig:
+        """Return C{parent} with every setting of this override replacing its value."""
+        if not self.settings:
+            return parent
+        return attrs.evolve(parent, **self.settings)
+
+
+@attrs.frozen
+class ZooKeeperConfig:
+    """Where and how to publish this server in ZooKeeper server sets."""
+
+    host: str
+    path_prefix: str
+    port: int = 2181
+    session_timeout: float = 10.0
+    #: The host clients are told, used as given (loopback too); None: derived from the listener.
+    advertise_host: str | None = None
+
+
+def _status_converter(value: Status | str) -> Status:
+    """Accept a L{Status} or its (case-insensitive) name; reject Down."""
+    return parse_settable_status(value)
+
+
+def _alias_converter(value: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
+    """Return a read-only mapping of alias name to a tuple of destination names."""
+    return types.MappingProxyType({k: tuple(v) for k, v in value.items()})
+
+
+#: Where the status file goes when none is configured (unless that is inside queue_path).
+DEFAULT_STATUS_FILE = "./kestrel-status"
+
+
+def default_status_file(queue_path: str) -> str:
+    """
+    Return where the status file goes when C{status_file} is not configured.
+
+    That is C{./kestrel-status}, unless it would lie inside C{queue_path}
+    (C{queue_path: .}); then it is a sibling file of the queue folder,
+    C{<absolute queue_path>.kestrel-status}. Only a queue_path of the file
+    system root leaves no such place; the config check then asks for an
+    explicit C{status_file}.
+    """
+    if not _inside(DEFAULT_STATUS_FILE, queue_path):
+        return DEFAULT_STATUS_FILE
+    return os.path.abspath(queue_path).rstrip(os.sep) + ".kestrel-status"
+
+
+def _normalised(path: str) -> str:
+    """C{path} made absolute, normalised and case-folded where the OS ignores case."""
+    return os.path.normcase(os.path.abspath(path))
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether C{path} is C{folder} or lies under it (lexically, after normalising)."""
+    path_abs, folder_abs = _normalised(path), _normalised(folder)
+    return path_abs == folder_abs or path_abs.startswith(folder_abs.rstrip(os.sep) + os.sep)
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two paths name the same location (lexically, after normalising)."""
+    return _normalised(a) == _normalised(b)
+
+
+@attrs.frozen
+class ServerConfig:
+    """
+    The whole server configuration: server-level settings, the default queue
+    settings, per-queue overrides and aliases.
+
+    Ports of None mean "listener disabled". C{warnings} holds non-fatal
+    remarks found while parsing (for example aliases masking queues); it does
+    not take part in equality.
+    """
+
+    listen_address: str = "127.0.0.1"
+    memcache_port: int | None = 22133
+    text_port: int | None = 2222
+    thrift_port: int | None = 2229
+    admin_port: int | None = 2223
+    queue_path: str = "./kestrel-data"
+    archive_path: str | None = None
+    status_file: str | None = attrs.field(
+        default=attrs.Factory(lambda self: default_status_file(self.queue_path), takes_self=True))
+    default_status: Status = attrs.field(default=Status.UP, converter=_status_converter)
+    status_change_grace_period: float = 0.0
+    expiration_timer_frequency: float | None = 1.0
+    client_timeout: float | None = None
+    max_open_transactions: int = 1
+    connection_limit_refuse_writes: int | None = None
+    connection_limit_refuse_reads: int | None = None
+    max_request_size: int = 64 * 1024 * 1024
+    admin_address: str = "127.0.0.1"
+    admin_token: str | None = attrs.field(default=None, repr=False)
+    admin_token_file: str | None = None
+    control_commands: str | None = None
+    max_client_memory: int = 256 * 1024 * 1024
+    max_client_output: int = 1024 * 1024
+    journal_file_mode: int = 0o600
+    queue_path_mode: int = 0o700
+    zookeeper: ZooKeeperConfig | None = None
+    default: QueueConfig = attrs.field(factory=QueueConfig)
+    queues: Mapping[str, QueueOverride] = attrs.field(factory=dict, converter=_frozen_mapping)
+    aliases: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict,
+                                                         converter=_alias_converter)
+    warnings: tuple[str, ...] = attrs.field(default=(), eq=False, converter=tuple)
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """
+        Return the resolved settings of queue C{name}.
+
+        A plain queue is C{default} with its C{queues:} entry (if any) on top;
+        a fanout child C{q+f} is its master C{q}'s resolved settings with the
+        entry for C{q+f} (if any) on top. The name is not validated here.
+        """
+        if is_fanout(name):
+            parent = self.queue_config(master_name(name))
+        else:
+            parent = self.default
+        override = self.queues.get(name)
+        return parent if override is None else override.apply(parent)
+
+    @property
+    def control_admin_only(self) -> bool:
+        """
+        Whether C{shutdown}, C{reload}, C{flush_all} and status changes are
+        refused on the memcache, text and thrift ports (admin port only).
+
+        C{control_commands: admin_only} says so; left out, it is so exactly
+        when an admin token is configured.
+        """
+        if self.control_commands is None:
+            return self.admin_token is not None or self.admin_token_file is not None
+        return self.control_commands == "admin_only"
+
+    def restart_required_changes(self, new: ServerConfig) -> list[str]:
+        """
+        Return the server-level keys whose value differs in C{new}, in field order.
+
+        A reload applies only C{default}, C{queues} and C{aliases}; the keys
+        returned here keep their old value until a restart, and the reload
+        should say so (a logged warning).
+        """
+        return [f.name for f in attrs.fields(ServerConfig)
+                if f.name not in _RELOADABLE and getattr(self, f.name) != getattr(new, f.name)]
+
+    def with_overrides(self, **overrides: Any) -> ServerConfig:
+        """
+        Return a copy with server-level settings replaced (command-line options).
+
+        Values take the same forms as in the YAML file (C{memcache_port=0}
+        disables a listener, C{max_request_size="1MiB"}, durations as
+        C{"30s"} or seconds) and are checked the same way, including the
+        checks between keys (C{status_file} outside C{queue_path}). Raises
+        L{ConfigError} listing every problem. C{default}, C{queues} and
+        C{aliases} cannot be overridden here.
+
+        A status file at its default place (L{default_status_file} of the old
+        C{queue_path}) follows a new C{queue_path} unless C{status_file} is
+        overridden too, so the default never ends up inside the queue folder.
+        """
+        problems = _Problems("<overrides>")
+        changes: dict[str, Any] = {}
+        if ("queue_path" in overrides and "status_file" not in overrides
+                and self.status_file == default_status_file(self.queue_path)
+                and isinstance(overrides["queue_path"], str)):
+            changes["status_file"] = default_status_file(overrides["queue_path"])
+        for key, value in overrides.items():
+            if key == "zookeeper" and (value is None or isinstance(value, ZooKeeperConfig)):
+                changes[key] = value
+                continue
+            parser = _SERVER_SCALARS.get(key)
+            if parser is None:
+                problems.add(None, key, "not a server-level setting that can be overridden")
+                continue
+            try:
+                changes[key] = parser(value)
+            except _BadValueError as e:
+                problems.add(None, key, str(e))
+        result = attrs.evolve(self, **changes)
+        _check_server(result, problems, {})
+        problems.raise_if_any()
+        return result
+
+
+#: The keys a reload applies in place (everything else needs a restart).
+_RELOADABLE = frozenset({"default", "queues", "aliases", "warnings"})
+
+#: The built-in defaults: what the server runs on without a config file.
+DEFAULT_CONFIG = ServerConfig()
+
+
+_QUEUE_FIELDS = frozenset(f.name for f in attrs.fields(QueueConfig))
+
+#: Queue setting name -> its parser, derived from the QueueConfig declaration.
 _QUEUE_KEYS: dict[str, Callable[[object], Any]] = {
-    "max_items": _optional(_count),
-    "max_size": _optional(parse_size),
-    "max_item_size": _optional(parse_size),
-    "max_age": _optional(parse_duration),
-    "default_journal_size": _required(parse_size),
-    "max_memory_size": _required(parse_size),
-    "max_journal_size": _required(parse_size),
-    "min_journal_compact_delay": _optional(parse_duration),
-    "discard_old_when_full": _boolean,
-    "keep_journal": _boolean,
-    "sync_journal": parse_sync_policy,
-    "durable_acks": _boolean,
-    "expire_to_queue": _optional(_queue_name),
-    "max_expire_sweep": _optional(_count),
-    "fanout_only": _boolean,
-    "max_queue_age": _optional(parse_duration),
-    "open_transaction_timeout": _optional(parse_duration),
-    "disable_aggressive_rewrites": _boolean,
-}
+    f.name: f.metadata[_KEY].parse for f in attrs.fields(QueueConfig)}
+
 
 _SERVER_SCALARS: dict[str, Callable[[object], Any]] = {
     "listen_address": _required(_text),
@@ -912,19 +1028,6 @@ def load_config(path: str | os.PathLike[str]) -> ServerConfig:
 # -- dump_config -----------------------------------------------------------------------------
 
 
-def _format_duration(seconds: float) -> str:
-    """A duration in the config's own notation (C{250ms}, C{60s}), exact and re-parsable."""
-    candidates = []
-    if 0 < seconds < 1:
-        candidates.append(f"{round(seconds * 1000)}ms")
-    if seconds == int(seconds):
-        candidates.append(f"{int(seconds)}s")
-    for text in candidates:
-        if parse_duration(text) == seconds:
-            return text
-    return f"{seconds!r}s"
-
-
 def format_queue_setting(key: str, value: Any) -> str:
     """
     Render one resolved queue setting in config-file notation.
@@ -932,23 +1035,12 @@ def format_queue_setting(key: str, value: Any) -> str:
     Sizes and counts are plain integers (bytes), durations carry a unit
     (C{60s}, C{250ms}), C{sync_journal} is C{never}, C{always} or a period,
     booleans are C{true}/C{false}, and "none"/"unlimited" is C{null}. Every
-    rendered value parses back to the same setting.
+    rendered value parses back to the same setting. The rendering is the
+    field's L{QueueKey.render}.
     """
-    if key == "sync_journal":
-        if value is None:
-            return "never"
-        if value == 0:
-            return "always"
-        return _format_duration(value)
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return _format_duration(value)
-    if isinstance(value, str) and yaml.safe_load(value) != value:
-        return json.dumps(value)  # quoted: "no", "123" or "null" would read back as non-strings
-    return str(value)
+    field = attrs.fields_dict(QueueConfig).get(key)
+    render = _render_value if field is None else field.metadata[_KEY].render
+    return render(value)
 
 
 def dump_queue_config(config: QueueConfig) -> list[str]:

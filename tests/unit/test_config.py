@@ -865,3 +865,38 @@ def test_explicit_status_file_inside_dot_is_refused() -> None:
     """A status_file set explicitly inside queue_path: . is still refused."""
     with pytest.raises(ConfigError, match="status_file: must not be inside queue_path"):
         parse_config("queue_path: .\nstatus_file: ./kestrel-status\n")
+
+
+# -- one declaration per queue key -----------------------------------------------------------
+
+
+def test_docs_queue_keys_table_is_the_declaration() -> None:
+    """docs/config.md's queue-keys table is exactly what the QueueConfig declaration renders."""
+    from kestrel.config import queue_keys_table
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text.split("## Queue keys", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert rows == queue_keys_table()
+
+
+def test_docs_built_in_column_parses_to_the_default() -> None:
+    """Each key's built-in value as the docs show it parses to the field's default."""
+    from kestrel.config import queue_key
+
+    for f in attrs.fields(QueueConfig):
+        shown = queue_key(f.name).shown.strip("`")
+        assert parse_queue_setting(f.name, shown) == f.default, f.name
+
+
+def test_parse_and_render_come_from_the_declaration() -> None:
+    """parse_queue_setting and dump_config use each field's declared parser and renderer."""
+    from kestrel.config import queue_key
+
+    assert queue_key("sync_journal").render(None) == "never"
+    assert format_queue_setting("sync_journal", 0.0) == "always"
+    assert parse_queue_setting("max_items", "10") == queue_key("max_items").parse(10) == 10
+    with pytest.raises(KeyError):
+        queue_key("no_such_key")
+    assert dump_queue_config(QueueConfig()) == [
+        f"{f.name}={queue_key(f.name).render(f.default)}" for f in attrs.fields(QueueConfig)]
