@@ -22,12 +22,11 @@ form or C{text/plain} body (what a web page can send without asking) or a
 C{Host} that is a DNS name (DNS rebinding) is refused too. C{GET} reports
 need no token. See C{docs/guide.md}, "Securing the admin port".
 
-Every report is built from the live objects at request time (no background
-collection). The server context is L{kestrel.server.KestrelServer}: the
-queues are read through its C{collection}, the counters through its
-C{stats}, the latency distributions through its C{metrics} (a
-L{kestrel.metrics.Metrics} that the sessions and journals record into). See
-C{docs/metrics.md}.
+Every report is built at request time (no background collection) from the
+typed records L{kestrel.server.KestrelServer} returns: C{server_report()}
+(counters, totals, status), C{queue_reports()} and C{alias_reports()}, and
+C{latency_summaries()} / C{latency_histograms()}. This module reads no queue,
+journal or collection itself. See C{docs/metrics.md}.
 """
 
 from __future__ import annotations
@@ -53,18 +52,12 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from kestrel.errors import ConfigError, KestrelError
-from kestrel.metrics import GLOBAL_METRICS
+from kestrel.server import KestrelServer
+from kestrel.stats import QueueReport
 
 #: Kestrel reported these for "no limit" (Scala's Int.MaxValue and Long.MaxValue).
 NO_MAX_ITEMS = 2**31 - 1
 NO_MAX_BYTES = 2**63 - 1
-
-#: Per-queue counters of Ostrich's C{q/<name>/...} (Kestrel's names), as queue attributes.
-QUEUE_COUNTERS = (
-    "total_items", "put_items", "put_bytes", "get_items_hit", "get_items_miss", "transactions",
-    "canceled_transactions", "expired_items", "discarded", "total_flushes", "journal_rewrites",
-    "journal_rotations",
-)
 
 #: Upper bounds (seconds) of the Prometheus latency histograms.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -75,45 +68,24 @@ _COUNTER_NAMES = {"total_items": "kestrel_items_added",
                   "total_connections": "kestrel_connections_opened"}
 
 
-def _queue_gauges(queue: Any) -> dict[str, int | float]:
-    """The Ostrich gauges of one queue, read from its stats and config."""
-    dumped = dict(queue.dump_stats())
-    config = getattr(queue, "config", None)
-    max_items = getattr(config, "max_items", None)
-    max_size = getattr(config, "max_size", None)
-    journal = queue.journal
+def _queue_gauges(queue: QueueReport) -> dict[str, int | float]:
+    """The Ostrich gauges of one queue report (Kestrel's names and "no limit" values)."""
     return {
-        "items": queue.length,
-        "max_items": NO_MAX_ITEMS if max_items is None else max_items,
+        "items": queue.items,
+        "max_items": NO_MAX_ITEMS if queue.max_items is None else queue.max_items,
         "bytes": queue.bytes,
-        "max_bytes": NO_MAX_BYTES if max_size is None else max_size,
-        "journal_size": journal.size + journal.archived_size,
-        "mem_items": int(dumped.get("mem_items", 0)),
-        "mem_bytes": queue.memory_bytes,
-        "age_msec": int(dumped.get("age", 0)),
-        "waiters": int(dumped.get("waiters", 0)),
-        "open_transactions": int(dumped.get("open_transactions", 0)),
+        "max_bytes": NO_MAX_BYTES if queue.max_bytes is None else queue.max_bytes,
+        "journal_size": queue.journal_bytes,
+        "mem_items": queue.mem_items,
+        "mem_bytes": queue.mem_bytes,
+        "age_msec": queue.age_ms,
+        "waiters": queue.waiters,
+        "open_transactions": queue.open_transactions,
         "create_time": int(queue.create_time),
     }
 
 
-def _queues(collection: Any) -> Iterator[tuple[str, Any]]:
-    """Every live queue of C{collection} (aliases excluded) as C{(name, queue)}."""
-    for name in collection.queue_names(include_aliases=False):
-        queue = collection.queue(name, create=False)
-        if queue is not None:
-            yield name, queue
-
-
-def _aliases(collection: Any) -> Iterator[tuple[str, Any]]:
-    """Every alias of C{collection} as C{(name, alias)}."""
-    for name in collection.alias_names():
-        alias = collection.alias(name)
-        if alias is not None:
-            yield name, alias
-
-
-def stats_report(server: Any) -> dict[str, dict[str, Any]]:
+def stats_report(server: KestrelServer) -> dict[str, dict[str, Any]]:
     """
     Return the Ostrich C{/stats.json} document of C{server}.
 
@@ -122,46 +94,29 @@ def stats_report(server: Any) -> dict[str, dict[str, Any]]:
     Kestrel 2.4 (C{docs/metrics.md}); each metric is C{count, minimum, maximum, average,
     p50, p90, p95, p99, p999, p9999}.
     """
-    collection = server.collection
-    status = server.status
-    counters: dict[str, int] = dict(server.stats.counters())
+    state = server.server_report()
+    counters: dict[str, int] = dict(state.counters)
     gauges: dict[str, int | float] = {
-        "items": collection.current_items(),
-        "bytes": collection.current_bytes(),
-        "reserved_memory_ratio": round(collection.reserved_memory_ratio(), 3),
-        "connections": server.stats.curr_connections,
-        "status/readable": status.readable,
-        "status/writeable": status.writeable,
+        "items": state.items,
+        "bytes": state.bytes,
+        "reserved_memory_ratio": round(state.reserved_memory_ratio, 3),
+        "connections": state.connections,
+        "status/readable": state.readable,
+        "status/writeable": state.writeable,
     }
-    labels = {"version": server.version, "status": status.status.display_name}
-    queue_names = []
-    for name, queue in _queues(collection):
-        queue_names.append(name)
-        for counter in QUEUE_COUNTERS:
-            counters[f"q/{name}/{counter}"] = getattr(queue, counter)
+    labels = {"version": state.version, "status": state.status}
+    for queue in server.queue_reports():
+        name = queue.name
+        for counter, value in queue.counters.items():
+            counters[f"q/{name}/{counter}"] = value
         for gauge, value in _queue_gauges(queue).items():
             gauges[f"q/{name}/{gauge}"] = value
-    for name, alias in _aliases(collection):
-        counters[f"q/{name}/put_items"] = alias.put_items
-        counters[f"q/{name}/put_bytes"] = alias.put_bytes
-        gauges[f"q/{name}/create_time"] = int(alias.create_time)
-    metrics = server.metrics
-    report = {name: h.summary() for name, h in metrics.global_items()}
-    live = set(queue_names)
-    for name in metrics.queue_names():
-        if name in live:
-            for metric, h in metrics.queue(name).items():
-                report[f"q/{name}/{metric}"] = h.summary()
+    for alias in server.alias_reports():
+        counters[f"q/{alias.name}/put_items"] = alias.put_items
+        counters[f"q/{alias.name}/put_bytes"] = alias.put_bytes
+        gauges[f"q/{alias.name}/create_time"] = int(alias.create_time)
+    report = {name: dict(summary) for name, summary in server.latency_summaries().items()}
     return {"counters": counters, "gauges": gauges, "labels": labels, "metrics": report}
-
-
-def _seconds_scale(name: str) -> tuple[str, float] | None:
-    """The Prometheus base name and unit scale of a C{*_usec} / C{*_msec} metric."""
-    if name.endswith("_usec"):
-        return name[:-5], 1e-6
-    if name.endswith("_msec"):
-        return name[:-5], 1e-3
-    return None
 
 
 class KestrelCollector:
@@ -175,13 +130,12 @@ class KestrelCollector:
     delay included) as a histogram in seconds.
     """
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: KestrelServer) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family, built from the server's current state."""
         server = self.server
-        collection = server.collection
         per_queue = {
             "items": GaugeMetricFamily("kestrel_queue_items",
                                        "Items in the queue, open reads excluded", labels=["queue"]),
@@ -201,57 +155,49 @@ class KestrelCollector:
             "expired": CounterMetricFamily("kestrel_queue_expirations", "Items that expired",
                                            labels=["queue"]),
         }
-        for name, queue in _queues(collection):
-            gauges = _queue_gauges(queue)
-            per_queue["items"].add_metric([name], gauges["items"])
-            per_queue["bytes"].add_metric([name], gauges["bytes"])
-            per_queue["open"].add_metric([name], gauges["open_transactions"])
-            per_queue["waiters"].add_metric([name], gauges["waiters"])
-            per_queue["journal"].add_metric([name], gauges["journal_size"])
-            per_queue["adds"].add_metric([name], queue.put_items)
-            per_queue["removes"].add_metric([name], queue.get_items_hit)
-            per_queue["expired"].add_metric([name], queue.expired_items)
+        for queue in server.queue_reports():
+            name = [queue.name]
+            per_queue["items"].add_metric(name, queue.items)
+            per_queue["bytes"].add_metric(name, queue.bytes)
+            per_queue["open"].add_metric(name, queue.open_transactions)
+            per_queue["waiters"].add_metric(name, queue.waiters)
+            per_queue["journal"].add_metric(name, queue.journal_bytes)
+            per_queue["adds"].add_metric(name, queue.counters["put_items"])
+            per_queue["removes"].add_metric(name, queue.counters["get_items_hit"])
+            per_queue["expired"].add_metric(name, queue.counters["expired_items"])
         yield from per_queue.values()
 
-        stats = server.stats
+        state = server.server_report()
         yield GaugeMetricFamily("kestrel_connections", "Open client connections",
-                                value=stats.curr_connections)
-        yield GaugeMetricFamily("kestrel_items", "Items in every queue",
-                                value=collection.current_items())
+                                value=state.connections)
+        yield GaugeMetricFamily("kestrel_items", "Items in every queue", value=state.items)
         yield GaugeMetricFamily("kestrel_bytes", "Payload bytes in every queue",
-                                value=collection.current_bytes())
+                                value=state.bytes)
         yield GaugeMetricFamily("kestrel_uptime_seconds", "Seconds since the server started",
-                                value=stats.uptime(server.clock.seconds()))
+                                value=state.uptime)
         status = GaugeMetricFamily("kestrel_status", "1 for the reported server status",
                                    labels=["status"])
-        status.add_metric([server.status.status.display_name], 1)
+        status.add_metric([state.status], 1)
         yield status
         info = GaugeMetricFamily("kestrel_build_info", "The server version", labels=["version"])
-        info.add_metric([server.version], 1)
+        info.add_metric([state.version], 1)
         yield info
-        for counter, value in stats.counters().items():
+        for counter, value in state.counters.items():
             if counter == "curr_connections":
                 continue
             name = _COUNTER_NAMES.get(counter, f"kestrel_{counter}")
             yield CounterMetricFamily(name, f"Kestrel's {counter} counter", value=value)
-        metrics = server.metrics
-        for name in GLOBAL_METRICS:
-            scaled = _seconds_scale(name)
-            if scaled is None:
-                continue
-            base, scale = scaled
-            h = getattr(metrics, name)
-            bounds = tuple(int(b / scale) for b in LATENCY_BUCKETS)
-            cumulative = h.cumulative(bounds)
-            buckets = [(repr(le), float(n)) for le, n in zip(LATENCY_BUCKETS, cumulative,
+        for h in server.latency_histograms(LATENCY_BUCKETS):
+            base = h.name[:-5]  # without _usec / _msec
+            buckets = [(repr(le), float(n)) for le, n in zip(h.bounds, h.cumulative,
                                                             strict=True)]
             buckets.append(("+Inf", float(h.count)))
             yield HistogramMetricFamily(f"kestrel_{base}_seconds",
-                                        f"Kestrel's {name}, in seconds",
-                                        buckets=buckets, sum_value=h.total * scale)
+                                        f"Kestrel's {h.name}, in seconds",
+                                        buckets=buckets, sum_value=h.sum_seconds)
 
 
-def prometheus_text(server: Any) -> bytes:
+def prometheus_text(server: KestrelServer) -> bytes:
     """Return the Prometheus text exposition of C{server}'s metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KestrelCollector(server))
@@ -437,7 +383,7 @@ class StatusResource(_Leaf):
 
     def render_GET(self, request: Request) -> bytes:
         """Return the reported status (C{UP}, C{READONLY}, ...)."""
-        return _text(request, self.kestrel.status.status.wire_name)
+        return _text(request, self.kestrel.reported_status().wire_name)
 
     def render_POST(self, request: Request) -> bytes:
         """Set the status named by the C{status} argument; 400 with the reason if refused."""
@@ -450,7 +396,7 @@ class StatusResource(_Leaf):
                          400)
         name = values[0].decode("utf-8", "replace")
         try:
-            new = self.kestrel.status.set_status(name)
+            new = self.kestrel.set_status(name)
         except KestrelError as e:
             return _text(request, str(e), 400)
         self._log.info("status set to {status} over admin HTTP", status=new.display_name)
@@ -463,7 +409,7 @@ class QuiesceResource(_Command):
     def render_POST(self, request: Request) -> bytes:
         """Set Quiescent; 400 with the reason if refused."""
         try:
-            new = self.kestrel.status.set_status("quiescent")
+            new = self.kestrel.set_status("quiescent")
         except KestrelError as e:
             return _text(request, str(e), 400)
         return _text(request, new.wire_name)

@@ -12,7 +12,7 @@ of sockets.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -23,10 +23,42 @@ from kestrel.budget import ClientMemory
 from kestrel.collection import QueueCollection, RunInThread
 from kestrel.config import ServerConfig, dump_queue_config, load_config
 from kestrel.errors import ConfigError
-from kestrel.metrics import Metrics
+from kestrel.metrics import GLOBAL_METRICS, Metrics
 from kestrel.session import ClientSession, ExternalReads
-from kestrel.stats import ServerStats, StatList, dump_stat_blocks, stat_entries
-from kestrel.status import ServerStatus
+from kestrel.stats import (
+    AliasReport,
+    QueueReport,
+    ServerReport,
+    ServerStats,
+    StatList,
+    dump_stat_blocks,
+    format_stat_blocks,
+    format_stats,
+    stat_entries,
+)
+from kestrel.status import ServerStatus, Status
+
+#: Kestrel's per-queue counters, reported as C{q/<name>/<counter>} (queue attribute names).
+QUEUE_COUNTERS = (
+    "total_items", "put_items", "put_bytes", "get_items_hit", "get_items_miss", "transactions",
+    "canceled_transactions", "expired_items", "discarded", "total_flushes", "journal_rewrites",
+    "journal_rotations",
+)
+
+
+@attrs.frozen
+class LatencyHistogram:
+    """
+    One server-wide latency metric in seconds: C{cumulative[i]} values were at
+    most C{bounds[i]} seconds; C{count} values in all, summing to C{sum_seconds}.
+    C{name} is Kestrel's (C{fsync_delay_usec}, ...).
+    """
+
+    name: str
+    bounds: tuple[float, ...]
+    cumulative: tuple[int, ...]
+    count: int
+    sum_seconds: float
 
 
 class KestrelServer:
@@ -151,6 +183,119 @@ class KestrelServer:
         config = self.config
         return [(name, dump_queue_config(config.queue_config(name)))
                 for name in names or self.collection.queue_names(include_aliases=False)]
+
+    def stats_text(self) -> str:
+        """The memcache C{STATS} reply text now (L{stats_entries}, formatted)."""
+        return format_stats(self.stats_entries())
+
+    def dump_stats_text(self, names: Sequence[str] = ()) -> str:
+        """The memcache C{DUMP_STATS} reply text of L{dump_stats}(C{names})."""
+        return format_stat_blocks(self.dump_stats(names))
+
+    def dump_config_text(self, names: Sequence[str] = ()) -> str:
+        """
+        The memcache C{DUMP_CONFIG} reply text of L{dump_config}(C{names}):
+        C{queue '<name>' {} blocks of indented C{key=value} lines, then C{END}.
+        """
+        lines: list[str] = []
+        for name, settings in self.dump_config(names):
+            lines.append(f"queue '{name}' {{")
+            lines.extend(f"  {line}" for line in settings)
+            lines.append("}")
+        return "\r\n".join(lines) + "\r\nEND\r\n"
+
+    def reported_status(self) -> Status:
+        """The server status now, as reported to clients (see L{ServerStatus.status})."""
+        return self.status.status
+
+    def set_status(self, name: str | Status) -> Status:
+        """Ask for status C{name}; return the new reported status (L{ServerStatus.set_status})."""
+        return self.status.set_status(name)
+
+    def server_report(self) -> ServerReport:
+        """The server-wide counters, totals, connection count, uptime and status now."""
+        collection, stats, status = self.collection, self.stats, self.status
+        return ServerReport(
+            counters=stats.counters(),
+            items=collection.current_items(),
+            bytes=collection.current_bytes(),
+            reserved_memory_ratio=collection.reserved_memory_ratio(),
+            connections=stats.curr_connections,
+            uptime=stats.uptime(self.clock.seconds()),
+            version=self.version,
+            status=status.status.display_name,
+            readable=status.readable,
+            writeable=status.writeable,
+        )
+
+    def queue_reports(self) -> list[QueueReport]:
+        """One L{QueueReport} per live queue (aliases excluded), in the collection's order."""
+        collection = self.collection
+        reports = []
+        for name in collection.queue_names(include_aliases=False):
+            queue = collection.queue(name, create=False)
+            if queue is None:
+                continue
+            config = queue.config
+            journal = queue.journal
+            reports.append(QueueReport(
+                name=name, items=queue.length, bytes=queue.bytes,
+                max_items=config.max_items, max_bytes=config.max_size,
+                journal_bytes=journal.size + journal.archived_size,
+                mem_items=queue.memory_length, mem_bytes=queue.memory_bytes,
+                age_ms=queue.age, waiters=queue.waiter_count,
+                open_transactions=queue.open_transaction_count,
+                create_time=queue.create_time,
+                counters={counter: getattr(queue, counter) for counter in QUEUE_COUNTERS},
+            ))
+        return reports
+
+    def alias_reports(self) -> list[AliasReport]:
+        """One L{AliasReport} per alias."""
+        collection = self.collection
+        reports = []
+        for name in collection.alias_names():
+            alias = collection.alias(name)
+            if alias is not None:
+                reports.append(AliasReport(name=name, put_items=alias.put_items,
+                                           put_bytes=alias.put_bytes,
+                                           create_time=alias.create_time))
+        return reports
+
+    def latency_summaries(self) -> dict[str, Mapping[str, int | float]]:
+        """
+        Every latency metric's Ostrich summary by name: the global ones, then
+        C{q/<queue>/<metric>} for each live queue that has recorded any.
+        """
+        metrics = self.metrics
+        report: dict[str, Mapping[str, int | float]] = {
+            name: h.summary() for name, h in metrics.global_items()}
+        live = set(self.collection.queue_names(include_aliases=False))
+        for name in metrics.queue_names():
+            if name in live:
+                for metric, h in metrics.queue(name).items():
+                    report[f"q/{name}/{metric}"] = h.summary()
+        return report
+
+    def latency_histograms(self, bounds: Sequence[float]) -> list[LatencyHistogram]:
+        """
+        The global time metrics (C{*_usec}, C{*_msec}) as L{LatencyHistogram}s
+        in seconds, counted at the upper C{bounds} (seconds, ascending).
+        """
+        out = []
+        for name in GLOBAL_METRICS:
+            if name.endswith("_usec"):
+                scale = 1e-6
+            elif name.endswith("_msec"):
+                scale = 1e-3
+            else:
+                continue
+            h = getattr(self.metrics, name)
+            counts = h.cumulative(tuple(int(b / scale) for b in bounds))
+            out.append(LatencyHistogram(name=name, bounds=tuple(bounds),
+                                        cumulative=tuple(counts), count=h.count,
+                                        sum_seconds=h.total * scale))
+        return out
 
     # -- server-wide commands ----------------------------------------------
 

@@ -10,8 +10,11 @@ C{STATS} and C{DUMP_STATS} replies (C{docs/metrics.md}).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+import types
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
+
+import attrs
 
 #: Stat pairs as Kestrel reports them: (name, value as text).
 StatList = list[tuple[str, str]]
@@ -78,6 +81,67 @@ class ServerStats:
     def uptime(self, now: float) -> int:
         """Whole seconds since C{start_time} at clock time C{now} (never negative)."""
         return max(0, int(now - self.start_time))
+
+
+def _frozen_dict(value: Mapping[str, int]) -> Mapping[str, int]:
+    """A read-only copy of C{value}."""
+    return types.MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class QueueReport:
+    """
+    One queue's state at one instant, as numbers (what C{/stats.json} and
+    C{/metrics} report per queue; C{docs/metrics.md}).
+
+    Limits are None when unlimited. C{journal_bytes} counts every journal file
+    (current and archived); C{age_ms} is the age of the head item (0 when empty);
+    C{counters} holds Kestrel's per-queue counters by name.
+    """
+
+    name: str
+    items: int
+    bytes: int
+    max_items: int | None
+    max_bytes: int | None
+    journal_bytes: int
+    mem_items: int
+    mem_bytes: int
+    age_ms: int
+    waiters: int
+    open_transactions: int
+    create_time: float
+    counters: Mapping[str, int] = attrs.field(converter=_frozen_dict)
+
+
+@attrs.frozen
+class AliasReport:
+    """One alias at one instant: the adds it forwarded and when it was created."""
+
+    name: str
+    put_items: int
+    put_bytes: int
+    create_time: float
+
+
+@attrs.frozen
+class ServerReport:
+    """
+    The server-wide state at one instant: Kestrel's global counters (C{fsync_error_*}
+    included), the totals over every queue, the connection count, uptime and status
+    (C{readable} and C{writeable} are the 1.0/0.0 gauges of L{kestrel.status.ServerStatus}).
+    """
+
+    counters: Mapping[str, int] = attrs.field(converter=_frozen_dict)
+    items: int
+    bytes: int
+    reserved_memory_ratio: float
+    connections: int
+    uptime: int
+    version: str
+    status: str
+    readable: float
+    writeable: float
 
 
 class StatsSource(Protocol):

@@ -61,7 +61,6 @@ from kestrel.protocols.memcache_parser import (
     SetRequest,
     parse_line,
 )
-from kestrel.stats import format_stat_blocks, format_stats
 
 if TYPE_CHECKING:
     from kestrel.item import QItem
@@ -619,9 +618,9 @@ class MemcacheProtocol(SessionProtocol):
             except ControlRefused as e:
                 return b"CLIENT_ERROR %s\r\n" % _encode(str(e))
         if word == "stats":
-            return _encode(format_stats(self.server.stats_entries()))
+            return _encode(self.server.stats_text())
         if word == "dump_stats":
-            return _encode(format_stat_blocks(self.server.dump_stats(req.args)))
+            return _encode(self.server.dump_stats_text(req.args))
         if word == "version":
             return self.version_reply
         if word == "flush_all":
@@ -636,7 +635,7 @@ class MemcacheProtocol(SessionProtocol):
             return maybeDeferred(self.server.reload).addCallbacks(
                 lambda _: b"Reloaded config.\r\n", self._reload_failed)
         if word == "dump_config":
-            return self._dump_config(req.args)
+            return _encode(self.server.dump_config_text(req.args))
         if word == "shutdown":
             self._log.info("Shutdown requested over memcache")
             self.server.request_shutdown()
@@ -665,15 +664,6 @@ class MemcacheProtocol(SessionProtocol):
             # A stricter change still in its grace period: refused, connection kept.
             return b"ERROR %s\r\n" % _encode(str(exc))
         return _END
-
-    def _dump_config(self, names: tuple[str, ...]) -> bytes:
-        """Each queue's resolved settings as C{dump_queue_config} renders them (docs/config.md)."""
-        lines: list[str] = []
-        for name, settings in self.server.dump_config(names):
-            lines.append(f"queue '{name}' {{")
-            lines.extend(f"  {line}" for line in settings)
-            lines.append("}")
-        return _encode("\r\n".join(lines) + "\r\nEND\r\n")
 
 
 def _refusal_reply(req: Refusal) -> bytes:

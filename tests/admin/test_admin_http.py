@@ -290,3 +290,34 @@ def test_deleted_queue_metrics_are_gone(kestrel_factory: Callable[..., KestrelPr
     metrics = json.loads(http(server, "/stats.json")[1])["metrics"]
     assert metrics["q/doomed/request_size"]["count"] == 1
     assert metrics["q/doomed/set_latency_usec"]["count"] == 1
+
+
+def test_report_records_agree_with_dump_stats(live_server: Any) -> None:
+    """The typed queue and server records carry the numbers DUMP_STATS and STATS print."""
+    import attrs
+
+    from kestrel.stats import QueueReport, ServerReport
+
+    collection = live_server.collection
+    for data in (b"one", b"three"):
+        collection.add("jobs", data)
+    collection.queue("jobs").remove(transaction=True)
+    live_server.reload()  # no config file: the config is kept
+    (queue,) = live_server.queue_reports()
+    assert isinstance(queue, QueueReport)
+    dumped = dict(live_server.dump_stats(["jobs"])[0][1])
+    assert (queue.name, queue.items, queue.bytes, queue.open_transactions) == ("jobs", 1, 5, 1)
+    assert str(queue.mem_items) == dumped["mem_items"]
+    assert str(queue.waiters) == dumped["waiters"]
+    assert str(queue.age_ms) == dumped["age"]
+    assert queue.journal_bytes >= int(dumped["logsize"]) > 0
+    assert queue.counters["put_items"] == 2 and queue.counters["transactions"] == 1
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        queue.items = 0  # type: ignore[misc]
+    state = live_server.server_report()
+    assert isinstance(state, ServerReport)
+    entries = dict(live_server.stats_entries())
+    assert (str(state.items), str(state.bytes)) == (entries["curr_items"], entries["bytes"])
+    assert state.status == "Up" and state.readable == state.writeable == 1
+    assert live_server.stats_text().startswith("STAT uptime ")
+    assert live_server.dump_config_text(["jobs"]).startswith("queue 'jobs' {\r\n  max_items=")
