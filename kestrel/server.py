@@ -71,7 +71,8 @@ class KestrelServer:
 
     @ivar config: the config in force; a successful L{reload} replaces its
         C{default}, C{queues} and C{aliases} only.
-    @ivar shutdown_callback: set by the service layer; L{request_shutdown} calls it.
+    @ivar shutdown_callback: what L{request_shutdown} calls (C{on_shutdown}, given
+        by the service layer at construction).
     @ivar metrics: the latency distributions (L{Metrics}) sessions record and
         the admin site reports.
     """
@@ -81,7 +82,8 @@ class KestrelServer:
     def __init__(self, config: ServerConfig, clock: IReactorTime,
                  collection: QueueCollection, status: ServerStatus, *,
                  config_path: str | os.PathLike[str] | None = None,
-                 version: str = __version__, metrics: Metrics | None = None) -> None:
+                 version: str = __version__, metrics: Metrics | None = None,
+                 on_shutdown: Callable[[], object] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.collection = collection
@@ -94,7 +96,7 @@ class KestrelServer:
         self.connection_limit_refuse_writes: int | None = config.connection_limit_refuse_writes
         self.connection_limit_refuse_reads: int | None = config.connection_limit_refuse_reads
         self.external_reads = ExternalReads(collection, clock)
-        self.shutdown_callback: Callable[[], object] | None = None
+        self.shutdown_callback: Callable[[], object] | None = on_shutdown
         #: Client input held by every connection together, capped by max_client_memory.
         self.client_memory = ClientMemory(config.max_client_memory, clock)
         self._next_session_id = 0
@@ -107,7 +109,8 @@ class KestrelServer:
     def from_config(cls, config: ServerConfig, clock: IReactorTime, *,
                     config_path: str | os.PathLike[str] | None = None,
                     run_in_thread: RunInThread | None = None,
-                    version: str = __version__) -> KestrelServer:
+                    version: str = __version__,
+                    on_shutdown: Callable[[], object] | None = None) -> KestrelServer:
         """
         Build the collection and the status of C{config}, and the server over them.
 
@@ -126,7 +129,7 @@ class KestrelServer:
                                      queue_observer=metrics.queue,
                                      on_delete=metrics.remove_queue)
         return cls(config, clock, collection, status, config_path=config_path, version=version,
-                   metrics=metrics)
+                   metrics=metrics, on_shutdown=on_shutdown)
 
     # -- sessions ----------------------------------------------------------
 

@@ -8,8 +8,12 @@ then opens a listener for each enabled port on C{listen_address}, then logs
 one C{kestrel ready} line with the ports. Stopping it closes the listeners and
 waits for them, finishes the live sessions (their open reads go back to the
 queues), and only then stops the collection, which waits for pending fsyncs
-and closes the journals. C{MultiService} would stop children without waiting
-for one another, which is why the order is spelled out here.
+and closes the journals. The listeners are C{StreamServerEndpointService}
+children of the L{KestrelService} C{MultiService}, built once in
+L{make_kestrel_service} (every protocol module imported here, statically);
+C{MultiService} alone would start them before the replay and stop the
+queues without waiting for them, which is why start and stop spell out the
+order.
 
 Signals (installed once the reactor runs, main thread only): SIGHUP reloads
 the config in place (the handler only hops to the reactor); SIGTERM and SIGINT
@@ -20,24 +24,30 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import attrs
-from twisted.application.service import IService, Service
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kestrel.admin import make_admin_site
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, KestrelError
 from kestrel.protocols.memcache import MemcacheFactory
+from kestrel.protocols.text import TextFactory
+from kestrel.protocols.thrift import ThriftFactory
 from kestrel.server import KestrelServer
+from kestrel.serverset import ServerSetPublisher
 
-__all__ = ["KestrelService", "Listener", "SHUTDOWN_DELAY", "make_kestrel_service"]
+__all__ = ["DelayedStop", "KestrelService", "ListenerError", "ListenerService",
+           "SHUTDOWN_DELAY", "make_kestrel_service"]
 
 #: Seconds between a C{shutdown} command and the start of the stop (as Kestrel's 100 ms).
 SHUTDOWN_DELAY = 0.1
@@ -58,72 +68,128 @@ class ListenerError(CannotListenError):
                 f"for the {self.name} listener: {reason}")
 
 
-@attrs.frozen
-class Listener:
-    """One TCP listener to open: its name (C{memcache}, ...), port and factory."""
-
-    name: str
-    port: int
-    factory: Any
-    #: The address to bind; None: C{listen_address}.
-    address: str | None = None
-
-
-def _optional_factory(module: str, attribute: str, server: KestrelServer) -> Any:
+class ListenerService(StreamServerEndpointService):
     """
-    Build a factory from C{module.attribute(server)}, or return None if that
-    module is not part of this installation (logged).
+    One listener (C{memcache}, C{text}, C{thrift} or C{admin}): a
+    C{StreamServerEndpointService} named after its protocol.
+
+    Starting it listens at once and raises L{ListenerError} (one line naming
+    the listener, address and port) when the port cannot be opened;
+    C{port} is the listening port while it runs.
     """
-    try:
-        mod = __import__(module, fromlist=[attribute])
-        make = getattr(mod, attribute)
-    except (ImportError, AttributeError) as e:
-        _log.warn("{module}.{attribute} is not available ({error}); listener disabled",
-                  module=module, attribute=attribute, error=str(e))
-        return None
-    return make(server)
+
+    def __init__(self, name: str, endpoint: Any, factory: Any) -> None:
+        super().__init__(endpoint, factory)
+        self.setName(name)
+        self.port: IListeningPort | None = None
+
+    def privilegedStartService(self) -> None:
+        """Listen now; a port that cannot be opened raises L{ListenerError}."""
+        self._raiseSynchronously = True  # the base class's switch: raise a listen error here
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            self._waitingForPort = None
+            self.running = False
+            raise ListenerError(self.name, e) from e
+        assert self._waitingForPort is not None
+        self._waitingForPort.addCallback(self._listening)
+
+    def _listening(self, port: IListeningPort) -> IListeningPort:
+        self.port = port
+        return port
+
+    def stopService(self) -> Deferred[None]:
+        """Stop listening; the Deferred fires once the port is closed."""
+        self.port = None
+        if self._waitingForPort is None:
+            Service.stopService(self)
+            return succeed(None)
+        d: Deferred[None] = super().stopService()
+        self._waitingForPort = None
+        return d
 
 
-def _listeners(config: ServerConfig, server: KestrelServer) -> list[Listener]:
-    """The listeners of every enabled port, in a fixed order."""
+def _listeners(config: ServerConfig, server: KestrelServer,
+               reactor: Any) -> list[ListenerService]:
+    """The listeners of every enabled port, in a fixed order (memcache, text, thrift, admin)."""
     listeners = []
-    if config.memcache_port:
-        listeners.append(Listener("memcache", config.memcache_port, MemcacheFactory(server)))
-    for name, port, module, attribute in [
-        ("text", config.text_port, "kestrel.protocols.text", "TextFactory"),
-        ("thrift", config.thrift_port, "kestrel.protocols.thrift", "ThriftFactory"),
-        ("admin", config.admin_port, "kestrel.admin", "make_admin_site"),
+    for name, port, make in [
+        ("memcache", config.memcache_port, MemcacheFactory),
+        ("text", config.text_port, TextFactory),
+        ("thrift", config.thrift_port, ThriftFactory),
+        ("admin", config.admin_port, make_admin_site),
     ]:
         if port:
-            factory = _optional_factory(module, attribute, server)
-            if factory is not None:
-                address = config.admin_address if name == "admin" else None
-                listeners.append(Listener(name, port, factory, address))
+            address = config.admin_address if name == "admin" else config.listen_address
+            endpoint = TCP4ServerEndpoint(reactor, port, interface=address)
+            listeners.append(ListenerService(name, endpoint, make(server)))
     return listeners
 
 
-class KestrelService(Service):
+def _advertised(listeners: Sequence[ListenerService],
+                address: str) -> Callable[[], Mapping[str, tuple[str, int]]]:
+    """A function returning the bound memcache, thrift and text listeners as C{(host, port)}."""
+
+    def endpoints() -> dict[str, tuple[str, int]]:
+        return {listener.name: (address, listener.port.getHost().port)
+                for listener in listeners
+                if listener.port is not None and listener.name in ("memcache", "thrift", "text")}
+    return endpoints
+
+
+class DelayedStop:
+    """
+    The server's C{shutdown} command: stop the reactor (and so the service)
+    L{SHUTDOWN_DELAY} seconds after the first request; later requests change nothing.
+    """
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self._call: Any = None
+
+    def __call__(self) -> None:
+        """Schedule the stop, once."""
+        if self._call is None:
+            self._call = self.reactor.callLater(SHUTDOWN_DELAY, self.reactor.stop)
+
+
+class KestrelService(MultiService):
     """
     The whole server as one service: start replays then listens; stop unwinds in order.
 
-    @ivar ports: the listening ports by listener name, while running.
+    Its children are the L{ListenerService}s, one per enabled port. They do
+    not open in C{privilegedStartService} (which twistd calls first), but in
+    L{startService}, after the journals are replayed; and they stop before the
+    queue collection, in the order L{stopService} spells out.
     """
 
     _log = Logger()
     name = "kestrel"
 
-    def __init__(self, server: KestrelServer, reactor: Any, listeners: list[Listener], *,
+    def __init__(self, server: KestrelServer, reactor: Any,
+                 listeners: Sequence[ListenerService], *,
                  zookeeper: IService | None = None,
                  install_signal_handlers: bool = True) -> None:
+        super().__init__()
         self.server = server
         self.reactor = reactor
-        self.listeners = listeners
         self.zookeeper = zookeeper
         self.install_signal_handlers = install_signal_handlers
-        self.ports: dict[str, IListeningPort] = {}
+        for listener in listeners:
+            listener.setServiceParent(self)
         self._old_handlers: dict[int, Any] = {}
         self._stopping: Deferred[None] | None = None
-        self._shutdown_call: Any = None
+
+    @property
+    def ports(self) -> dict[str, IListeningPort]:
+        """The listening ports by listener name, while running."""
+        return {child.name: child.port for child in self
+                if isinstance(child, ListenerService) and child.port is not None}
+
+    def privilegedStartService(self) -> None:
+        """Nothing: the listeners open in L{startService}, after the replay."""
+        Service.privilegedStartService(self)
 
     def startService(self) -> None:
         """
@@ -132,17 +198,13 @@ class KestrelService(Service):
         A listener that cannot be opened (or a ZooKeeper publisher that cannot
         start) stops what was started and raises.
         """
-        super().startService()
+        Service.startService(self)
         server = self.server
         server.collection.startService()
         address = server.config.listen_address
         try:
-            for listener in self.listeners:
-                try:
-                    self.ports[listener.name] = self.reactor.listenTCP(
-                        listener.port, listener.factory, interface=listener.address or address)
-                except CannotListenError as e:
-                    raise ListenerError(listener.name, e) from e
+            for child in self:
+                child.startService()
             if self.zookeeper is not None:
                 self.zookeeper.startService()
         except Exception as e:
@@ -150,13 +212,12 @@ class KestrelService(Service):
                 self._log.error("kestrel cannot start ({error}); stopping", error=str(e))
             else:
                 self._log.failure("kestrel cannot start; stopping")
-            for port in self.ports.values():
-                port.stopListening()
-            self.ports.clear()
+            for child in self:
+                if child.running:
+                    child.stopService()
             server.collection.stopService()
             self.running = False
             raise
-        server.shutdown_callback = self.shutdown_soon
         bound = {name: port.getHost().port for name, port in self.ports.items()}
         self._log.info(
             "kestrel ready on {address}: {listeners}",
@@ -169,14 +230,8 @@ class KestrelService(Service):
 
     def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
         """The bound C{memcache}, C{thrift} and C{text} listeners as C{(host, port)}."""
-        address = self.server.config.listen_address
-        return {name: (address, port.getHost().port) for name, port in self.ports.items()
-                if name in ("memcache", "thrift", "text")}
-
-    def shutdown_soon(self) -> None:
-        """Stop the reactor (and so this service) L{SHUTDOWN_DELAY} seconds from now."""
-        if self._shutdown_call is None:
-            self._shutdown_call = self.reactor.callLater(SHUTDOWN_DELAY, self.reactor.stop)
+        listeners = [child for child in self if isinstance(child, ListenerService)]
+        return dict(_advertised(listeners, self.server.config.listen_address)())
 
     def stopService(self) -> Deferred[None]:
         """
@@ -185,7 +240,7 @@ class KestrelService(Service):
         """
         if self._stopping is not None:
             return self._stopping
-        super().stopService()
+        Service.stopService(self)
         self._restore_signals()
         self._log.info("kestrel stopping")
         d: Deferred[Any] = succeed(None)
@@ -204,13 +259,15 @@ class KestrelService(Service):
         self._log.failure(why, failure)
 
     def _stop_listening(self) -> Deferred[Any]:
-        ports, self.ports = list(self.ports.values()), {}
-        return DeferredList([maybeDeferred(p.stopListening) for p in ports], consumeErrors=True)
+        """Stop every running listener (last first) and wait for all of them."""
+        return DeferredList([maybeDeferred(child.stopService)
+                             for child in reversed(list(self)) if child.running],
+                            consumeErrors=True)
 
     def _disconnect_clients(self) -> None:
         """Finish every live session so open reads return to their queues before close."""
-        for listener in self.listeners:
-            disconnect = getattr(listener.factory, "disconnect_all", None)
+        for child in self:
+            disconnect = getattr(getattr(child, "factory", None), "disconnect_all", None)
             if disconnect is not None:
                 disconnect()
 
@@ -260,20 +317,6 @@ def _run_in_thread(reactor: Any) -> Callable[[Callable[[], Any]], Deferred[Any]]
     return run
 
 
-def _zookeeper_service(config: ServerConfig, service: KestrelService) -> IService | None:
-    """The ZooKeeper server-set publisher when configured and installed, else None."""
-    if config.zookeeper is None:
-        return None
-    try:
-        from kestrel.serverset import ServerSetPublisher
-    except ImportError as e:
-        _log.error("zookeeper is configured but kestrel.serverset is unavailable: {error}",
-                   error=str(e))
-        return None
-    return ServerSetPublisher.from_config(config.zookeeper, service.server.status,
-                                          service.advertised_endpoints, service.reactor)
-
-
 def make_kestrel_service(config: ServerConfig, reactor: Any,
                          config_path: str | None = None, *,
                          install_signal_handlers: bool = True) -> KestrelService:
@@ -285,8 +328,13 @@ def make_kestrel_service(config: ServerConfig, reactor: Any,
     (except creating C{queue_path}).
     """
     server = KestrelServer.from_config(config, reactor, config_path=config_path,
-                                       run_in_thread=_run_in_thread(reactor))
-    service = KestrelService(server, reactor, _listeners(config, server),
-                             install_signal_handlers=install_signal_handlers)
-    service.zookeeper = _zookeeper_service(config, service)
-    return service
+                                       run_in_thread=_run_in_thread(reactor),
+                                       on_shutdown=DelayedStop(reactor))
+    listeners = _listeners(config, server, reactor)
+    zookeeper = None
+    if config.zookeeper is not None:
+        zookeeper = ServerSetPublisher.from_config(
+            config.zookeeper, server.status, _advertised(listeners, config.listen_address),
+            reactor)
+    return KestrelService(server, reactor, listeners, zookeeper=zookeeper,
+                          install_signal_handlers=install_signal_handlers)
