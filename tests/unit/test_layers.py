@@ -1,0 +1,159 @@
+"""
+Import checks that keep the layers' arrows pointing down (docs/architecture.md).
+
+Read from the source with C{ast}, nothing is imported: a module below the
+protocols never imports a protocol module, thriftpy2 or the global reactor
+(anywhere in the module, functions included), and no import cycle exists
+among kestrel's modules at import time (module-level imports; imports under
+C{if TYPE_CHECKING:} and inside functions are not executed on import).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "kestrel"
+
+#: The modules below the protocols (a package name covers its submodules).
+LOWER = ("kestrel.queue", "kestrel.journal", "kestrel.collection", "kestrel.config",
+         "kestrel.session", "kestrel.server", "kestrel.status", "kestrel.stats",
+         "kestrel.names", "kestrel.item", "kestrel.waiters")
+
+#: What a lower module may never import (a name covers its submodules).
+FORBIDDEN = ("kestrel.protocols", "thriftpy2", "twisted.internet.reactor")
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a source file of the package."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    """Whether an C{if} test is C{TYPE_CHECKING} (or C{typing.TYPE_CHECKING})."""
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imports(node: ast.AST, *, in_functions: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """
+    The import statements run by C{node}, leaving out C{if TYPE_CHECKING:}
+    bodies and, unless C{in_functions}, function bodies.
+    """
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        elif isinstance(child, ast.If) and is_type_checking(child.test):
+            for other in child.orelse:
+                yield from imports(ast.Module(body=[other], type_ignores=[]),
+                                   in_functions=in_functions)
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if in_functions:
+                yield from imports(child, in_functions=in_functions)
+        else:
+            yield from imports(child, in_functions=in_functions)
+
+
+def imported_names(module: str, *, in_functions: bool) -> set[str]:
+    """
+    The dotted names C{module} imports: for C{from a import b}, C{a.b} when
+    that is a module of the package (or the global reactor), else C{a}.
+    """
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in imports(tree, in_functions=in_functions):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+            base = ".".join(parent + ([base] if base else []))
+        for alias in node.names:
+            full = f"{base}.{alias.name}"
+            names.add(full if full in MODULES or full == "twisted.internet.reactor" else base)
+    return names
+
+
+def covered(name: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether C{name} is one of C{prefixes} or lies under one."""
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module-level import edges between kestrel's modules (self-edges dropped)."""
+    return {module: {n for n in imported_names(module, in_functions=False)
+                     if n in MODULES and n != module}
+            for module in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if covered(m, LOWER)))
+def test_lower_layers_import_no_protocol(module: str) -> None:
+    """A module below the protocols imports no protocol module, thriftpy2 or the reactor."""
+    bad = sorted(n for n in imported_names(module, in_functions=True) if covered(n, FORBIDDEN))
+    assert bad == [], f"{module} imports {', '.join(bad)}"
+
+
+def test_no_import_cycles() -> None:
+    """No two kestrel modules import each other, directly or round a longer loop."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_what_they_look_for() -> None:
+    """The checks find an edge, a forbidden import and a cycle where there is one."""
+    assert "kestrel.collection" in import_graph()["kestrel.server"]
+    assert "kestrel.session" in import_graph()["kestrel.server"]
+    assert covered("kestrel.protocols.memcache", FORBIDDEN)
+    assert "twisted.internet.reactor" in imported_names("kestrel.tap", in_functions=True)
+    assert "twisted.internet.reactor" not in imported_names("kestrel.tap", in_functions=False)
+    # session.py names the server only under TYPE_CHECKING: no edge at import time.
+    assert "kestrel.server" not in import_graph()["kestrel.session"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert set(LOWER) <= {m for m in MODULES if covered(m, LOWER)} | {"kestrel.journal"}
