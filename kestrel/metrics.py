@@ -56,14 +56,6 @@ PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99),
                ("p999", 0.999), ("p9999", 0.9999))
 
 
-def bucket_index(value: int) -> int:
-    """Return the bucket holding C{value} (negative values count as 0)."""
-    if value < _EXACT:
-        return value if value > 0 else 0
-    shift = value.bit_length() - _SUB_BITS - 1
-    return (shift + 1) * _SUB + (value >> shift) - _SUB
-
-
 def bucket_bounds(index: int) -> tuple[int, int]:
     """Return the smallest and largest value that fall in bucket C{index}."""
     if index < _EXACT:

@@ -228,11 +228,6 @@ class KestrelService(MultiService):
         if self.install_signal_handlers:
             self.reactor.callWhenRunning(self._install_signals)
 
-    def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
-        """The bound C{memcache}, C{thrift} and C{text} listeners as C{(host, port)}."""
-        listeners = [child for child in self if isinstance(child, ListenerService)]
-        return dict(_advertised(listeners, self.server.config.listen_address)())
-
     def stopService(self) -> Deferred[None]:
         """
         Stop in order: ZooKeeper, listeners (waited for), live sessions, then

@@ -240,14 +240,6 @@ def format_stat_blocks(blocks: Iterable[tuple[str, StatList]]) -> str:
     return "\r\n".join(lines) + "\r\nEND\r\n"
 
 
-def format_dump_stats(source: StatsSource, names: Sequence[str] = ()) -> str:
-    """
-    The memcache C{DUMP_STATS} reply text for C{names} of C{source} (every
-    queue and alias by default): L{format_stat_blocks} of L{dump_stat_blocks}.
-    """
-    return format_stat_blocks(dump_stat_blocks(source, names))
-
-
 _physical_memory: int | None = None
 
 

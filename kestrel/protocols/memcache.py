@@ -565,23 +565,13 @@ class MemcacheProtocol(SessionProtocol):
         word = req.word
         if word == "delete":
             reply = _DELETED
-            result = session.delete(req.name)
+            session.delete(req.name)
         elif word == "flush":
             reply = _END
-            result = session.flush(req.name)
+            session.flush(req.name)
         else:
-            result = session.flush_expired(req.name)
-            return self._after(result, lambda n: b"%d\r\n" % n)
-        if req.noreply:
-            reply = b""
-        return self._after(result, lambda _: reply)
-
-    @staticmethod
-    def _after(result: object, render: Callable[[Any], bytes]) -> Reply:
-        """Render C{result} now, or when it fires if it is a Deferred."""
-        if isinstance(result, Deferred):
-            return result.addCallback(render)
-        return render(result)
+            return b"%d\r\n" % session.flush_expired(req.name)
+        return b"" if req.noreply else reply
 
     def _confirm(self, req: ConfirmRequest) -> Reply:
         session = self.session
@@ -624,11 +614,10 @@ class MemcacheProtocol(SessionProtocol):
         if word == "version":
             return self.version_reply
         if word == "flush_all":
-            result = session.flush_all()
-            reply = b"" if req.noreply else _OK
-            return self._after(result, lambda _: reply)
+            session.flush_all()
+            return b"" if req.noreply else _OK
         if word == "flush_all_expired":
-            return self._after(session.flush_all_expired(), lambda n: b"%d\r\n" % n)
+            return b"%d\r\n" % session.flush_all_expired()
         if word == "status":
             return self._status(req.args)
         if word == "reload":

@@ -12,7 +12,8 @@ from kestrel.collection import QueueCollection
 from kestrel.config import parse_config
 from kestrel.stats import (
     ServerStats,
-    format_dump_stats,
+    dump_stat_blocks,
+    format_stat_blocks,
     format_stats,
     global_stat_entries,
     physical_memory_bytes,
@@ -45,6 +46,11 @@ def collection(tmp_path: Path, clock: Clock) -> QueueCollection:
     yield c
     c.stopService()
 
+
+
+def format_dump_stats(source: QueueCollection, names: list[str] | tuple[str, ...] = ()) -> str:
+    """The DUMP_STATS reply text as the server builds it (KestrelServer.dump_stats_text)."""
+    return format_stat_blocks(dump_stat_blocks(source, names))
 
 def test_counters_start_at_zero_and_are_plain_ints() -> None:
     """Every counter is an int attribute at 0; counters() reports them all."""
