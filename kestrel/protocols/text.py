@@ -10,8 +10,9 @@ or a string, C{*} no item.
 
 Each connection gets one L{kestrel.session.ClientSession}. Requests run one at
 a time, in order: while a C{get} waits or a C{monitor} streams, later lines
-stay buffered. Every bad line gets a C{-} error and the connection stays open;
-only a line longer than C{max_request_size} closes it (after an error line).
+stay buffered (reading goes on, so a close ends the wait at once; it pauses
+only once more than C{max_request_size} bytes are buffered). Every bad
+line gets a C{-} error and the connection stays open; only a line longer than C{max_request_size} closes it (after an error line).
 See docs/protocols.md for every command and reply.
 """
 
@@ -118,6 +119,7 @@ class TextProtocol(SessionProtocol):
         self._waiting = False
         self._processing = False
         self._closed = False
+        self._paused = False
         self._commands: dict[bytes, Callable[[list[bytes], list[bytes]], Any]] = {
             b"put": self._put,
             b"get": self._get,
@@ -149,7 +151,14 @@ class TextProtocol(SessionProtocol):
         """Buffer bytes and run the complete lines, in order."""
         self._stats.bytes_read += len(data)
         self._buffer += data
-        if not self._waiting and not self._processing:
+        if self._waiting:
+            # Keep reading while a request waits, so that a close (FIN or RST)
+            # is seen at once and ends the wait; pause only past one full line.
+            if not self._paused and len(self._buffer) > self.MAX_LENGTH + 2:
+                self._paused = True
+                self.transport.pauseProducing()
+            return
+        if not self._processing:
             self._process_lines()
 
     def _process_lines(self) -> None:
@@ -225,7 +234,6 @@ class TextProtocol(SessionProtocol):
             outcome.addBoth(box.append)
             if not box:
                 self._waiting = True
-                self.transport.pauseProducing()
                 outcome.addCallback(lambda _: self._finish_waiting(box[0]))
                 return
             outcome = box[0]
@@ -237,7 +245,9 @@ class TextProtocol(SessionProtocol):
         self._waiting = False
         if self._closed:
             return
-        self.transport.resumeProducing()
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
         if not self._processing:
             self._process_lines()
         if self._read_closed and not self._waiting:
