@@ -12,7 +12,8 @@ Each connection gets one L{kestrel.session.ClientSession}. Requests run one at
 a time, in order: while a C{get} waits or a C{monitor} streams, later lines
 stay buffered (reading goes on, so a close ends the wait at once; it pauses
 only once more than C{max_request_size} bytes are buffered). Every bad
-line gets a C{-} error and the connection stays open; only a line longer than C{max_request_size} closes it (after an error line).
+line gets a C{-} error and the connection stays open; only a line longer
+than C{max_request_size} closes it (after an error line).
 See docs/protocols.md for every command and reply.
 """
 
