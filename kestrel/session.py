@@ -408,7 +408,12 @@ class ClientSession:
                 self._stats.cmd_monitor_get += 1
                 started = clock.seconds()
                 wait_until = None if self.input_closed or self.finished else deadline
-                d = self._collection.remove(name, wait_until, opening, False)
+                try:
+                    d = self._collection.remove(name, wait_until, opening, False)
+                except KestrelError:
+                    # (the queue's journal failed): the stream ends with the error.
+                    done.errback(Failure())
+                    return
                 result = _result_now(d)
                 if result is _NOT_FIRED:
                     self._add_waiter(d)

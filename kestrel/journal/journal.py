@@ -204,6 +204,7 @@ class FileJournal:
     def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
+                 write: Callable[[int, bytes], int] = os.write,
                  run_in_thread: RunInThread | None = None,
                  coalescer: WriteCoalescer | None = None,
                  on_fsync: FsyncObserver | None = None) -> None:
@@ -213,6 +214,7 @@ class FileJournal:
         self._clock = clock
         self._policy = sync_policy
         self._fsync = fsync
+        self._os_write = write
         self._run_in_thread = run_in_thread
         self._coalescer = coalescer
         self._on_fsync = on_fsync
@@ -231,6 +233,9 @@ class FileJournal:
         # Operations on the head of the queue since the checkpoint was set.
         self._head_ops: array[int] | None = None
         self.closed = False
+        #: Called with C{(kind, error)} when a write or fsync of the current
+        #: file fails (C{kind} is C{"write"} or C{"fsync"}); the queue sets it.
+        self.on_failure: Callable[[str, OSError], None] | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -500,7 +505,91 @@ class FileJournal:
     def _open_writer(self) -> PeriodicSyncFile:
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
                                 fsync=self._fsync, run_in_thread=self._run_in_thread,
-                                coalescer=self._coalescer, on_fsync=self._on_fsync)
+                                coalescer=self._coalescer, on_fsync=self._on_fsync,
+                                on_error=self._writer_failed, write=self._os_write)
+
+    def _writer_failed(self, kind: str, error: OSError) -> None:
+        on_failure = self.on_failure
+        if on_failure is not None:
+            on_failure(kind, error)
+
+    # -- recovery after a failed write or fsync ------------------------------
+
+    def recover(self, kind: str, error: Exception) -> Deferred[int]:
+        """
+        Give up the current file after a failed write or fsync, and cut it
+        back to what is known to be in it; fire with the size kept.
+
+        After a failed write the file was already cut back to its last whole
+        record, and what was written before is fsynced now (the writes
+        waiting for durability fire). After a failed fsync what it covered
+        is in doubt (the kernel may have dropped those pages): the writes
+        not yet durable fail with C{error}, and the file is cut back to the
+        end of the last successful fsync (under C{sync_journal: never},
+        which promises no durability, nothing is cut). Read-behind stops, a
+        checkpoint and a pack in progress are dropped. The journal must then
+        be replayed (L{replay}) before it is written again. Raises (fails)
+        with the C{OSError} of a cut-back or fsync that fails.
+        """
+        self._epoch += 1
+        self._stop_reader()
+        self._clear_checkpoint()
+        writer = self._writer
+        if not isinstance(writer, PeriodicSyncFile):
+            return succeed(0)
+        self._writer = _NotOpen()
+        if kind == "fsync" and self._policy is not None:
+            done = writer.abandon(error)
+        else:
+            done = writer.close()
+        result: Deferred[int] = Deferred()
+
+        def closed(outcome: object) -> None:
+            if isinstance(outcome, Failure) or writer.failed is not None and kind == "fsync":
+                keep = writer.durable_position if self._policy is not None else writer.position
+            else:
+                keep = writer.position
+            try:
+                self._cut_current(keep)
+            except OSError:
+                result.errback()
+                return
+            result.callback(keep)
+
+        done.addBoth(closed)
+        return result
+
+    def _cut_current(self, keep: int) -> None:
+        """Truncate C{<q>} to C{keep} bytes (if longer) and fsync it."""
+        path = self._path(self.queue_name)
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except FileNotFoundError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            if size > keep:
+                self._log.warn(
+                    "Journal {queue}: cutting {file} back from {size} to {keep} bytes after a "
+                    "failed write or fsync", queue=self.queue_name, file=self.queue_name,
+                    size=size, keep=keep)
+                os.ftruncate(fd, keep)
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+
+    def probe(self, xid_counter: int) -> Deferred[None]:
+        """
+        Check that the journal can be written again: append a harmless
+        SAVE_XID(C{xid_counter}) and fsync it; fires when durable, fails if not.
+        """
+        data = rec.SaveXid(xid_counter).encode()
+        self.size += len(data)
+        d = self._writer.write(data)
+        if d.called and isinstance(d.result, Failure):
+            return d
+        d.addErrback(_log_failure)
+        return self._writer.sync()
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
         path = self._path(name)
@@ -675,12 +764,20 @@ class FileJournal:
                 ts += 1
                 continue
             break
-        with f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            self._fsync(f.fileno())
-            return name, f.tell()
+        try:
+            with f:
+                for part in parts:
+                    f.write(part)
+                f.flush()
+                self._fsync(f.fileno())
+                return name, f.tell()
+        except BaseException:
+            # (a full disk, say): the old files stay as they are.
+            try:
+                os.unlink(self._path(name))
+            except OSError:
+                pass
+            raise
 
     def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem],
                 xid_counter: int = 0) -> None:

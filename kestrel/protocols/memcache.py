@@ -30,6 +30,7 @@ from kestrel.errors import (
     ConfigError,
     ForbiddenStatus,
     InvalidQueueName,
+    JournalUnavailable,
     KestrelError,
     ShuttingDown,
     TooManyOpenReads,
@@ -238,6 +239,8 @@ class MemcacheProtocol(SessionProtocol):
         """
         session = self.session
         assert session is not None
+        # Only a write of this batch failing drops this batch's replies.
+        self._write_failures = session.write_failures()
         session.hold_writes()
         try:
             self._process_batch()
@@ -333,6 +336,9 @@ class MemcacheProtocol(SessionProtocol):
         self._waiting = False
         if self._idle_call is not None:
             self._last_active = self.clock.seconds()
+        if not self._in_process and self.session is not None:
+            # No batch of this connection is open: earlier failures were not its own.
+            self._write_failures = self.session.write_failures()
         if reply:
             self._out.append(reply)
         if not self._in_process:
@@ -398,6 +404,8 @@ class MemcacheProtocol(SessionProtocol):
             self._fail(b"CLIENT_ERROR %s\r\n" % _encode(str(exc)))
         elif isinstance(exc, CancelledError):
             self._fail(b"SERVER_ERROR request cancelled\r\n")
+        elif isinstance(exc, JournalUnavailable):
+            self._fail(b"SERVER_ERROR %s\r\n" % _encode(str(exc)))
         else:
             self._log.failure("Memcache request failed", failure)
             self._fail(b"SERVER_ERROR internal error\r\n")

@@ -17,6 +17,7 @@ from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from kestrel.config import QueueConfig
+from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem, memcache_expiry_ms, relative_expiry_ms
 from kestrel.journal import records as rec
 from kestrel.journal.memory import MemoryJournal
@@ -209,7 +210,7 @@ def test_journal_write_failing_at_once_stores_nothing(clock: Clock) -> None:
 
     q = make(clock, BrokenJournal())
     with capturedLogs() as events:
-        with pytest.raises(OSError):
+        with pytest.raises(JournalUnavailable, match="disk full"):
             value(q.add(b"a"))
     assert q.length == 0 and q.total_items == 0
     assert any("Journal write failed" in e.get("log_format", "") for e in events)
