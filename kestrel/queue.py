@@ -122,6 +122,7 @@ class PersistentQueue:
         self._closed = False
         self._replaying = False
         self._allow_rewrites = True
+        self._maintaining = False
         self._rewrite_timer: IDelayedCall | None = None
         self._txn_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
@@ -959,13 +960,18 @@ class PersistentQueue:
         A rewrite or rotation that fails (a full disk, say) leaves the
         journal files as they were; it is logged and tried again later.
         """
-        if self._journal_state is not _OK:
+        if self._journal_state is not _OK or self._maintaining:
+            # (an acknowledgement fired by a rotation or rewrite in progress
+            # led here: that one finishes first; the next operation checks again)
             return
+        self._maintaining = True
         try:
             self._check_rotate_journal_now()
         except OSError as e:
             self._log.error("Journal maintenance of {queue} failed: {error}; the journal "
                             "stays as it was", queue=self.name, error=_reason(e))
+        finally:
+            self._maintaining = False
 
     def _check_rotate_journal_now(self) -> None:
         cfg = self._config

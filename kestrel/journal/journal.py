@@ -176,6 +176,10 @@ def _pack_layout(head_ops: array[int], reserved: Sequence[QItem], open_items: li
     return slots, memory[len(put_back):]
 
 
+def _no_op() -> None:
+    return None
+
+
 def _log_failure(failure: Failure) -> None:
     """Swallow a failure that the syncfile has logged already."""
     return None
@@ -681,11 +685,29 @@ class FileJournal:
 
     def _close_writer(self) -> None:
         """Close the writer (its final fsync runs inline) and remember the close."""
-        d = self._writer.close()
+        self._close_writer_deferring()()
+
+    def _close_writer_deferring(self) -> Callable[[], None]:
+        """
+        Close the writer (its final fsync runs inline); return the function
+        that fires the acknowledgements that fsync covered.
+
+        Rotation and rewrite call that function only once the new current
+        file is in place: an acknowledgement may set off more writes to this
+        journal (a pipelined request served at once), and those must go to
+        the new file, never to the closed one or into a file about to be
+        replaced.
+        """
+        writer = self._writer
+        if isinstance(writer, PeriodicSyncFile):
+            d, fire = writer.close_deferring()
+        else:
+            d, fire = writer.close(), _no_op
         d.addErrback(_log_failure)
         if not d.called:
             self._closing.append(d)
             d.addBoth(self._closed_one, d)
+        return fire
 
     def _closed_one(self, result: object, d: Deferred[None]) -> object:
         if d in self._closing:
@@ -702,12 +724,13 @@ class FileJournal:
         and C{reserved_items} (the open reads) as the checkpoint.
         """
         old_size = self._writer.position
-        self._close_writer()
+        acknowledge = self._close_writer_deferring()
         try:
             rotated = self._unique_rotated_name()
             os.rename(self._path(self.queue_name), self._path(rotated))
         except Exception:
             self._writer = self._open_writer()
+            acknowledge()
             raise
         self.size = 0
         self.archived_size += old_size
@@ -717,7 +740,10 @@ class FileJournal:
         if set_checkpoint and self.checkpoint is None:
             self.checkpoint = Checkpoint(rotated, tuple(reserved_items))
             self._head_ops = array("q")
-        self._fsync_dir(self.queue_path)
+        try:
+            self._fsync_dir(self.queue_path)
+        finally:
+            acknowledge()
         self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
                        file=rotated)
 
@@ -797,16 +823,18 @@ class FileJournal:
         self._epoch += 1
         self._stop_reader()
         self._clear_checkpoint()
-        self._close_writer()
+        acknowledge = self._close_writer_deferring()
         try:
             self._replace_current(temp)
         except Exception:
             # Whatever step failed, the files on disk replay to the queue
             # (see docs/journal.md), and <q> is the right file to append to.
             self._reopen()
+            acknowledge()
             raise
         self._reopen()
         self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
+        acknowledge()
 
     def _reopen(self) -> None:
         self._writer = self._open_writer()

@@ -42,6 +42,10 @@ length is the number of writes covered, possibly 0 for a bare L{sync}).
 """
 
 
+def _nothing() -> None:
+    return None
+
+
 class SyncFileClosedError(OSError):
     """A write or sync was asked of a L{PeriodicSyncFile} that is closed."""
 
@@ -424,8 +428,22 @@ class PeriodicSyncFile:
         this returns (the Deferred fails if that fsync fails). Pending writes'
         Deferreds fire with it. Closing twice is harmless.
         """
+        done, fire = self.close_deferring()
+        fire()
+        return done
+
+    def close_deferring(self) -> tuple[Deferred[None], Callable[[], None]]:
+        """
+        Like L{close}, but the Deferreds of the writes that the final fsync
+        covered fire only when the returned function is called.
+
+        A journal that swaps files (rotation, rewrite) calls it once the new
+        file is in place, so that whatever those acknowledgements set off
+        (more writes, more rotations) never sees the old file half closed.
+        """
         if self._closed:
-            return succeed(None) if self._close_waiter is None else self._chain_close()
+            closed = succeed(None) if self._close_waiter is None else self._chain_close()
+            return closed, _nothing
         if self._held:
             self.flush()
         self._closed = True
@@ -450,18 +468,20 @@ class PeriodicSyncFile:
             self.durable_position = self.position
             if self._on_fsync is not None:
                 self._report_fsync(started, times)
-        for d in covered:
-            if error is None:
-                d.callback(None)
-            else:
-                d.errback(error)
+        def fire() -> None:
+            for d in covered:
+                if error is None:
+                    d.callback(None)
+                else:
+                    d.errback(error)
+
         self._close_error = error
         if self._syncing:
             # An fsync runs in a thread on this descriptor: close it when that ends.
             self._close_waiter = Deferred()
-            return self._chain_close()
+            return self._chain_close(), fire
         os.close(self._fd)
-        return succeed(None) if error is None else fail(error)
+        return (succeed(None) if error is None else fail(error)), fire
 
     def _report_error(self, kind: str, error: OSError) -> None:
         """Remember the first failure and tell the error observer (if any) of this one."""
