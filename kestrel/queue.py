@@ -269,7 +269,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply)
+            self.journal.replay(self._apply, self._forget_replayed)
         finally:
             self._replaying = False
         for xid in sorted(self._open, reverse=True):
@@ -278,6 +278,12 @@ class PersistentQueue:
         self._log.info(
             "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
             queue=self.name, items=self.length, bytes=self.bytes, xid=self._xid_counter)
+
+    def _forget_replayed(self) -> None:
+        """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
+        self._items = deque()
+        self._open = {}
+        self.length = self.bytes = self.memory_bytes = 0
 
     def _apply(self, record: rec.Record) -> None:
         """Apply one replayed journal record to the in-memory state."""
@@ -826,7 +832,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply)
+            self.journal.replay(self._apply, self._forget_replayed)
         finally:
             self._replaying = False
             self.total_items, self.put_items, self.put_bytes = counters

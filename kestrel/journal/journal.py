@@ -19,6 +19,7 @@ C{archive_path} when one is set.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import mmap
 import os
@@ -237,6 +238,8 @@ class FileJournal:
         # Operations on the head of the queue since the checkpoint was set.
         self._head_ops: array[int] | None = None
         self.closed = False
+        #: How many replays found a damaged rotated file (and set files aside).
+        self.damaged_replays = 0
         #: Called with C{(kind, error)} when a write or fsync of the current
         #: file fails (C{kind} is C{"write"} or C{"fsync"}); the queue sets it.
         self.on_failure: Callable[[str, OSError], None] | None = None
@@ -479,15 +482,31 @@ class FileJournal:
 
     # -- replay ------------------------------------------------------------
 
-    def replay(self, apply: Callable[[rec.Record], None]) -> None:
+    def replay(self, apply: Callable[[rec.Record], None],
+               reset: Callable[[], None] | None = None) -> None:
         """
         Call C{apply} with every record of every file, oldest first, then open C{<q>}.
 
         C{~~} files are deleted first and the pack rule is applied. A legacy
         ADD is passed on as an L{rec.Add} whose add time is the time of
-        replay. A corrupt or truncated record is cut off in the file that
-        holds it (the file is truncated at the record's start and fsynced)
-        with a warning, and replay goes on with the next file.
+        replay.
+
+        A corrupt or truncated record in the current file C{<q>} (the torn
+        tail a crash leaves) is cut off: the file is truncated at the
+        record's start and fsynced, with a warning.
+
+        A corrupt record in a I{rotated} file is damage (rotated files are
+        fsynced before they are renamed, so no crash tears them): the later
+        files' removes would then take the wrong items, and a consumed item
+        could come back. So that never happens, the damaged file and every
+        file before it are moved, untouched, into a folder
+        C{<q>.damaged.<ms>} of the queue folder for inspection, C{reset} is
+        called (the caller forgets what it replayed so far) and replay goes
+        on with the next file: the queue then holds only items of the later
+        files, a subset of the items really left. The error is logged and
+        counted in L{damaged_replays}. Without C{reset} (offline tools) the
+        damaged rotated file is cut off like the current one and replay goes
+        on with the next file.
         """
         os.makedirs(self.queue_path, exist_ok=True)
         temps = [n for n in self._list() if n.startswith(self.queue_name + _TEMP_INFIX)]
@@ -498,8 +517,14 @@ class FileJournal:
         if temps:
             self._fsync_dir(self.queue_path)
         try:
-            for name in self._all_files():
-                self._replay_one(name, apply)
+            files = self._all_files()
+            for index, name in enumerate(files):
+                damage = self._replay_one(name, apply,
+                                          truncate=reset is None or name == self.queue_name)
+                if damage is not None and reset is not None:
+                    self._set_aside(files[:index + 1], name, damage)
+                    self._stop_reader()
+                    reset()
         finally:
             self._replay_file = None
         self._compute_archived_size()
@@ -595,14 +620,39 @@ class FileJournal:
         d.addErrback(_log_failure)
         return self._writer.sync()
 
-    def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
+    def _set_aside(self, names: Sequence[str], damaged: str, damage: tuple[int, str]) -> None:
+        """Move C{names} (the damaged rotated file and those before it) into a new folder."""
+        folder = f"{self.queue_name}.damaged.{self._now_ms()}"
+        os.makedirs(self._path(folder), exist_ok=True)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self._path(name), os.path.join(self._path(folder), name))
+        self._fsync_dir(self._path(folder))
+        self._fsync_dir(self.queue_path)
+        self.damaged_replays += 1
+        offset, problem = damage
+        self._log.error(
+            "Journal {queue}: {problem} at offset {offset} of rotated file {file}. So that no "
+            "consumed item comes back, the queue keeps only what the files after it hold; "
+            "{files} moved to {folder} for inspection. ITEMS ADDED BEFORE THE DAMAGE ARE NOT "
+            "IN THE QUEUE.", queue=self.queue_name, problem=problem, offset=offset,
+            file=damaged, files=list(names), folder=self._path(folder))
+
+    def _replay_one(self, name: str, apply: Callable[[rec.Record], None],
+                    truncate: bool = True) -> tuple[int, str] | None:
+        """
+        Replay one file; return C{(offset, problem)} if it is damaged, else C{None}.
+
+        The damaged part of the current file is cut off (C{truncate}); a
+        rotated file is left as it is.
+        """
         path = self._path(name)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             self._log.info("No journal file {file} for {queue}", queue=self.queue_name,
                            file=name)
-            return
+            return None
         try:
             length = os.fstat(fd).st_size
             buf = mmap.mmap(fd, length, access=mmap.ACCESS_READ) if length else b""
@@ -618,11 +668,12 @@ class FileJournal:
             if isinstance(buf, mmap.mmap):
                 buf.close()
         self.size = end
-        if problem is not None:
+        if problem is not None and truncate:
             self._truncate(name, end, length, problem)
         self._log.info("Replayed {queue} file {file}: {bytes} bytes in {seconds:.3f}s",
                        queue=self.queue_name, file=name, bytes=end,
                        seconds=self._clock.seconds() - started)
+        return None if problem is None or truncate else (end, problem)
 
     def _replay_records(self, buf: mmap.mmap | bytes, end: int, name: str,
                         apply: Callable[[rec.Record], None]) -> tuple[int, str | None]:

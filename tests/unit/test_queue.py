@@ -50,7 +50,7 @@ class ReplayJournal(MemoryJournal):
         super().__init__(keep_records=True)
         self.replayed = list(replayed)
 
-    def replay(self, apply) -> None:
+    def replay(self, apply, reset=None) -> None:
         for record in self.replayed:
             apply(record)
 
