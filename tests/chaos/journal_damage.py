@@ -39,8 +39,20 @@ def _no_fsync(fd: int) -> None:
     """Copies replayed here need no durability: skipping fsync keeps thousands of cases fast."""
 
 
+class _CutAndGoOn(FileJournal):
+    """Replay as Kestrel does: damage in a rotated file is cut and replay goes on."""
+
+    def replay(self, apply, reset=None):  # type: ignore[no-untyped-def]
+        return super().replay(apply)
+
+
+#: Set by C{--cut-and-go-on}: measure the behaviour replay had before files were set aside.
+CUT_AND_GO_ON = False
+
+
 def _queue(path: Path, clock: Clock) -> PersistentQueue:
-    journal = FileJournal(str(path), "q", clock, None, fsync=_no_fsync)
+    cls = _CutAndGoOn if CUT_AND_GO_ON else FileJournal
+    journal = cls(str(path), "q", clock, None, fsync=_no_fsync)
     q = PersistentQueue("q", QueueConfig(**CONFIG), journal, clock)
     q.setup()
     return q
@@ -153,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.chaos.journal_damage",
         description="Cut or flip a bit of a real multi-file journal at every byte offset, "
                     "replay each copy, and count what replay detected, brought back or lost.")
-    parser.parse_args(argv)
+    parser.add_argument("--cut-and-go-on", action="store_true",
+                        help="replay as Kestrel does (cut a damaged rotated file, go on with "
+                             "the next), for comparison")
+    args = parser.parse_args(argv)
+    global CUT_AND_GO_ON
+    CUT_AND_GO_ON = args.cut_and_go_on
     with tempfile.TemporaryDirectory(prefix="kestrel-damage-") as tmp:
         files = Path(tmp) / "journal"
         files.mkdir()
