@@ -16,7 +16,7 @@ is how long the last fetched item waited.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -34,6 +34,10 @@ from kestrel.waiters import ReadWaiters
 
 #: Seconds between attempts to write a failed journal again (see docs/journal.md).
 JOURNAL_RETRY_SECONDS = 1.0
+
+#: How many recent confirms and aborts a queue remembers, to apply them again
+#: when a journal failure cut their records.
+RECENT_CLOSES = 65536
 
 _OK = "ok"
 _FAILED = "failed"
@@ -135,6 +139,9 @@ class PersistentQueue:
         self._recovering = False
         # Confirms (True) and aborts (False) of open reads asked for while _FAILED.
         self._closes_while_failed: list[tuple[int, bool]] = []
+        # The latest closes of open reads (xid -> confirmed): after a failure
+        # cut their records, a reload applies them again as they were.
+        self._recent_closes: OrderedDict[int, bool] = OrderedDict()
         #: How many times the journal failed and the queue went read-only.
         self.journal_failures = 0
         if hasattr(journal, "on_failure"):
@@ -574,6 +581,7 @@ class PersistentQueue:
         if xid in self._open:
             self._return_to_head(xid)
             self._open_since.pop(xid, None)
+            self._remember_close(xid, False)
             self._journal_write(self.journal.unremove, xid)
             self.canceled_transactions += 1
             self._open_reads_changed()
@@ -581,6 +589,12 @@ class PersistentQueue:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
         self._waiters.trigger()
+
+    def _remember_close(self, xid: int, confirmed: bool) -> None:
+        closes = self._recent_closes
+        closes[xid] = confirmed
+        if len(closes) > RECENT_CLOSES:
+            closes.popitem(last=False)
 
     def _return_to_head(self, xid: int) -> None:
         opened = self._open.pop(xid, None)
@@ -603,6 +617,7 @@ class PersistentQueue:
             return
         if self._open.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
+            self._remember_close(xid, True)
             self._journal_write(self.journal.confirm_remove, xid)
             self._open_reads_changed()
         else:
@@ -841,14 +856,19 @@ class PersistentQueue:
         now = self._clock.seconds()
         self._open_since = {x: before_since.get(x, now) for x in self._open}
         # Open in the journal, closed in memory since (the close was cut off
-        # with the failed records): put back, never lost.
+        # with the failed records): closed again as it was (a confirm may have
+        # been acknowledged); put back when unknown, never lost.
         gone = sorted((x for x in self._open if x not in before_open), reverse=True)
         closes, self._closes_while_failed = self._closes_while_failed, []
         self._journal_state = _READ_ONLY
         for xid in gone:
-            self._journal_write(self.journal.unremove, xid)
-            self._return_to_head(xid)
             self._open_since.pop(xid, None)
+            if self._recent_closes.get(xid, False):
+                self._open.pop(xid, None)
+                self._journal_write(self.journal.confirm_remove, xid)
+            else:
+                self._journal_write(self.journal.unremove, xid)
+                self._return_to_head(xid)
         for xid, confirm in closes:
             if confirm:
                 self.confirm_remove(xid)
@@ -896,9 +916,16 @@ class PersistentQueue:
             d.addErrback(self._write_failed)
 
     def _write_failed(self, failure: Failure) -> None:
-        if failure.check(CancelledError) is None:
-            self._log.failure("Journal write failed for {queue}", failure=failure,
-                              queue=self.name)
+        if failure.check(CancelledError) is not None:
+            return
+        if failure.check(OSError, JournalUnavailable) is not None:
+            # An I/O error, not a bug: no traceback (a file journal also
+            # reported it through on_failure, and the queue recovers from it).
+            self._log.error("Journal write failed for {queue}: {error}", queue=self.name,
+                            error=failure.value)
+            return
+        self._log.failure("Journal write failed for {queue}", failure=failure,
+                          queue=self.name)
 
     def _fill_read_behind(self) -> None:
         """Read items back from the journal until memory is full or the reader catches up."""

@@ -420,7 +420,7 @@ def run_variant(variant: Variant, cycles: int, workdir: Path, seed: int,
                 time.sleep(rng.uniform(0.0, 0.4))
                 server.kill()
             if ballast is not None:
-                _fill(ballast, server.queue_path, keep=rng.randrange(96, 512) * 1024)
+                _fill(ballast, server.queue_path, keep=rng.randrange(4, 24) * 1024)
             server.start()
             load = _Load(server, ledger, random.Random(rng.random()), cycle)
             for protocol, queue in zip(PROTOCOLS, QUEUES, strict=True):

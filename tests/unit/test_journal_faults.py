@@ -186,3 +186,24 @@ def test_rewrite_on_a_full_disk_leaves_the_journal_as_it_was(tmp_path, clock: Cl
     assert q.journal_state == "ok"
     q = reopen(q, tmp_path, clock)
     assert datas(q) == [b"next"]
+
+
+def test_acknowledged_confirm_whose_record_is_cut_is_applied_again(tmp_path,
+                                                                  clock: Clock) -> None:
+    """
+    A confirm made (and answered) while the disk is full, whose record then
+    fails, is confirmed again after the reload: the item never comes back.
+    """
+    disk = Disk()
+    q = open_queue(tmp_path, clock, disk)
+    value(q.add(b"a"))
+    value(q.add(b"b"))
+    item = q.remove(transaction=True)
+    disk.write_fails = True
+    q.confirm_remove(item.xid)  # the client is told: confirmed
+    clock.advance(0)
+    assert q.journal_state == "failed"
+    heal(q, disk, clock)
+    assert q.open_transaction_count == 0 and q.length == 1
+    q = reopen(q, tmp_path, clock)
+    assert datas(q) == [b"b"]
