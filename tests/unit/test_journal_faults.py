@@ -207,3 +207,60 @@ def test_acknowledged_confirm_whose_record_is_cut_is_applied_again(tmp_path,
     assert q.open_transaction_count == 0 and q.length == 1
     q = reopen(q, tmp_path, clock)
     assert datas(q) == [b"b"]
+
+
+# -- what clients are told --------------------------------------------------------------
+
+
+def failing_disk_server(clock: Clock, tmp_path):
+    """A server whose queue C{q} exists and whose journal writes now fail with ENOSPC."""
+    from tests.support import make_server
+
+    server = make_server(clock, tmp_path)
+    assert value(server.collection.add("q", b"before")) is True
+    journal = server.collection.queue("q").journal
+    disk = Disk()
+    disk.write_fails = True
+    journal._os_write = disk.write
+    journal._writer._os_write = disk.write
+    return server, disk
+
+
+def test_memcache_client_is_told_why_and_reads_work_once_reloaded(tmp_path,
+                                                                   clock: Clock) -> None:
+    """A refused set gets a SERVER_ERROR naming the queue and the OS error; no traceback."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    from kestrel.protocols.memcache import MemcacheFactory
+    from tests.support import StringClient
+
+    server, disk = failing_disk_server(clock, tmp_path)
+    with capturedLogs() as events:
+        client = StringClient(MemcacheFactory(server))
+        reply = client.send(b"set q 0 0 1\r\nx\r\n")
+        assert reply == (b"SERVER_ERROR journal write failed\r\n")  # (held in its batch)
+        clock.advance(0)
+        client = StringClient(MemcacheFactory(server))
+        assert client.send(b"set q 0 0 1\r\nx\r\n") == (
+            b"SERVER_ERROR queue q is read-only: its journal cannot be written "
+            b"(No space left on device (errno 28)); try again later\r\n")
+        disk.write_fails = False
+        client = StringClient(MemcacheFactory(server))
+        assert client.send(b"get q\r\n") == b"VALUE q 0 6\r\nbefore\r\nEND\r\n"
+    assert not [e for e in events if e.get("log_level") == LogLevel.critical]
+    server.collection.stopService()
+
+
+def test_thrift_client_is_told_why(tmp_path, clock: Clock) -> None:
+    """A refused thrift put gets an exception whose message is the reason, not 'OSError'."""
+    from kestrel.protocols.thrift import ThriftFactory
+    from tests.support import StringClient
+    from tests.unit.test_thrift_protocol import call_frame, decode_replies
+
+    server, _disk = failing_disk_server(clock, tmp_path)
+    client = StringClient(ThriftFactory(server))
+    [(_, _, _, exc)] = decode_replies(client.send(call_frame("put", queue_name="q",
+                                                             items=[b"x"])))
+    assert "queue q is read-only" in exc.message and "No space left" in exc.message
+    assert "OSError" not in exc.message
+    server.collection.stopService()
