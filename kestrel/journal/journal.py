@@ -238,6 +238,8 @@ class FileJournal:
         # Operations on the head of the queue since the checkpoint was set.
         self._head_ops: array[int] | None = None
         self.closed = False
+        # Where a recovery that failed must still cut the current file back to.
+        self._pending_cut: int | None = None
         #: How many replays found a damaged rotated file (and set files aside).
         self.damaged_replays = 0
         #: Called with C{(kind, error)} when a write or fsync of the current
@@ -565,7 +567,16 @@ class FileJournal:
         self._clear_checkpoint()
         writer = self._writer
         if not isinstance(writer, PeriodicSyncFile):
-            return succeed(0)
+            # A recovery that failed before: finish cutting the file back.
+            keep = self._pending_cut
+            if keep is None:
+                return succeed(0)
+            try:
+                self._cut_current(keep)
+            except OSError as e:
+                return fail(e)
+            self._pending_cut = None
+            return succeed(keep)
         self._writer = _NotOpen()
         if kind == "fsync" and self._policy is not None:
             done = writer.abandon(error)
@@ -581,6 +592,7 @@ class FileJournal:
             try:
                 self._cut_current(keep)
             except OSError:
+                self._pending_cut = keep
                 result.errback()
                 return
             result.callback(keep)
