@@ -8,7 +8,7 @@ L{QueueConfig}, journals every change, and wakes blocked readers. It knows
 nothing of sockets: time comes from the injected clock, and the journal is
 any object with the journal interface (C{FileJournal} or C{MemoryJournal}).
 
-Where Kestrel and C{../shared/spec/decisions.md} differ, the decisions win:
+Where Kestrel and the project's decisions (docs/differences.md) differ, the decisions win:
 expired items are discarded before the fullness check and are never handed
 to a client, C{open_transaction_timeout} is enforced by a timer, and C{age}
 is how long the last fetched item waited.

@@ -279,7 +279,7 @@ class ClientSession:
         it has (a thrift C{get} without auto-abort puts back what it
         collected and fires with nothing), and reads asked for later do not
         wait. Requests that were complete are still answered
-        (decisions.md: a half-closed client gets the replies it is owed).
+        (docs/reliability.md: a half-closed client gets the replies it is owed).
         """
         self.input_closed = True
         count = len(self._waiters)

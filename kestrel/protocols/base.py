@@ -69,7 +69,7 @@ class SessionProtocol(Protocol):
         """The client will send nothing more: answer what it sent, then close."""
         self._read_closed = True
         if self.session is not None:
-            # Waiting reads end now with no item: the client may be gone (decisions.md).
+            # Waiting reads end now with no item: the client may be gone (docs/reliability.md).
             self.session.end_waits()
         if not self.is_answering():
             self.close_connection()
