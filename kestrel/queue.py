@@ -742,7 +742,8 @@ class PersistentQueue:
         """
         if self._closed:
             return succeed(None)
-        if graceful and self.length == 0 and self._config.keep_journal:
+        if (graceful and self.length == 0 and self._config.keep_journal
+                and self._journal_state is _OK):
             self._log.info("Rewriting journal of {queue} at graceful shutdown", queue=self.name)
             self._rewrite_journal()
         self._closed = True
