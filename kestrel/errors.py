@@ -62,3 +62,19 @@ class ControlRefused(KestrelError):
         super().__init__(f"{command} is disabled on this port (control_commands: admin_only); "
                          "use the admin port")
         self.command = command
+
+
+class JournalUnavailable(KestrelError):  # noqa: N818 - a reply, not a bug
+    """
+    A queue's journal could not be written: the operation was refused and
+    changed nothing; the queue takes no adds until its journal works again.
+
+    Memcache answers C{SERVER_ERROR <message>}, text C{-<message>}, thrift
+    an C{INTERNAL_ERROR} exception with the message.
+    """
+
+    def __init__(self, queue: str, reason: str) -> None:
+        super().__init__(f"queue {queue} is read-only: its journal cannot be written "
+                         f"({reason}); try again later")
+        self.queue = queue
+        self.reason = reason

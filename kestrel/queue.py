@@ -16,7 +16,7 @@ is how long the last fetched item waited.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,10 +26,29 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.config import QueueConfig
+from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
 from kestrel.journal import records as rec
 from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
+
+#: Seconds between attempts to write a failed journal again (see docs/journal.md).
+JOURNAL_RETRY_SECONDS = 1.0
+
+#: How many recent confirms and aborts a queue remembers, to apply them again
+#: when a journal failure cut their records.
+RECENT_CLOSES = 65536
+
+_OK = "ok"
+_FAILED = "failed"
+_READ_ONLY = "read-only"
+
+
+def _reason(error: BaseException) -> str:
+    """A short reason for an I/O error: C{No space left on device (errno 28)}."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror} (errno {error.errno})"
+    return str(error) or type(error).__name__
 
 
 class QueueObserver(Protocol):
@@ -107,9 +126,26 @@ class PersistentQueue:
         self._closed = False
         self._replaying = False
         self._allow_rewrites = True
+        self._maintaining = False
         self._rewrite_timer: IDelayedCall | None = None
         self._txn_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
+        # After a failed journal write or fsync: _FAILED until memory is
+        # rebuilt from the journal, then _READ_ONLY until a probe succeeds.
+        self._journal_state = _OK
+        self._journal_reason = ""
+        self._failure_kind = "write"
+        self._recovery_call: IDelayedCall | None = None
+        self._recovering = False
+        # Confirms (True) and aborts (False) of open reads asked for while _FAILED.
+        self._closes_while_failed: list[tuple[int, bool]] = []
+        # The latest closes of open reads (xid -> confirmed): after a failure
+        # cut their records, a reload applies them again as they were.
+        self._recent_closes: OrderedDict[int, bool] = OrderedDict()
+        #: How many times the journal failed and the queue went read-only.
+        self.journal_failures = 0
+        if hasattr(journal, "on_failure"):
+            journal.on_failure = self._journal_failed
         #: Calls a function outside any open write batch (journals without batches: just calls).
         self.call_unbatched: Callable[..., Any] = getattr(journal, "call_unbatched", _call)
         self.expire_to: Callable[[QItem], object] | None = None
@@ -163,6 +199,13 @@ class PersistentQueue:
     def age(self) -> int:
         """Milliseconds the last fetched item waited in the queue; 0 when the queue is empty."""
         return self._last_wait_ms if self.length else 0
+
+    @property
+    def journal_state(self) -> str:
+        """C{"ok"}, C{"failed"} (a journal write or fsync failed; memory is being
+        rebuilt from the journal) or C{"read-only"} (adds refused until the
+        journal can be written again)."""
+        return self._journal_state
 
     @property
     def is_closed(self) -> bool:
@@ -233,7 +276,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply)
+            self.journal.replay(self._apply, self._forget_replayed)
         finally:
             self._replaying = False
         for xid in sorted(self._open, reverse=True):
@@ -242,6 +285,12 @@ class PersistentQueue:
         self._log.info(
             "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
             queue=self.name, items=self.length, bytes=self.bytes, xid=self._xid_counter)
+
+    def _forget_replayed(self) -> None:
+        """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
+        self._items = deque()
+        self._open = {}
+        self.length = self.bytes = self.memory_bytes = 0
 
     def _apply(self, record: rec.Record) -> None:
         """Apply one replayed journal record to the in-memory state."""
@@ -321,6 +370,8 @@ class PersistentQueue:
             return succeed(False)
         if cfg.fanout_only and self.is_fanout_master:
             return succeed(True)
+        if self._journal_state is not _OK:
+            return fail(JournalUnavailable(self.name, self._journal_reason))
         if self._items:
             self._sweep(None)
         max_items = cfg.max_items
@@ -347,18 +398,21 @@ class PersistentQueue:
                 self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
                                queue=self.name, bytes=self.bytes)
                 journal.start_read_behind()
+        if self._journal_state is not _OK:
+            # Journal maintenance above (a sweep, a rotation) failed.
+            return fail(JournalUnavailable(self.name, self._journal_reason))
         try:
             d = journal.add(item) if xid is None else journal.continue_(xid, item)
-        except Exception:
+        except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
-            return fail()
+            return fail(JournalUnavailable(self.name, _reason(e)))
         if d.called and isinstance(d.result, Failure):
             # The OS refused the write (the file is cut back): the item is not in the journal.
             failure = d.result
             d.addErrback(lambda _: None)
-            self._log.failure("Journal write failed for {queue}; item refused",
-                              failure=failure, queue=self.name)
-            return fail(failure)
+            self._log.warn("Journal write failed for {queue}; item refused: {error}",
+                           error=failure.value, queue=self.name)
+            return fail(JournalUnavailable(self.name, _reason(failure.value)))
         if xid is not None and self._open.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
             self._open_reads_changed()
@@ -369,10 +423,16 @@ class PersistentQueue:
         self._waiters.trigger()
         if cfg.durable_acks or cfg.sync_journal == 0.0:
             # The journal's Deferred is this write's own: chain on it directly.
-            return d.addCallback(_stored)
+            return d.addCallbacks(_stored, self._durable_add_failed)
         if not d.called:
             d.addErrback(self._write_failed)
         return succeed(True)
+
+    def _durable_add_failed(self, failure: Failure) -> None:
+        """A durable add's write or fsync failed: the recovery drops it; say why."""
+        if failure.check(JournalUnavailable):
+            failure.raiseException()
+        raise JournalUnavailable(self.name, _reason(failure.value))
 
     def _store(self, item: QItem) -> None:
         size = len(item.data)
@@ -391,6 +451,8 @@ class PersistentQueue:
         """Return the head item without removing it (expired items are discarded first)."""
         if self._closed or not self.length:
             return None
+        if self._journal_state is _FAILED:
+            raise JournalUnavailable(self.name, self._journal_reason)
         self._sweep(None)
         return self._items[0] if self._items else None
 
@@ -406,6 +468,8 @@ class PersistentQueue:
         """
         if self._closed or not self.length:
             return None
+        if self._journal_state is _FAILED:
+            raise JournalUnavailable(self.name, self._journal_reason)
         if transaction:
             self.transactions += 1
         if self._open_since and self._config.open_transaction_timeout is not None:
@@ -426,6 +490,10 @@ class PersistentQueue:
             self._journal_write(journal.remove_tentative, xid)
         else:
             self._journal_write(journal.remove)
+        if self._journal_state is _FAILED:
+            # The remove is not journaled: the item is not handed out (memory
+            # is rebuilt from the journal, where it is still queued).
+            raise JournalUnavailable(self.name, self._journal_reason)
         if self._config.keep_journal:
             if journal.in_read_behind:
                 self._fill_read_behind()
@@ -507,9 +575,13 @@ class PersistentQueue:
         """
         if self._closed:
             return
+        if self._journal_state is _FAILED:
+            self._closes_while_failed.append((xid, False))
+            return
         if xid in self._open:
             self._return_to_head(xid)
             self._open_since.pop(xid, None)
+            self._remember_close(xid, False)
             self._journal_write(self.journal.unremove, xid)
             self.canceled_transactions += 1
             self._open_reads_changed()
@@ -517,6 +589,12 @@ class PersistentQueue:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
         self._waiters.trigger()
+
+    def _remember_close(self, xid: int, confirmed: bool) -> None:
+        closes = self._recent_closes
+        closes[xid] = confirmed
+        if len(closes) > RECENT_CLOSES:
+            closes.popitem(last=False)
 
     def _return_to_head(self, xid: int) -> None:
         opened = self._open.pop(xid, None)
@@ -534,8 +612,12 @@ class PersistentQueue:
         """Confirm open read C{xid}: its item is gone for good. An unknown xid is logged."""
         if self._closed:
             return
+        if self._journal_state is _FAILED:
+            self._closes_while_failed.append((xid, True))
+            return
         if self._open.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
+            self._remember_close(xid, True)
             self._journal_write(self.journal.confirm_remove, xid)
             self._open_reads_changed()
         else:
@@ -660,20 +742,167 @@ class PersistentQueue:
         """
         if self._closed:
             return succeed(None)
-        if graceful and self.length == 0 and self._config.keep_journal:
+        if (graceful and self.length == 0 and self._config.keep_journal
+                and self._journal_state is _OK):
             self._log.info("Rewriting journal of {queue} at graceful shutdown", queue=self.name)
             self._rewrite_journal()
         self._closed = True
-        for timer in (self._rewrite_timer, self._txn_timer):
+        for timer in (self._rewrite_timer, self._txn_timer, self._recovery_call):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._rewrite_timer = self._txn_timer = None
+        self._rewrite_timer = self._txn_timer = self._recovery_call = None
         self._waiters.trigger_all()
         return self.journal.close()
 
     def destroy_journal(self) -> None:
         """Erase (or archive) every journal file of this queue."""
         self.journal.erase()
+
+    # ----- a journal that fails
+
+    def _journal_failed(self, kind: str, error: OSError) -> None:
+        """
+        A write or fsync of the journal failed: refuse work until memory is
+        rebuilt from the journal (at once, on the next reactor turn).
+
+        The journal is the truth: an add whose record did not make it is not
+        in the queue afterwards, a remove whose record did not make it is
+        not removed. Until the journal is written again the queue refuses
+        adds (L{JournalUnavailable}); reads go on.
+        """
+        if self._closed:
+            return
+        self._journal_reason = _reason(error)
+        if self._journal_state is _FAILED:
+            self._failure_kind = "fsync" if kind == "fsync" else self._failure_kind
+            return
+        self.journal_failures += 1
+        self._journal_state = _FAILED
+        self._failure_kind = kind
+        self._log.error(
+            "Journal {kind} failed for {queue}: {error}; the queue is read-only until its "
+            "journal can be written again", kind=kind, queue=self.name, error=self._journal_reason)
+        if not self._recovering:
+            self._schedule_recovery(0.0)
+
+    def _schedule_recovery(self, delay: float) -> None:
+        call = self._recovery_call
+        if call is not None and call.active():
+            call.cancel()
+        self._recovery_call = self._clock.callLater(delay, self._recover)
+
+    def _recover(self) -> None:
+        """Cut the journal back to what it surely holds and rebuild memory from it."""
+        self._recovery_call = None
+        if self._closed:
+            return
+        self._recovering = True
+        kind = self._failure_kind
+        error = OSError(self._journal_reason)
+        try:
+            d = self.journal.recover(kind, error)
+        except Exception as e:
+            d = fail(e)
+        d.addCallbacks(self._recovered_journal, self._recovery_failed)
+
+    def _recovery_failed(self, failure: Failure) -> None:
+        self._recovering = False
+        self._journal_reason = _reason(failure.value)
+        self._journal_state = _FAILED
+        self._log.error("Journal of {queue} still cannot be written ({error}); retrying in "
+                        "{delay}s", queue=self.name, error=self._journal_reason,
+                        delay=JOURNAL_RETRY_SECONDS)
+        if not self._closed:
+            self._schedule_recovery(JOURNAL_RETRY_SECONDS)
+
+    def _recovered_journal(self, kept: int) -> None:
+        if self._closed:
+            self._recovering = False
+            return
+        try:
+            self._reload()
+        except Exception:
+            self._recovery_failed(Failure())
+            return
+        self._recovering = False
+        if self._journal_state is _FAILED:
+            # (the reload's own writes failed again)
+            self._schedule_recovery(JOURNAL_RETRY_SECONDS)
+            return
+        self._journal_state = _READ_ONLY
+        self._log.warn("Journal of {queue} reloaded after a failure: {items} items, {open} open "
+                       "reads; adds are refused until the journal can be written",
+                       queue=self.name, items=self.length, open=len(self._open))
+        self._waiters.trigger()
+        self._recovery_call = self._clock.callLater(JOURNAL_RETRY_SECONDS, self._probe)
+
+    def _reload(self) -> None:
+        """Rebuild the items and open reads from the journal, keeping counters and waiters."""
+        before_open = self._open
+        before_since = self._open_since
+        xid_before = self._xid_counter
+        counters = (self.total_items, self.put_items, self.put_bytes)
+        self._items = deque()
+        self._open = {}
+        self.length = self.bytes = self.memory_bytes = 0
+        self._xid_counter = 0
+        self._replaying = True
+        try:
+            self.journal.replay(self._apply, self._forget_replayed)
+        finally:
+            self._replaying = False
+            self.total_items, self.put_items, self.put_bytes = counters
+        # Never hand out an xid twice: a client may hold one the journal lost.
+        self._xid_counter = max(self._xid_counter, xid_before)
+        now = self._clock.seconds()
+        self._open_since = {x: before_since.get(x, now) for x in self._open}
+        # Open in the journal, closed in memory since (the close was cut off
+        # with the failed records): closed again as it was (a confirm may have
+        # been acknowledged); put back when unknown, never lost.
+        gone = sorted((x for x in self._open if x not in before_open), reverse=True)
+        closes, self._closes_while_failed = self._closes_while_failed, []
+        self._journal_state = _READ_ONLY
+        for xid in gone:
+            self._open_since.pop(xid, None)
+            if self._recent_closes.get(xid, False):
+                self._open.pop(xid, None)
+                self._journal_write(self.journal.confirm_remove, xid)
+            else:
+                self._journal_write(self.journal.unremove, xid)
+                self._return_to_head(xid)
+        for xid, confirm in closes:
+            if confirm:
+                self.confirm_remove(xid)
+            else:
+                self.unremove(xid)
+        self._open_reads_changed()
+        self._schedule_txn_timer(reschedule=True)
+
+    def _probe(self) -> None:
+        """While read-only, try a harmless journal write; on success the queue is writable."""
+        self._recovery_call = None
+        if self._closed or self._journal_state is not _READ_ONLY:
+            return
+        try:
+            d = self.journal.probe(self._xid_counter)
+        except Exception as e:
+            d = fail(e)
+        d.addCallbacks(self._probe_succeeded, self._probe_failed)
+
+    def _probe_succeeded(self, _: object) -> None:
+        if self._closed or self._journal_state is not _READ_ONLY:
+            return
+        self._journal_state = _OK
+        self._journal_reason = ""
+        self._log.info("Journal of {queue} can be written again; the queue takes adds",
+                       queue=self.name)
+
+    def _probe_failed(self, failure: Failure) -> None:
+        if self._closed or self._journal_state is not _READ_ONLY:
+            return
+        # A failure reported by the file itself already switched the state.
+        self._journal_reason = _reason(failure.value)
+        self._recovery_call = self._clock.callLater(JOURNAL_RETRY_SECONDS, self._probe)
 
     # ----- journal maintenance
 
@@ -688,9 +917,16 @@ class PersistentQueue:
             d.addErrback(self._write_failed)
 
     def _write_failed(self, failure: Failure) -> None:
-        if failure.check(CancelledError) is None:
-            self._log.failure("Journal write failed for {queue}", failure=failure,
-                              queue=self.name)
+        if failure.check(CancelledError) is not None:
+            return
+        if failure.check(OSError, JournalUnavailable) is not None:
+            # An I/O error, not a bug: no traceback (a file journal also
+            # reported it through on_failure, and the queue recovers from it).
+            self._log.error("Journal write failed for {queue}: {error}", queue=self.name,
+                            error=failure.value)
+            return
+        self._log.failure("Journal write failed for {queue}", failure=failure,
+                          queue=self.name)
 
     def _fill_read_behind(self) -> None:
         """Read items back from the journal until memory is full or the reader catches up."""
@@ -752,7 +988,26 @@ class PersistentQueue:
         self._allow_rewrites = True
 
     def _check_rotate_journal(self) -> None:
-        """Rewrite or rotate the journal when it has grown (Kestrel's checkRotateJournal)."""
+        """
+        Rewrite or rotate the journal when it has grown (Kestrel's checkRotateJournal).
+
+        A rewrite or rotation that fails (a full disk, say) leaves the
+        journal files as they were; it is logged and tried again later.
+        """
+        if self._journal_state is not _OK or self._maintaining:
+            # (an acknowledgement fired by a rotation or rewrite in progress
+            # led here: that one finishes first; the next operation checks again)
+            return
+        self._maintaining = True
+        try:
+            self._check_rotate_journal_now()
+        except OSError as e:
+            self._log.error("Journal maintenance of {queue} failed: {error}; the journal "
+                            "stays as it was", queue=self.name, error=_reason(e))
+        finally:
+            self._maintaining = False
+
+    def _check_rotate_journal_now(self) -> None:
         cfg = self._config
         journal = self.journal
         size = journal.size
@@ -831,7 +1086,11 @@ class _PendingRead:
         if not woken:
             self._finish(None)
             return
-        item = self._op()
+        try:
+            item = self._op()
+        except JournalUnavailable:
+            # Memory is being rebuilt from the journal: keep the place in line.
+            item = None
         if item is None and not queue.is_closed and self._deadline > queue._clock.seconds():
             self._join(front=True)
             return

@@ -167,6 +167,8 @@ class ClientSession:
         self._waiters: set[Deferred] = set()
         self._coalescer = server.collection.write_coalescer
         self.finished = False
+        #: The client sends nothing more (FIN seen): no read of this session waits.
+        self.input_closed = False
 
     # -- checks ------------------------------------------------------------
 
@@ -267,6 +269,26 @@ class ClientSession:
             self._stats.waiters_aborted += 1
             d.cancel()
 
+    def end_waits(self) -> int:
+        """
+        The client's side of the connection closed (FIN): end every blocking
+        read now; return how many were waiting.
+
+        No item is handed to them: each pending C{get_item} fires with
+        C{None}, each monitor stream (thrift C{get} included) ends with what
+        it has (a thrift C{get} without auto-abort puts back what it
+        collected and fires with nothing), and reads asked for later do not
+        wait. Requests that were complete are still answered
+        (docs/reliability.md: a half-closed client gets the replies it is owed).
+        """
+        self.input_closed = True
+        count = len(self._waiters)
+        if count:
+            self._log.debug("Client of session {sid} closed its side: ending {n} waits",
+                            sid=self.session_id, n=count)
+            self._abort_waiters()
+        return count
+
     # -- reads -------------------------------------------------------------
 
     def get_item(self, name: str, deadline: float | None, opening: bool,
@@ -293,11 +315,14 @@ class ClientSession:
             self._stats.cmd_peek += 1
         else:
             self._stats.cmd_get += 1
+        if self.input_closed or self.finished:
+            deadline = None
         started = self._clock.seconds()
         d = self._collection.remove(name, deadline, opening, peeking)
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)
+            d.addErrback(self._wait_ended_by_close)
             d.addCallback(self._record_waited_read, name, started, deadline, peeking)
         elif not d.paused:
             # Answered at once (the hot path): record directly, no callback.
@@ -342,6 +367,13 @@ class ClientSession:
         self._waiters.discard(d)
         return result
 
+    def _wait_ended_by_close(self, failure: Failure) -> None:
+        """A wait cancelled because the client closed its side ends with no item."""
+        failure.trap(CancelledError)
+        if self.finished or not self.input_closed:
+            failure.raiseException()
+        return None
+
     def monitor_until(self, name: str, deadline: float | None, max_items: int, opening: bool,
                       got_item: Callable[[QItem], None]) -> Deferred[None]:
         """
@@ -376,7 +408,13 @@ class ClientSession:
                 self._stats.cmd_monitor_get += 1
                 self._stats.cmd_get += 1  # every fetch is a get, as get_hits/get_misses count
                 started = clock.seconds()
-                d = self._collection.remove(name, deadline, opening, False)
+                wait_until = None if self.input_closed or self.finished else deadline
+                try:
+                    d = self._collection.remove(name, wait_until, opening, False)
+                except KestrelError:
+                    # (the queue's journal failed): the stream ends with the error.
+                    done.errback(Failure())
+                    return
                 result = _result_now(d)
                 if result is _NOT_FIRED:
                     self._add_waiter(d)
@@ -434,8 +472,12 @@ class ClientSession:
             return succeed([])
         self._stats.cmd_monitor += 1
         opening = auto_abort_ms > 0
+        # A get that removes for good and may wait holds what it collects as
+        # open reads until it replies: if the client goes away meanwhile,
+        # they go back to the head instead of into a reply nobody reads.
+        holding = not opening and deadline is not None and max_items > 1
         items: list[tuple[int, QItem]] = []
-        d = self._monitor(name, deadline, max_items, opening,
+        d = self._monitor(name, deadline, max_items, opening or holding,
                           lambda item, external: items.append((external, item)),
                           self._add_external_read if opening else None)
 
@@ -444,8 +486,24 @@ class ClientSession:
                 table = self.server.external_reads
                 for external, _item in items:
                     table.set_timer(external, auto_abort_ms / 1000.0)
+            elif holding:
+                collection = self._collection
+                if self.finished or self.input_closed:
+                    for _external, item in reversed(items):
+                        collection.unremove(name, item.xid)
+                    self._log.debug("thrift get on {queue} cut by a close: {n} items put back",
+                                    queue=name, n=len(items))
+                    return []
+                for _external, item in items:
+                    collection.confirm_remove(name, item.xid)
             return items
-        return d.addCallback(finished)
+
+        def failed(failure: Failure) -> Failure:
+            if holding:
+                for _external, item in reversed(items):
+                    self._collection.unremove(name, item.xid)
+            return failure
+        return d.addCallbacks(finished, failed)
 
     def _add_external_read(self, name: str, xid: int) -> int:
         self._external_counts[name] = self._external_counts.get(name, 0) + 1

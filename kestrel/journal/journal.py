@@ -19,6 +19,7 @@ C{archive_path} when one is set.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import mmap
 import os
@@ -176,6 +177,10 @@ def _pack_layout(head_ops: array[int], reserved: Sequence[QItem], open_items: li
     return slots, memory[len(put_back):]
 
 
+def _no_op() -> None:
+    return None
+
+
 def _log_failure(failure: Failure) -> None:
     """Swallow a failure that the syncfile has logged already."""
     return None
@@ -204,6 +209,7 @@ class FileJournal:
     def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
+                 write: Callable[[int, bytes], int] = os.write,
                  run_in_thread: RunInThread | None = None,
                  coalescer: WriteCoalescer | None = None,
                  on_fsync: FsyncObserver | None = None, file_mode: int = 0o600) -> None:
@@ -214,6 +220,7 @@ class FileJournal:
         self._clock = clock
         self._policy = sync_policy
         self._fsync = fsync
+        self._os_write = write
         self._run_in_thread = run_in_thread
         self._coalescer = coalescer
         self._on_fsync = on_fsync
@@ -232,6 +239,13 @@ class FileJournal:
         # Operations on the head of the queue since the checkpoint was set.
         self._head_ops: array[int] | None = None
         self.closed = False
+        # Where a recovery that failed must still cut the current file back to.
+        self._pending_cut: int | None = None
+        #: How many replays found a damaged rotated file (and set files aside).
+        self.damaged_replays = 0
+        #: Called with C{(kind, error)} when a write or fsync of the current
+        #: file fails (C{kind} is C{"write"} or C{"fsync"}); the queue sets it.
+        self.on_failure: Callable[[str, OSError], None] | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -475,15 +489,31 @@ class FileJournal:
 
     # -- replay ------------------------------------------------------------
 
-    def replay(self, apply: Callable[[rec.Record], None]) -> None:
+    def replay(self, apply: Callable[[rec.Record], None],
+               reset: Callable[[], None] | None = None) -> None:
         """
         Call C{apply} with every record of every file, oldest first, then open C{<q>}.
 
         C{~~} files are deleted first and the pack rule is applied. A legacy
         ADD is passed on as an L{rec.Add} whose add time is the time of
-        replay. A corrupt or truncated record is cut off in the file that
-        holds it (the file is truncated at the record's start and fsynced)
-        with a warning, and replay goes on with the next file.
+        replay.
+
+        A corrupt or truncated record in the current file C{<q>} (the torn
+        tail a crash leaves) is cut off: the file is truncated at the
+        record's start and fsynced, with a warning.
+
+        A corrupt record in a I{rotated} file is damage (rotated files are
+        fsynced before they are renamed, so no crash tears them): the later
+        files' removes would then take the wrong items, and a consumed item
+        could come back. So that never happens, the damaged file and every
+        file before it are moved, untouched, into a folder
+        C{<q>.damaged.<ms>} of the queue folder for inspection, C{reset} is
+        called (the caller forgets what it replayed so far) and replay goes
+        on with the next file: the queue then holds only items of the later
+        files, a subset of the items really left. The error is logged and
+        counted in L{damaged_replays}. Without C{reset} (offline tools) the
+        damaged rotated file is cut off like the current one and replay goes
+        on with the next file.
         """
         os.makedirs(self.queue_path, exist_ok=True)
         temps = [n for n in self._list() if n.startswith(self.queue_name + _TEMP_INFIX)]
@@ -494,8 +524,14 @@ class FileJournal:
         if temps:
             self._fsync_dir(self.queue_path)
         try:
-            for name in self._all_files():
-                self._replay_one(name, apply)
+            files = self._all_files()
+            for index, name in enumerate(files):
+                damage = self._replay_one(name, apply,
+                                          truncate=reset is None or name == self.queue_name)
+                if damage is not None and reset is not None:
+                    self._set_aside(files[:index + 1], name, damage)
+                    self._stop_reader()
+                    reset()
         finally:
             self._replay_file = None
         self._compute_archived_size()
@@ -506,22 +542,141 @@ class FileJournal:
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
                                 fsync=self._fsync, run_in_thread=self._run_in_thread,
                                 coalescer=self._coalescer, on_fsync=self._on_fsync,
+                                on_error=self._writer_failed, write=self._os_write,
                                 mode=self._file_mode)
 
-    def _replay_one(self, name: str, apply: Callable[[rec.Record], None]) -> None:
+    def _writer_failed(self, kind: str, error: OSError) -> None:
+        on_failure = self.on_failure
+        if on_failure is not None:
+            on_failure(kind, error)
+
+    # -- recovery after a failed write or fsync ------------------------------
+
+    def recover(self, kind: str, error: Exception) -> Deferred[int]:
+        """
+        Give up the current file after a failed write or fsync, and cut it
+        back to what is known to be in it; fire with the size kept.
+
+        After a failed write the file was already cut back to its last whole
+        record, and what was written before is fsynced now (the writes
+        waiting for durability fire). After a failed fsync what it covered
+        is in doubt (the kernel may have dropped those pages): the writes
+        not yet durable fail with C{error}, and the file is cut back to the
+        end of the last successful fsync (under C{sync_journal: never},
+        which promises no durability, nothing is cut). Read-behind stops, a
+        checkpoint and a pack in progress are dropped. The journal must then
+        be replayed (L{replay}) before it is written again. Raises (fails)
+        with the C{OSError} of a cut-back or fsync that fails.
+        """
+        self._epoch += 1
+        self._stop_reader()
+        self._clear_checkpoint()
+        writer = self._writer
+        if not isinstance(writer, PeriodicSyncFile):
+            # A recovery that failed before: finish cutting the file back.
+            keep = self._pending_cut
+            if keep is None:
+                return succeed(0)
+            try:
+                self._cut_current(keep)
+            except OSError as e:
+                return fail(e)
+            self._pending_cut = None
+            return succeed(keep)
+        self._writer = _NotOpen()
+        if kind == "fsync" and self._policy is not None:
+            done = writer.abandon(error)
+        else:
+            done = writer.close()
+        result: Deferred[int] = Deferred()
+
+        def closed(outcome: object) -> None:
+            if isinstance(outcome, Failure) or writer.failed is not None and kind == "fsync":
+                keep = writer.durable_position if self._policy is not None else writer.position
+            else:
+                keep = writer.position
+            try:
+                self._cut_current(keep)
+            except OSError:
+                self._pending_cut = keep
+                result.errback()
+                return
+            result.callback(keep)
+
+        done.addBoth(closed)
+        return result
+
+    def _cut_current(self, keep: int) -> None:
+        """Truncate C{<q>} to C{keep} bytes (if longer) and fsync it."""
+        path = self._path(self.queue_name)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            if size > keep:
+                self._log.warn(
+                    "Journal {queue}: cutting {file} back from {size} to {keep} bytes after a "
+                    "failed write or fsync", queue=self.queue_name, file=self.queue_name,
+                    size=size, keep=keep)
+                os.ftruncate(fd, keep)
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+
+    def probe(self, xid_counter: int) -> Deferred[None]:
+        """
+        Check that the journal can be written again: append a harmless
+        SAVE_XID(C{xid_counter}) and fsync it; fires when durable, fails if not.
+        """
+        data = rec.SaveXid(xid_counter).encode()
+        self.size += len(data)
+        d = self._writer.write(data)
+        if d.called and isinstance(d.result, Failure):
+            return d
+        d.addErrback(_log_failure)
+        return self._writer.sync()
+
+    def _set_aside(self, names: Sequence[str], damaged: str, damage: tuple[int, str]) -> None:
+        """Move C{names} (the damaged rotated file and those before it) into a new folder."""
+        folder = f"{self.queue_name}.damaged.{self._now_ms()}"
+        os.makedirs(self._path(folder), mode=0o700, exist_ok=True)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self._path(name), os.path.join(self._path(folder), name))
+        self._fsync_dir(self._path(folder))
+        self._fsync_dir(self.queue_path)
+        self.damaged_replays += 1
+        offset, problem = damage
+        self._log.error(
+            "Journal {queue}: {problem} at offset {offset} of rotated file {file}. So that no "
+            "consumed item comes back, the queue keeps only what the files after it hold; "
+            "{files} moved to {folder} for inspection. ITEMS ADDED BEFORE THE DAMAGE ARE NOT "
+            "IN THE QUEUE.", queue=self.queue_name, problem=problem, offset=offset,
+            file=damaged, files=list(names), folder=self._path(folder))
+
+    def _replay_one(self, name: str, apply: Callable[[rec.Record], None],
+                    truncate: bool = True) -> tuple[int, str] | None:
+        """
+        Replay one file; return C{(offset, problem)} if it is damaged, else C{None}.
+
+        The damaged part of the current file is cut off (C{truncate}); a
+        rotated file is left as it is.
+        """
         path = self._path(name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._log.info("No journal file {file} for {queue}", queue=self.queue_name,
                            file=name)
-            return
+            return None
         except OSError as e:
             if e.errno != errno.ELOOP:
                 raise
             self._log.warn("Journal {queue}: {file} is a symbolic link; not followed, not read",
                            queue=self.queue_name, file=name)
-            return
+            return None
         try:
             length = os.fstat(fd).st_size
             buf = mmap.mmap(fd, length, access=mmap.ACCESS_READ) if length else b""
@@ -537,11 +692,12 @@ class FileJournal:
             if isinstance(buf, mmap.mmap):
                 buf.close()
         self.size = end
-        if problem is not None:
+        if problem is not None and truncate:
             self._truncate(name, end, length, problem)
         self._log.info("Replayed {queue} file {file}: {bytes} bytes in {seconds:.3f}s",
                        queue=self.queue_name, file=name, bytes=end,
                        seconds=self._clock.seconds() - started)
+        return None if problem is None or truncate else (end, problem)
 
     def _replay_records(self, buf: mmap.mmap | bytes, end: int, name: str,
                         apply: Callable[[rec.Record], None]) -> tuple[int, str | None]:
@@ -604,11 +760,29 @@ class FileJournal:
 
     def _close_writer(self) -> None:
         """Close the writer (its final fsync runs inline) and remember the close."""
-        d = self._writer.close()
+        self._close_writer_deferring()()
+
+    def _close_writer_deferring(self) -> Callable[[], None]:
+        """
+        Close the writer (its final fsync runs inline); return the function
+        that fires the acknowledgements that fsync covered.
+
+        Rotation and rewrite call that function only once the new current
+        file is in place: an acknowledgement may set off more writes to this
+        journal (a pipelined request served at once), and those must go to
+        the new file, never to the closed one or into a file about to be
+        replaced.
+        """
+        writer = self._writer
+        if isinstance(writer, PeriodicSyncFile):
+            d, fire = writer.close_deferring()
+        else:
+            d, fire = writer.close(), _no_op
         d.addErrback(_log_failure)
         if not d.called:
             self._closing.append(d)
             d.addBoth(self._closed_one, d)
+        return fire
 
     def _closed_one(self, result: object, d: Deferred[None]) -> object:
         if d in self._closing:
@@ -625,12 +799,13 @@ class FileJournal:
         and C{reserved_items} (the open reads) as the checkpoint.
         """
         old_size = self._writer.position
-        self._close_writer()
+        acknowledge = self._close_writer_deferring()
         try:
             rotated = self._unique_rotated_name()
             os.rename(self._path(self.queue_name), self._path(rotated))
         except Exception:
             self._writer = self._open_writer()
+            acknowledge()
             raise
         self.size = 0
         self.archived_size += old_size
@@ -640,7 +815,10 @@ class FileJournal:
         if set_checkpoint and self.checkpoint is None:
             self.checkpoint = Checkpoint(rotated, tuple(reserved_items))
             self._head_ops = array("q")
-        self._fsync_dir(self.queue_path)
+        try:
+            self._fsync_dir(self.queue_path)
+        finally:
+            acknowledge()
         self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
                        file=rotated)
 
@@ -687,12 +865,20 @@ class FileJournal:
                 ts += 1
                 continue
             break
-        with f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            self._fsync(f.fileno())
-            return name, f.tell()
+        try:
+            with f:
+                for part in parts:
+                    f.write(part)
+                f.flush()
+                self._fsync(f.fileno())
+                return name, f.tell()
+        except BaseException:
+            # (a full disk, say): the old files stay as they are.
+            try:
+                os.unlink(self._path(name))
+            except OSError:
+                pass
+            raise
 
     def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem],
                 xid_counter: int = 0) -> None:
@@ -712,16 +898,18 @@ class FileJournal:
         self._epoch += 1
         self._stop_reader()
         self._clear_checkpoint()
-        self._close_writer()
+        acknowledge = self._close_writer_deferring()
         try:
             self._replace_current(temp)
         except Exception:
             # Whatever step failed, the files on disk replay to the queue
             # (see docs/journal.md), and <q> is the right file to append to.
             self._reopen()
+            acknowledge()
             raise
         self._reopen()
         self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
+        acknowledge()
 
     def _reopen(self) -> None:
         self._writer = self._open_writer()

@@ -39,7 +39,8 @@ class MemoryJournal:
             self.records.append(record())
         return succeed(None)
 
-    def replay(self, apply: Callable[[rec.Record], None]) -> None:
+    def replay(self, apply: Callable[[rec.Record], None],
+               reset: Callable[[], None] | None = None) -> None:
         """Replay nothing: a memory journal starts empty."""
 
     def add(self, item: QItem) -> Deferred[None]:

@@ -24,6 +24,13 @@ _T = TypeVar("_T")
 RunInThread = Callable[[Callable[[], Any]], Deferred[Any]]
 """Runs a blocking callable off the reactor thread; its Deferred fires on the reactor thread."""
 
+ErrorObserver = Callable[[str, OSError], None]
+"""
+Told of every failed write or fsync of a journal file: C{(kind, error)} with
+C{kind} C{"write"} or C{"fsync"}, after the file was cut back and the
+Deferreds concerned failed.
+"""
+
 FsyncObserver = Callable[[float, Sequence[float]], None]
 """
 Told of every successful fsync of a journal file: C{(seconds, write_delays)}.
@@ -33,6 +40,10 @@ its result reached the reactor thread); C{write_delays} holds, for each
 write the fsync made durable, the seconds from that write until then (its
 length is the number of writes covered, possibly 0 for a bare L{sync}).
 """
+
+
+def _nothing() -> None:
+    return None
 
 
 class SyncFileClosedError(OSError):
@@ -159,8 +170,11 @@ class PeriodicSyncFile:
                  fsync: Callable[[int], None] = os.fsync,
                  run_in_thread: RunInThread | None = None,
                  coalescer: WriteCoalescer | None = None,
-                 on_fsync: FsyncObserver | None = None, mode: int = 0o600) -> None:
+                 on_fsync: FsyncObserver | None = None,
+                 on_error: ErrorObserver | None = None,
+                 write: Callable[[int, bytes], int] = os.write, mode: int = 0o600) -> None:
         self.path = path
+        self._os_write = write
         self._clock = clock
         self._policy = sync_policy
         self._fsync = fsync
@@ -168,6 +182,13 @@ class PeriodicSyncFile:
         # O_NOFOLLOW: a symbolic link planted in the queue folder is never written through.
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
         self.position: int = os.fstat(self._fd).st_size
+        #: Bytes known durable: the file's size at open, then what each
+        #: successful fsync covered.
+        self.durable_position: int = self.position
+        self._sync_target = self.position
+        self._on_error = on_error
+        #: Set by the first failed write or fsync (and by L{abandon}).
+        self.failed: OSError | None = None
         # Deferreds of writes that no running fsync covers yet.
         self._pending: list[Deferred[None]] = []
         self._syncing = False
@@ -217,12 +238,13 @@ class PeriodicSyncFile:
                 self.flush()
         fd = self._fd
         try:
-            written = os.write(fd, data)
+            written = self._os_write(fd, data)
             while written < len(data):
-                written += os.write(fd, data[written:])
+                written += self._os_write(fd, data[written:])
         except OSError as e:
             self._cut_back()
             self._log.error("Write to {path} failed: {error}", path=self.path, error=e)
+            self._report_error("write", e)
             return fail(e)
         self.position += written
         policy = self._policy
@@ -280,9 +302,9 @@ class PeriodicSyncFile:
         fd = self._fd
         start = self.position - size
         try:
-            written = os.write(fd, data)
+            written = self._os_write(fd, data)
             while written < size:
-                written += os.write(fd, data[written:])
+                written += self._os_write(fd, data[written:])
         except OSError as e:
             self.position = start
             self._cut_back()
@@ -293,6 +315,7 @@ class PeriodicSyncFile:
                 self._coalescer.failures += 1
             for d in waiters:
                 d.errback(failure)
+            self._report_error("write", e)
             return False
         if waiters:
             self._pending.extend(waiters)
@@ -353,6 +376,7 @@ class PeriodicSyncFile:
             self._sync_started = self._clock.seconds()
         self._syncing = True
         self._sync_again = False
+        self._sync_target = self.position
         fd = self._fd
         if self._run_in_thread is None:
             try:
@@ -375,7 +399,14 @@ class PeriodicSyncFile:
                                 path=self.path, count=len(covered), error=result.value)
                 for d in covered:
                     d.errback(result)
+                error = result.value
+                if isinstance(error, OSError):
+                    self._report_error("fsync", error)
+                else:
+                    self._report_error("fsync", OSError(str(error)))
             else:
+                if self._sync_target > self.durable_position:
+                    self.durable_position = self._sync_target
                 if self._on_fsync is not None:
                     self._report_fsync(self._sync_started, self._covered_times)
                 for d in covered:
@@ -398,8 +429,22 @@ class PeriodicSyncFile:
         this returns (the Deferred fails if that fsync fails). Pending writes'
         Deferreds fire with it. Closing twice is harmless.
         """
+        done, fire = self.close_deferring()
+        fire()
+        return done
+
+    def close_deferring(self) -> tuple[Deferred[None], Callable[[], None]]:
+        """
+        Like L{close}, but the Deferreds of the writes that the final fsync
+        covered fire only when the returned function is called.
+
+        A journal that swaps files (rotation, rewrite) calls it once the new
+        file is in place, so that whatever those acknowledgements set off
+        (more writes, more rotations) never sees the old file half closed.
+        """
         if self._closed:
-            return succeed(None) if self._close_waiter is None else self._chain_close()
+            closed = succeed(None) if self._close_waiter is None else self._chain_close()
+            return closed, _nothing
         if self._held:
             self.flush()
         self._closed = True
@@ -418,21 +463,67 @@ class PeriodicSyncFile:
             error = Failure()
             self._log.error("fsync of {path} failed at close ({count} writes failed): {error}",
                             path=self.path, count=len(covered), error=error.value)
+            if isinstance(error.value, OSError):
+                self._report_error("fsync", error.value)
         else:
+            self.durable_position = self.position
             if self._on_fsync is not None:
                 self._report_fsync(started, times)
-        for d in covered:
-            if error is None:
-                d.callback(None)
-            else:
-                d.errback(error)
+        def fire() -> None:
+            for d in covered:
+                if error is None:
+                    d.callback(None)
+                else:
+                    d.errback(error)
+
         self._close_error = error
         if self._syncing:
             # An fsync runs in a thread on this descriptor: close it when that ends.
             self._close_waiter = Deferred()
+            return self._chain_close(), fire
+        os.close(self._fd)
+        return (succeed(None) if error is None else fail(error)), fire
+
+    def _report_error(self, kind: str, error: OSError) -> None:
+        """Remember the first failure and tell the error observer (if any) of this one."""
+        if self.failed is None:
+            self.failed = error
+        observer = self._on_error
+        if observer is not None:
+            try:
+                observer(kind, error)
+            except Exception:
+                self._log.failure("error observer of {path} failed", path=self.path)
+
+    def abandon(self, error: Exception) -> Deferred[None]:
+        """
+        Give the file up after a failure, without a final fsync.
+
+        Every write not yet durable (held back, or waiting for an fsync that
+        has not started) fails with C{error}; an fsync already running ends
+        as it ends. The descriptor is closed once that fsync is over; the
+        Deferred fires then. L{durable_position} is final when it fires.
+        """
+        if self._closed:
+            return succeed(None) if self._close_waiter is None else self._chain_close()
+        self._closed = True
+        if self.failed is None and isinstance(error, OSError):
+            self.failed = error
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        waiting = [*self._held_waiters, *self._pending]
+        self.position -= self._held_size
+        self._held, self._held_size, self._held_waiters, self._held_times = [], 0, [], []
+        self._pending, self._pending_times = [], []
+        failure = Failure(error)
+        for d in waiting:
+            d.errback(failure)
+        if self._syncing:
+            self._close_waiter = Deferred()
             return self._chain_close()
         os.close(self._fd)
-        return succeed(None) if error is None else fail(error)
+        return succeed(None)
 
     def _report_fsync(self, started: float, write_times: list[float]) -> None:
         """Tell the observer of an fsync that began at C{started} and just ended."""

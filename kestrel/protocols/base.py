@@ -121,6 +121,9 @@ class SessionProtocol(Protocol):
     def readConnectionLost(self) -> None:  # noqa: N802 - Twisted hook
         """The client will send nothing more: answer what it sent, then close."""
         self._read_closed = True
+        if self.session is not None:
+            # Waiting reads end now with no item: the client may be gone (docs/reliability.md).
+            self.session.end_waits()
         if not self.is_answering():
             self.close_connection()
 

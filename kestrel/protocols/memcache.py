@@ -38,6 +38,7 @@ from kestrel.errors import (
     ControlRefused,
     ForbiddenStatus,
     InvalidQueueName,
+    JournalUnavailable,
     KestrelError,
     ShuttingDown,
     TooManyOpenReads,
@@ -299,6 +300,8 @@ class MemcacheProtocol(SessionProtocol):
         """
         session = self.session
         assert session is not None
+        # Only a write of this batch failing drops this batch's replies.
+        self._write_failures = session.write_failures()
         session.hold_writes()
         try:
             self._process_batch()
@@ -438,6 +441,9 @@ class MemcacheProtocol(SessionProtocol):
         self._waiting = False
         if self._idle_call is not None:
             self._last_active = self.clock.seconds()
+        if not self._in_process and self.session is not None:
+            # No batch of this connection is open: earlier failures were not its own.
+            self._write_failures = self.session.write_failures()
         if reply:
             self._out.append(reply)
         if not self._in_process:
@@ -512,6 +518,8 @@ class MemcacheProtocol(SessionProtocol):
         elif isinstance(exc, CancelledError):
             self._fail(b"SERVER_ERROR request cancelled\r\n")
             return
+        elif isinstance(exc, JournalUnavailable):
+            reply = b"SERVER_ERROR %s\r\n" % _encode(str(exc))
         else:
             self._log.failure("Memcache request failed", failure)
             self._fail(b"SERVER_ERROR internal error\r\n")

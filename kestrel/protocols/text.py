@@ -10,8 +10,10 @@ or a string, C{*} no item.
 
 Each connection gets one L{kestrel.session.ClientSession}. Requests run one at
 a time, in order: while a C{get} waits or a C{monitor} streams, later lines
-stay buffered. Every bad line gets a C{-} error and the connection stays open;
-only a line longer than C{max_request_size} closes it (after an error line).
+stay buffered (reading goes on, so a close ends the wait at once; it pauses
+only once more than C{max_request_size} bytes are buffered). Every bad
+line gets a C{-} error and the connection stays open; only a line longer
+than C{max_request_size} closes it (after an error line).
 See docs/protocols.md for every command and reply.
 """
 
@@ -162,7 +164,13 @@ class TextProtocol(SessionProtocol):
         if not self.hold_input(len(self._buffer) + self._put_bytes):
             self._out_of_memory()
             return
-        if not self._waiting and not self._processing:
+        if self._waiting:
+            # Keep reading while a request waits, so that a close (FIN or RST)
+            # is seen at once and ends the wait; pause only past one full line.
+            if len(self._buffer) > self.MAX_LENGTH + 2:
+                self.pause_input()
+            return
+        if not self._processing:
             self._process_lines()
 
     def _out_of_memory(self) -> None:
@@ -284,7 +292,6 @@ class TextProtocol(SessionProtocol):
             outcome.addBoth(box.append)
             if not box:
                 self._waiting = True
-                self.pause_input()
                 outcome.addCallback(lambda _: self._finish_waiting(box[0]))
                 return
             outcome = box[0]

@@ -359,7 +359,8 @@ class ThriftProtocol(SessionProtocol):
     strict or non-strict message headers in, strict headers out.
 
     Frames are decoded one at a time: while a call is running, later frames
-    wait in order (and the transport is paused). A client that half-closes
+    wait in order (reading goes on, so that a close ends a waiting call at
+    once; it pauses only past C{max_request_size} bytes of waiting input). A client that half-closes
     still gets the replies to the frames it sent (L{SessionProtocol}). Its
     open reads stay open after the connection ends, until confirmed,
     aborted or auto-aborted.
@@ -379,6 +380,7 @@ class ThriftProtocol(SessionProtocol):
         self._busy = False
         self._paused = False
         self._closed = False
+        self._queued_bytes = 0
         self._calls: ThriftCalls | None = None
 
     def session_started(self) -> None:
@@ -394,6 +396,7 @@ class ThriftProtocol(SessionProtocol):
         """Answer nothing more; drop the frames not yet run."""
         self._closed = True
         self._frames.clear()
+        self._queued_bytes = 0
 
     def dataReceived(self, data: bytes) -> None:
         """Cut the stream into frames and run them in order."""
@@ -412,17 +415,24 @@ class ThriftProtocol(SessionProtocol):
             if end - start < length:
                 break
             self._frames.append(bytes(buf[start:start + length]))
+            self._queued_bytes += length
             pos = start + length
         if pos:
             del buf[:pos]
         if not self._busy:
             self._run_frames()
+        elif not self._paused and self._queued_bytes + len(buf) > self.MAX_LENGTH + 4:
+            # Reading goes on while a call waits, so that a close (FIN or RST)
+            # ends the wait at once; it pauses past one frame of the largest size.
+            self._paused = True
+            self.pause_input()
 
     def lengthLimitExceeded(self, length: int) -> None:
         """Drop a connection announcing a frame over C{max_request_size} (or negative)."""
         self._log.info("Closing thrift connection: frame of {length} bytes (limit {limit})",
                        length=length, limit=self.MAX_LENGTH)
         self._frames.clear()
+        self._queued_bytes = 0
         self._closed = True
         self.transport.loseConnection()
 
@@ -430,12 +440,11 @@ class ThriftProtocol(SessionProtocol):
         """Answer queued frames in order until one has to wait."""
         frames = self._frames
         while frames and not self._closed and not self.output_blocked:
-            d = self._dispatch(frames.popleft())
+            frame = frames.popleft()
+            self._queued_bytes -= len(frame)
+            d = self._dispatch(frame)
             if d is not None:
                 self._busy = True
-                if not self._paused:
-                    self._paused = True
-                    self.pause_input()
                 d.addBoth(self._call_finished)
                 return
         if self._closed:
@@ -477,6 +486,7 @@ class ThriftProtocol(SessionProtocol):
         except FrameError as e:
             self._log.info("Closing thrift connection: undecodable frame ({error})", error=str(e))
             self._frames.clear()
+            self._queued_bytes = 0
             self._closed = True
             self.transport.loseConnection()
             return None

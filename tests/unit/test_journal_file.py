@@ -814,3 +814,33 @@ def test_group_commit_through_journal(tmp_path: Path, clock: Clock) -> None:
     assert fired == [0, 1, 2, 3, 4]
     assert fsync.calls == ["file", "file"]
     j.close()
+
+
+def test_damage_in_a_rotated_file_sets_it_and_those_before_aside(tmp_path: Path,
+                                                                 clock: Clock) -> None:
+    """
+    With a reset callback (the queue's replay), damage in a rotated file moves
+    it and every earlier file into a C{q.damaged.<ms>} folder, untouched, and
+    replay starts again from the next file: nothing consumed can come back.
+    """
+    a = rec.Add(b"a", 1, 0).encode()
+    b = rec.Add(b"b", 2, 0).encode()
+    c = rec.Add(b"c", 3, 0).encode()
+    (tmp_path / "q.50").write_bytes(a)
+    (tmp_path / "q.100").write_bytes(b + b"\xff")
+    (tmp_path / "q.200").write_bytes(rec.REMOVE_BYTES + c)
+    (tmp_path / "q").write_bytes(c)
+    j = FileJournal(str(tmp_path), "q", clock, None)
+    got: list[object] = []
+    with capturedLogs() as events:
+        j.replay(got.append, lambda: got.append("reset"))
+    assert got == [rec.Add(b"a", 1, 0), rec.Add(b"b", 2, 0), "reset", rec.REMOVE,
+                   rec.Add(b"c", 3, 0), rec.Add(b"c", 3, 0)]
+    [folder] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert folder.name.startswith("q.damaged.")
+    assert sorted(p.name for p in folder.iterdir()) == ["q.100", "q.50"]
+    assert (folder / "q.100").read_bytes() == b + b"\xff"
+    assert j.damaged_replays == 1
+    assert any("ITEMS ADDED BEFORE THE DAMAGE" in e.get("log_format", "") for e in events)
+    assert FileJournal.queue_names_in(str(tmp_path)) == {"q"}
+    j.close()

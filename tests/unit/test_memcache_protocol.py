@@ -574,14 +574,20 @@ def test_half_close_answers_then_closes(conn: Conn) -> None:
     assert not conn.connected
 
 
-def test_half_close_waits_for_blocked_get(conn: Conn, clock: Clock) -> None:
-    """EOF behind a waiting get: the get and the requests after it are answered first."""
+def test_half_close_ends_blocked_get(conn: Conn, clock: Clock) -> None:
+    """
+    EOF behind a waiting get: the get ends at once with END (no item is handed
+    to a client that may be gone), the requests after it are answered, and a
+    later set stays in the queue.
+    """
     conn.protocol.dataReceived(b"get q/t=500\r\nversion\r\n")
     conn.protocol.readConnectionLost()
-    assert conn.connected
-    clock.advance(0.6)
     assert conn.take() == b"END\r\nVERSION 1.1.0\r\n"
     assert not conn.connected
+    queue = conn.protocol.server.collection.queue("q")
+    assert queue.waiter_count == 0
+    assert queue.add(b"x").result is True
+    assert queue.length == 1
 
 
 def test_unexpected_failure_is_logged_not_raised(conn: Conn) -> None:

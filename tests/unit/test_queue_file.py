@@ -12,9 +12,10 @@ import pytest
 from twisted.internet.task import Clock
 
 from kestrel.config import QueueConfig
+from kestrel.errors import JournalUnavailable
 from kestrel.journal import records as rec
 from kestrel.journal.journal import FileJournal
-from kestrel.queue import PersistentQueue
+from kestrel.queue import JOURNAL_RETRY_SECONDS, PersistentQueue
 from tests.support import ManualThread
 from tests.unit.test_queue import PENDING, datas, value
 
@@ -253,25 +254,34 @@ def test_non_durable_ack_does_not_wait(tmp_path, clock: Clock) -> None:
 
 
 def test_durable_ack_fsync_failure_errbacks(tmp_path, clock: Clock) -> None:
-    """An fsync failure fails the add's Deferred; the queue goes on working."""
+    """
+    An fsync failure fails the add with a clear reason and drops the item (it is
+    cut from the journal and from memory); once fsync works, adds go on.
+    """
     state = {"fail": True}
 
     def fsync(fd: int) -> None:
         if state["fail"]:
-            raise OSError(5, "I/O error")
+            raise OSError(5, "Input/output error")
 
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=fsync, durable_acks=True)
     d = q.add(b"a")
     clock.advance(0.5)
-    with pytest.raises(OSError):
+    with pytest.raises(JournalUnavailable, match="Input/output error"):
         value(d)
-    assert q.length == 1  # written to the file, so queued: the client may retry (at least once)
+    assert q.journal_state == "failed"  # (cutting the file back needs an fsync too)
+    with pytest.raises(JournalUnavailable):
+        value(q.add(b"refused"))
     state["fail"] = False
+    clock.advance(JOURNAL_RETRY_SECONDS)
+    assert q.length == 0 and q.journal_state == "read-only"
+    clock.advance(JOURNAL_RETRY_SECONDS)
+    assert q.journal_state == "ok"
     d = q.add(b"b")
     clock.advance(0.5)
     assert value(d) is True
     q = restart(q, tmp_path, clock)
-    assert datas(q) == [b"a", b"b"]
+    assert datas(q) == [b"b"]
 
 
 def test_config_reload_changes_read_behind_threshold(tmp_path, clock: Clock) -> None:

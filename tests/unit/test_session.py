@@ -614,3 +614,69 @@ def test_set_items_raises_when_writes_are_blocked(make_server) -> None:
     session = server.new_session("text")
     with pytest.raises(AvailabilityError):
         session.set_items("q", [b"x"])
+
+
+# -- the client closes its side while a read waits ------------------------------------
+
+
+def test_end_waits_ends_a_blocking_get_with_no_item(server: KestrelServer, clock: Clock) -> None:
+    """After end_waits() the waiting get fires None, and the next item stays in the queue."""
+    s = server.new_session()
+    d = s.get_item("q", clock.seconds() + 60, False, False)
+    assert not d.called
+    assert s.end_waits() == 1
+    assert result_of(d) is None
+    add(server, "q", b"a")
+    assert contents(server, "q") == [b"a"]
+
+
+def test_after_end_waits_reads_do_not_wait(server: KestrelServer, clock: Clock) -> None:
+    """A read asked for after the client's side closed answers at once (item or nothing)."""
+    s = server.new_session()
+    s.end_waits()
+    assert result_of(s.get_item("q", clock.seconds() + 60, True, False)) is None
+    add(server, "q", b"a")
+    assert get(s, "q", opening=True) == b"a"
+    s.finish()
+    assert contents(server, "q") == [b"a"]
+
+
+def test_end_waits_ends_a_monitor(server: KestrelServer, clock: Clock) -> None:
+    """A monitor waiting for more ends; the open read it handed out goes back at finish()."""
+    add(server, "q", b"a")
+    s = server.new_session()
+    got: list[bytes] = []
+    done = s.monitor_until("q", clock.seconds() + 60, 5, True, lambda i: got.append(i.data))
+    assert got == [b"a"] and not done.called
+    s.end_waits()
+    assert result_of(done) is None
+    add(server, "q", b"b")
+    s.finish()
+    assert contents(server, "q") == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("how", ["finish", "end_waits"])
+def test_thrift_get_without_auto_abort_cut_by_a_close_puts_items_back(
+        server: KestrelServer, clock: Clock, how: str) -> None:
+    """A waiting thrift get that removes for good returns its items to the head when cut."""
+    add(server, "q", b"a", b"b")
+    s = server.new_session("thrift")
+    d = s.get_items("q", 5, clock.seconds() + 60, 0)
+    assert not d.called
+    getattr(s, how)()
+    assert result_of(d) == []
+    assert contents(server, "q") == [b"a", b"b"]
+
+
+def test_thrift_get_without_auto_abort_confirms_what_it_replies(server: KestrelServer,
+                                                                 clock: Clock) -> None:
+    """A waiting thrift get that completes removes its items for good (nothing left open)."""
+    add(server, "q", b"a")
+    s = server.new_session("thrift")
+    d = s.get_items("q", 2, clock.seconds() + 60, 0)
+    add(server, "q", b"b")
+    assert [(i, item.data) for i, item in result_of(d)] == [(0, b"a"), (0, b"b")]
+    queue = server.collection.queue("q")
+    assert queue.open_transaction_count == 0 and queue.length == 0
+    s.finish()
+    assert contents(server, "q") == []

@@ -420,14 +420,13 @@ def test_too_many_open_transactions(clock, tmp_path) -> None:
         b"+1\n-Too many open transactions; limit=0\n")
 
 
-def test_half_close_answers_pending_lines_then_closes(client, clock) -> None:
-    """After the client half-closes, a waiting get still answers, then the connection closes."""
+def test_half_close_ends_pending_get_then_closes(client, clock) -> None:
+    """After the client half-closes, a waiting get ends at once with C{*}, then the close."""
     assert client.send(b"version\nget q 300\n").startswith(b":")
     client.protocol.readConnectionLost()
-    assert client.connected
-    clock.advance(0.3)
     assert client.take() == b"*\n"
     assert not client.connected
+    assert client.protocol.server.collection.queue("q").waiter_count == 0
 
 
 def test_half_close_when_idle_closes_at_once(client) -> None:
@@ -458,3 +457,14 @@ def test_put_does_not_count_items_whose_fsync_failed(clock, tmp_path) -> None:
     thread.fail_all(OSError(5, "Input/output error"))
     assert client.take() == b"+0\n"
     assert client.connected
+
+
+def test_waiting_get_keeps_reading_and_a_reset_ends_it(client, clock) -> None:
+    """While a get waits the transport keeps reading (a close is seen); a reset drops the waiter."""
+    client.send(b"get q 60000\n")
+    assert client.transport.producerState != "paused"
+    queue = client.protocol.server.collection.queue("q")
+    assert queue.waiter_count == 1
+    client.protocol.connectionLost(None)
+    assert queue.waiter_count == 0
+    assert queue.add(b"x").result is True and queue.length == 1

@@ -410,14 +410,14 @@ def test_queue_name_must_be_utf8(client) -> None:
     assert exc.message == "Queue name is not valid UTF-8"
 
 
-def test_half_close_answers_pending_call_then_closes(client, clock) -> None:
-    """After the client half-closes, a waiting get still answers, then the connection closes."""
+def test_half_close_ends_pending_call_then_closes(client, clock) -> None:
+    """After the client half-closes, a waiting get ends at once (no items), then the close."""
     assert client.call("get", queue_name="q", max_items=1, timeout_msec=300) is PENDING
     client.protocol.readConnectionLost()
-    assert client.connected
-    clock.advance(0.3)
-    assert [api for api, *_ in client.take()] == ["get"]
+    [(api, _, _, result)] = client.take()
+    assert api == "get" and result == []
     assert not client.connected
+    assert client.protocol.server.collection.queue("q").waiter_count == 0
 
 
 def test_get_stops_at_the_open_read_limit(clock, tmp_path) -> None:
@@ -442,3 +442,14 @@ def test_put_whose_fsync_failed_is_an_internal_error(clock, tmp_path) -> None:
     assert api == "put" and exc.type == TApplicationException.INTERNAL_ERROR
     assert "Input/output error" in exc.message
     assert client.connected
+
+
+def test_waiting_get_keeps_reading_and_a_reset_ends_it(client, clock) -> None:
+    """While a get waits the transport keeps reading (a close is seen); a reset drops the waiter."""
+    assert client.call("get", queue_name="q", max_items=1, timeout_msec=60000) is PENDING
+    assert client.transport.producerState != "paused"
+    queue = client.protocol.server.collection.queue("q")
+    assert queue.waiter_count == 1
+    client.protocol.connectionLost(None)
+    assert queue.waiter_count == 0
+    assert queue.add(b"x").result is True and queue.length == 1
