@@ -15,13 +15,14 @@ C{end_ms}); C{time_ub_ms} is never below C{time_lb_ms}.
 
 from __future__ import annotations
 
+import mmap
 from array import array
 
 import attrs
 import numpy as np
 import pyarrow as pa
 
-from kestrel.analytics.layout import JournalFile
+from kestrel.analytics.layout import JournalFile, local_path
 from kestrel.journal import records
 
 #: The pseudo-opcode of the one trailer row every file contributes.
@@ -41,7 +42,8 @@ SCHEMA = pa.schema([
     ("queue", pa.string()),
     ("file", pa.string()),
     ("file_seq", pa.int32()),
-    ("packed", pa.bool_()),
+    ("archive", pa.bool_()),
+    ("snapshot", pa.bool_()),
     ("filler", pa.bool_()),
     ("offset", pa.int64()),
     ("op", pa.int8()),
@@ -55,16 +57,20 @@ SCHEMA = pa.schema([
 ])
 """The columns of a scanned file: one row per record, plus one trailer row.
 
-C{packed} marks rows read from a C{.pack} file; C{filler} marks the empty
-ADDX records a pack writes for pent-up deletes (size 0, added at or after the pack's
-timestamp): they stand for items already gone, not for client traffic.
+C{archive} marks rows of a file from an archive folder (traffic only).
+C{snapshot} marks the records of a pack's or rewrite's snapshot (see
+L{snapshot_masks}): they restate the queue, they are not client traffic;
+C{filler} marks the empty ADDX records a pack writes for pent-up deletes
+(size 0, added at or after the snapshot's bound): they stand for items already gone.
 
 The trailer row has C{op == TRAILER_OP}, C{offset} = the clean end (just past
 the last whole record), C{size} = the bytes after it (C{truncated_bytes}),
-C{xid} = the number of records, and C{problem} = why decoding stopped early
-(C{None} when the file decoded to its last byte)."""
+C{xid} = the number of records, C{add_ms} = the number of snapshot records,
+and C{problem} = why decoding stopped early (C{None} when the file decoded
+to its last byte)."""
 
-SPARK_DDL = ("server string, queue string, file string, file_seq int, packed boolean, "
+SPARK_DDL = ("server string, queue string, file string, file_seq int, archive boolean, "
+             "snapshot boolean, "
              "filler boolean, offset long, op byte, xid int, size int, add_ms long, "
              "expiry_ms long, time_lb_ms long, time_ub_ms long, problem string")
 """L{SCHEMA} in Spark's DDL syntax."""
@@ -198,6 +204,48 @@ def time_bounds(scan: Scan, start_ms: int | None,
     return lb.astype(np.int64), ub.astype(np.int64)
 
 
+def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
+                   bound_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """
+    Find the snapshot a pack or rewrite wrote at the start of a file, by content.
+
+    A snapshot starts with SAVE_XID(counter); then come the open reads, each
+    an ADDX followed by REMOVE_TENTATIVE_XID of an xid at or below the
+    counter; then ADDX records: re-emitted items (added at or before
+    C{bound_ms}) and fillers (0 bytes, added at or after C{bound_ms}). The
+    snapshot ends at the first other record, or the first ADDX that is
+    neither. A file that does not start with SAVE_XID has no snapshot.
+
+    @return: C{(snapshot, filler)} boolean arrays, one entry per record.
+    """
+    n = len(op)
+    snap = np.zeros(n, bool)
+    filler = np.zeros(n, bool)
+    if n == 0 or op[0] != 4:
+        return snap, filler
+    counter = int(xid[0])
+    i = 1
+    seen: set[int] = set()
+    while i + 1 < n and op[i] == 2 and op[i + 1] == 9:
+        x = int(xid[i + 1])
+        if x > counter or x in seen:
+            break
+        seen.add(x)
+        i += 2
+    rest_op = op[i:]
+    is_addx = rest_op == 2
+    if bound_ms is None:
+        inside = is_addx
+        fill = np.zeros(len(rest_op), bool)
+    else:
+        fill = is_addx & (size[i:] == 0) & (add_ms[i:] >= bound_ms)
+        inside = is_addx & ((add_ms[i:] <= bound_ms) | fill)
+    stop = int(np.argmin(inside)) if not inside.all() else len(inside)
+    snap[:i + stop] = True
+    filler[i:i + stop] = fill[:stop]
+    return snap, filler
+
+
 def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
     n = scan.count
@@ -206,9 +254,7 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     is_add = np.isin(op, ADD_OPS)
     has_xid = np.isin(op, XID_OPS)
     rows = n + 1
-    packed = jf.kind == "pack"
-    filler = is_add & (scan.size == 0) & (scan.add_ms >= (jf.ts_ms or 0)) if packed else \
-        np.zeros(n, bool)
+    snapshot, filler = snapshot_masks(op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
 
     def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,
              typ: pa.DataType) -> pa.Array:
@@ -222,13 +268,14 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
         pa.repeat(pa.scalar(jf.queue, pa.string()), rows),
         pa.repeat(pa.scalar(jf.name, pa.string()), rows),
         pa.repeat(pa.scalar(jf.seq, pa.int32()), rows),
-        pa.repeat(pa.scalar(packed, pa.bool_()), rows),
+        pa.repeat(pa.scalar(jf.archive, pa.bool_()), rows),
+        pa.array(np.concatenate((snapshot, [False]))),
         pa.array(np.concatenate((filler, [False]))),
         pa.array(np.concatenate((scan.offset, [scan.clean_end]))),
         pa.array(np.concatenate((op, [TRAILER_OP])).astype(np.int8)),
         ints(scan.xid, has_xid, n, pa.int32()),
         ints(scan.size, is_add, scan.truncated_bytes, pa.int32()),
-        ints(scan.add_ms, scan.add_ms != _NONE, None, pa.int64()),
+        ints(scan.add_ms, scan.add_ms != _NONE, int(snapshot.sum()), pa.int64()),
         ints(scan.expiry_ms, scan.expiry_ms != _NONE, None, pa.int64()),
         ints(lb, lb != _NONE, None, pa.int64()),
         ints(ub, ub != _NONE, None, pa.int64()),
@@ -240,3 +287,16 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
 def scan_file(jf: JournalFile, data: bytes | memoryview) -> pa.RecordBatch:
     """Decode the bytes C{data} of file C{jf} into a record batch of L{SCHEMA}."""
     return to_batch(scan_buffer(data), jf)
+
+
+def read_local(jf: JournalFile) -> pa.RecordBatch:
+    """Scan a local journal file (memory-mapped) into one record batch."""
+    with open(local_path(jf.path), "rb") as fh:
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            return scan_file(jf, b"")
+        try:
+            return scan_file(jf, mapped)
+        finally:
+            mapped.close()
