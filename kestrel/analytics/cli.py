@@ -206,6 +206,13 @@ def _main(args: argparse.Namespace) -> int:
                                   f"no input names (inputs: {', '.join(sorted(names))}); "
                                   "use --archive NAME=DIR")
         everything = [p for _, p in [*inputs, *archives]]
+        seen: dict[str, str] = {}
+        for folder in everything:
+            key = os.path.realpath(folder) if is_local(folder) else folder.rstrip("/")
+            if key in seen:
+                raise LayoutError(f"folder {folder!r} is given twice (also as {seen[key]!r}); "
+                                  "its records would count twice")
+            seen[key] = folder
         check_output(args.out, everything)
         local = all(is_local(p) for p in everything)
         if args.engine == "local" and not (local and is_local(args.out)):
