@@ -109,7 +109,6 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture(scope="module")
 def analysed(spark: object, written: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     from kestrel.analytics.job import run
-
     from kestrel.analytics.local import run_local
 
     out = str(tmp_path_factory.mktemp("out"))

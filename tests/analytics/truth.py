@@ -71,7 +71,8 @@ class Truth:
                     if lb is not None and ub is not None and ub < lb:
                         ub = lb
                 ev = dict(server=server, queue=queue, file=f.name, file_seq=seq,
-                          archive=False, snapshot=r.packed, filler=r.filler, offset=r.offset, op=r.op,
+                          archive=False, snapshot=r.packed, filler=r.filler, offset=r.offset,
+                          op=r.op,
                           xid=r.xid, size=r.size if r.op in ADDS else None,
                           add_ms=r.add_ms if r.op in (2, 7, 8) else None,
                           expiry_ms=r.expiry_ms, time_lb_ms=lb, time_ub_ms=ub)
