@@ -279,8 +279,9 @@ def _new_queue() -> dict[str, Any]:
     return {
         "files": 0, "bytes": 0, "records": 0, "truncated_bytes": 0, "broken_files": [],
         "traffic": {**{k: 0 for k in TRAFFIC_KEYS}, "from_ms": None, "to_ms": None,
-                    "history_compacted": False, "compacted_before_ms": None},
-        "snapshot": {"records": 0, "reemitted_adds": 0, "fillers": 0},
+                    "history_compacted": False, "compacted_before_ms": None,
+                    "enqueued_uncertain": 0},
+        "snapshot": {"files": 0, "records": 0, "reemitted_adds": 0, "fillers": 0},
         "state": None,
     }
 
@@ -308,8 +309,15 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
         rank = f.ts_ms if f.ts_ms is not None else (1 << 62)
         if key not in oldest or rank < oldest[key][0]:
             oldest[key] = (rank, f)
-    snap_files = {(r.server, bool(r.archive), r.file) for r in counted.itertuples()
-                  if _int(r.snapshot_records) and int(r.records) > 0}
+    snap_files = set()
+    for r in counted.itertuples():
+        if _int(r.snapshot_records) and int(r.records) > 0:
+            snap_files.add((r.server, bool(r.archive), r.file))
+            q = servers[r.server][r.queue]
+            q["snapshot"]["files"] += 1
+            # a rewrite (client records follow its snapshot) that an add triggered wrote
+            # that add right after the snapshot, timed before it: it reads as re-emitted
+            q["traffic"]["enqueued_uncertain"] += int(r.records) > int(r.snapshot_records)
     if len(flow):
         for (server, queue), g in flow.groupby(["server", "queue"]):
             q = servers[server][queue]
@@ -377,6 +385,7 @@ def _totals(queues: Any) -> dict[str, Any]:
         "traffic": {**{k: sum(q["traffic"][k] for q in qs) for k in TRAFFIC_KEYS},
                     "from_ms": min(froms) if froms else None,
                     "to_ms": max(tos) if tos else None,
-                    "queues_compacted": sum(q["traffic"]["history_compacted"] for q in qs)},
+                    "queues_compacted": sum(q["traffic"]["history_compacted"] for q in qs),
+                    "enqueued_uncertain": sum(q["traffic"]["enqueued_uncertain"] for q in qs)},
         "state": {k: sum(s[k] for s in states) for k in STATE_KEYS},
     }
