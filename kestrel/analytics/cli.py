@@ -147,8 +147,11 @@ def check_executors(spark: SparkSession) -> None:
 
     @raise UserError: it failed, with how to fix it.
     """
+    sc = spark.sparkContext
+    level = sc.getConf().get("spark.log.level", "WARN")
+    sc.setLogLevel("OFF")  # a failed probe's task trace is noise: one line says it all
     try:
-        spark.sparkContext.parallelize([0], 1).map(_probe).collect()
+        sc.parallelize([0], 1).map(_probe).collect()
     except Exception as e:  # noqa: BLE001 - any failure here means the executors are not set up
         text = str(e)
         missing = ""
@@ -158,6 +161,8 @@ def check_executors(spark: SparkSession) -> None:
                 break
         raise UserError(f"executors cannot run the scan ({missing or text.splitlines()[0]}); "
                         f"{EXECUTOR_FIX}") from None
+    finally:
+        sc.setLogLevel(level)
 
 
 def _inputs(args: argparse.Namespace) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -217,7 +222,10 @@ def _main(args: argparse.Namespace) -> int:
         local = all(is_local(p) for p in everything)
         if args.engine == "local" and not (local and is_local(args.out)):
             raise LayoutError("--engine local reads and writes local folders only")
-        say = Progress(6)
+        from kestrel.analytics.job import uses_groups
+
+        say = Progress(4 if args.engine == "local"
+                       or uses_groups(None, inputs, archives, args.out, args.reader) else 6)
         plan = None
         if local and args.reader != "binaryfile":
             # every local input is checked (exists, readable, holds journal files) before

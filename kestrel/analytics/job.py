@@ -260,6 +260,30 @@ def finish(say: Progress, spark: SparkSession | None, staging: Any,
     return summary
 
 
+def _analyse_dicts(files: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+    """A Spark task: analyse one group of whole queues (see L{kestrel.analytics.local})."""
+    from kestrel.analytics.local import analyse_group
+
+    return analyse_group([layout.JournalFile.from_dict(d) for d in files])
+
+
+def _write_events_part(item: tuple[int, list[dict[str, Any]], str]) -> int:
+    """A Spark task: write one group's events as one Parquet part file; return its rows."""
+    from kestrel.analytics.local import records_of, scan_files, write_table
+
+    index, files, folder = item
+    rows = records_of(scan_files([layout.JournalFile.from_dict(d) for d in files]))
+    write_table(folder, "events", rows, part=index)
+    return len(rows)
+
+
+def uses_groups(plan: Plan | None, inputs: Sequence[tuple[str, str]],
+                archives: Sequence[tuple[str, str]], out: str, reader: str) -> bool:
+    """Return whether the job runs whole-queue tasks (local folders and output) or DataFrames."""
+    paths = [p for _, p in [*inputs, *archives]] + [out]
+    return reader != "binaryfile" and all(layout.is_local(p) for p in paths)
+
+
 def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
         archives: Sequence[tuple[str, str]] = (), reader: str = "auto",
         progress: Progress | None = None, report: bool = True, events: bool = False,
@@ -269,16 +293,55 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
 
     C{archives} are archive folders (their files count as traffic only);
     C{events} also writes the per-record C{events} table; C{plan}, if given,
-    is the already checked plan of these folders.
+    is the already checked plan of these folders. Local folders and a local
+    C{out} run as whole-queue tasks (L{kestrel.analytics.local.analyse_group}:
+    no shuffle of records, tables identical to C{--engine local}); Hadoop
+    URIs and C{reader="binaryfile"} run as DataFrames.
 
     @return: the summary also written to C{out/summary.json}.
     @raise kestrel.analytics.layout.LayoutError: the inputs cannot be read as given.
     """
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
+    if not uses_groups(plan, inputs, archives, out, reader):
+        return _run_dataframes(spark, inputs, out, archives=archives, reader=reader,
+                               progress=progress, report=report, events=events, plan=plan)
+    from kestrel.analytics.local import combine, group_files, write_outputs
+
+    say = progress or Progress(4)
+    if plan is None:
+        say(f"planning {len(inputs) + len(archives)} folder(s)")
+        plan = plan_inputs(spark, inputs, reader, archives)
+    sc = spark.sparkContext
+    target = max(2 * sc.defaultParallelism, plan.total_bytes // (256 << 20) + 1)
+    groups = [[f.to_dict() for f in g] for g in group_files(plan, target)]
+    say(f"scanning and replaying {len(plan.files)} file(s), {plan.total_bytes:,} bytes, "
+        f"{len(plan.queues())} queue(s) in {len(groups)} Spark task(s); "
+        f"{len(plan.skipped)} file(s) skipped")
+    staging = stage(spark, out)
+    try:
+        parts = combine(sc.parallelize(groups, max(1, len(groups)))
+                        .map(_analyse_dicts).collect()) if groups else combine([])
+
+        def write_events() -> None:
+            items = [(i, g, staging.path) for i, g in enumerate(groups)]
+            sc.parallelize(items, max(1, len(items))).map(_write_events_part).collect()
+
+        return write_outputs(say, spark, staging, inputs, archives, plan, parts, report,
+                             write_events if events else None)
+    except BaseException:
+        staging.abandon()
+        raise
+
+
+def _run_dataframes(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
+                    archives: Sequence[tuple[str, str]] = (), reader: str = "auto",
+                    progress: Progress | None = None, report: bool = True,
+                    events: bool = False, plan: Plan | None = None) -> dict[str, Any]:
+    """L{run} for Hadoop URIs or the C{binaryFile} reader: scans and aggregates as DataFrames."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as sf
 
-    if reader not in READERS:
-        raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
     say = progress or Progress(6)
     if plan is None:
         say(f"planning {len(inputs) + len(archives)} folder(s)")

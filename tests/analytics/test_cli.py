@@ -148,7 +148,7 @@ def test_local_engine_end_to_end(tmp_path: os.PathLike,
     out = os.path.join(str(tmp_path), "out")
     assert main([f"east={srv}", "--out", out, "--engine", "local"]) == 0
     err = capsys.readouterr().err
-    assert "kestrel-analyze [1/6] checking and planning 1 folder(s)" in err
+    assert "kestrel-analyze [1/4] checking and planning 1 folder(s)" in err
     assert ("1 files, 3 records, 1 file(s) with broken records; traffic: 2 enqueued, "
             "1 dequeued; state: 1 items left; 2 truncated bytes") in err
     with open(os.path.join(out, "summary.json")) as fh:

@@ -111,10 +111,12 @@ def result(request: pytest.FixtureRequest, scenario: tuple,
     if request.param == "local":
         from kestrel.analytics.local import run_local
 
-        summary = run_local(inputs, out, progress=Progress(6, stream), events=True)
+        summary = run_local(inputs, out, progress=Progress(4, stream), events=True)
     else:
         spark = request.getfixturevalue("spark")
-        summary = run(spark, inputs, out, reader=request.param, progress=Progress(6, stream),
+        stages = 6 if request.param == "binaryfile" else 4
+        summary = run(spark, inputs, out, reader=request.param,
+                      progress=Progress(stages, stream),
                       report=request.param == "source", events=True)
     return out, summary, stream.getvalue(), request.param
 
@@ -253,7 +255,8 @@ def test_report_and_progress(result: tuple, scenario: tuple) -> None:
     out, _, progress, reader = result
     lines = progress.splitlines()
     assert [line.split()[1] for line in lines[:-1]] == \
-        [f"[{i}/6]" for i in range(1, 7)]
+        ([f"[{i}/6]" for i in range(1, 7)] if reader == "binaryfile"
+         else [f"[{i}/4]" for i in range(1, 5)])
     assert lines[-1].startswith("kestrel-analyze done")
     if reader == "binaryfile":
         assert not os.path.exists(os.path.join(out, "report.html"))
