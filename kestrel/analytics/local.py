@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -88,9 +89,26 @@ def analyse_group(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
     flow = tables.flow_table(ev)
     sizes = tables.size_bins(ev)
     del ev, records
-    rin = tables.replay_input(scanned.drop_columns(["problem"]).to_pandas())
+    parts = []
+    live = scanned.filter(pc.invert(scanned["archive"]))
     del scanned
-    parts = [tables.replay_frame(g) for _, g in rin.groupby(["server", "queue"], sort=True)]
+    # files are in plan order: per queue, by file_seq; records in file order
+    servers = live["server"].to_numpy(zero_copy_only=False)
+    queues = live["queue"].to_numpy(zero_copy_only=False)
+    cols = {}
+    for c in tables.REPLAY_INPUT:
+        col = live[c]
+        if c == "filler":
+            cols[c] = col.to_numpy(zero_copy_only=False).astype(bool)
+        else:
+            fill = tables.NONE if c in ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms") else 0
+            cols[c] = pc.fill_null(col, fill).to_numpy().astype(np.int64)
+    if len(servers):
+        change = np.flatnonzero((servers[1:] != servers[:-1]) | (queues[1:] != queues[:-1])) + 1
+        bounds = [0, *change.tolist(), len(servers)]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            parts.append(tables.replay_arrays(servers[a], queues[a],
+                                              {c: v[a:b] for c, v in cols.items()}))
     rep = (pd.concat(parts, ignore_index=True) if parts
            else pd.DataFrame(columns=tables.columns(tables.REPLAY_DDL)))
     return {"trailers": trailers, "flow": flow, "sizes": sizes,

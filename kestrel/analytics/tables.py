@@ -112,7 +112,12 @@ def replay_frame(pdf: pd.DataFrame) -> pd.DataFrame:
     """
     server, queue = pdf["server"].iat[0], pdf["queue"].iat[0]
     pdf = pdf.sort_values(["file_seq", "offset"], kind="stable")
-    r = replay_queue(*(pdf[c].to_numpy() for c in
+    return replay_arrays(server, queue, {c: pdf[c].to_numpy() for c in REPLAY_INPUT})
+
+
+def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Replay one queue given as numpy columns of L{REPLAY_INPUT}, in replay order."""
+    r = replay_queue(*(cols[c] for c in
                        ("op", "xid", "size", "add_ms", "expiry_ms", "time_lb_ms",
                         "time_ub_ms", "filler")))
     known = r.backlog_minute_ms != NONE
@@ -201,14 +206,27 @@ def flow_table(events: pd.DataFrame) -> pd.DataFrame:
     out = sums.reset_index()
     out["first_ms"] = g["t_ms"].min().to_numpy()
     out["last_ms"] = g["t_ms"].max().to_numpy()
-    pcts = []
-    for sizes in g["add_size"]:
-        v = np.sort(sizes[1].dropna().to_numpy(dtype=np.int64))
-        pcts.append([_nearest_rank_sorted(v, p) for p in (0.5, 0.9, 0.99)]
-                    + [int(v[-1]) if len(v) else None])
-    p = pd.DataFrame(pcts, columns=["size_p50", "size_p90", "size_p99", "size_max"])
-    for c in p:
-        out[c] = pd.array(p[c], dtype="Int64")
+    # nearest-rank size percentiles of every group at once: sort by (group, size)
+    codes = g.ngroup().to_numpy()
+    sizes = ev["add_size"].to_numpy(dtype=float)
+    keep = ~np.isnan(sizes)
+    codes, sizes = codes[keep], sizes[keep].astype(np.int64)
+    order = np.lexsort((sizes, codes))
+    codes, sizes = codes[order], sizes[order]
+    groups = len(out)
+    counts = np.bincount(codes, minlength=groups)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    for name, p in (("size_p50", 0.5), ("size_p90", 0.9), ("size_p99", 0.99)):
+        rank = np.maximum(1, np.ceil(p * counts).astype(np.int64))
+        vals = np.zeros(groups, np.int64)
+        vals[has] = sizes[(starts + rank - 1)[has]]
+        out[name] = pd.array(np.where(has, vals, 0), dtype="Int64")
+        out.loc[~has, name] = pd.NA
+    vals = np.zeros(groups, np.int64)
+    vals[has] = sizes[(starts + counts - 1)[has]]
+    out["size_max"] = pd.array(vals, dtype="Int64")
+    out.loc[~has, "size_max"] = pd.NA
     for c in ("minute_ms", "first_ms", "last_ms"):
         out[c] = pd.array(out[c], dtype="Int64")
     return out[columns(FLOW_DDL)]
