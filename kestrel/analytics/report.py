@@ -233,12 +233,18 @@ def _n(v: Any) -> str:
     return "-" if v is None else f"{v:,}"
 
 
+def _span(first: int, last: int) -> str:
+    """A time window; the end shows only the time when it is the same day."""
+    a, b = _fmt_time(first), _fmt_time(last)
+    return f"{a} - {b[11:] if a[:10] == b[:10] else b}"
+
+
 def _window(t: dict[str, Any]) -> str:
     if t["from_ms"] is None:
         return "no traffic"
-    text = f"{_fmt_time(t['from_ms'])} - {_fmt_time(t['to_ms'])}"
+    text = _span(t["from_ms"], t["to_ms"])
     if t["history_compacted"]:
-        text += " <b class='warn'>(history before compacted)</b>"
+        text += "<br><b class='warn'>(history before compacted)</b>"
     return text
 
 
@@ -254,8 +260,9 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
     out = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
            "<title>kestrel-analyze report</title><style>",
            "body{font-family:sans-serif;margin:2em;color:#222}",
-           "table{border-collapse:collapse;font-size:13px;margin-bottom:1em}",
-           "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}",
+           "table{border-collapse:collapse;font-size:12px;margin-bottom:1em}",
+           "td,th{border:1px solid #ccc;padding:3px 4px;text-align:right}",
+           "td{white-space:nowrap}",
            "th{background:#f3f3f3}",
            "td.l,th.l{text-align:left}",
            ".note{background:#fff8dc;padding:.5em 1em;border-left:4px solid #e0b000}",
@@ -273,8 +280,7 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
                "<th>broken files</th></tr>")
     for server, t in sorted(summary["server_totals"].items()):
         tr, st = t["traffic"], t["state"]
-        window = (f"{_fmt_time(tr['from_ms'])} - {_fmt_time(tr['to_ms'])}"
-                  if tr["from_ms"] is not None else "no traffic")
+        window = _span(tr["from_ms"], tr["to_ms"]) if tr["from_ms"] is not None else "no traffic"
         if tr["queues_compacted"]:
             window += f" <b class='warn'>({tr['queues_compacted']} queue(s) compacted)</b>"
         out.append(f"<tr><td class='l'>{esc(server)}</td><td>{t['files']:,}</td>"
