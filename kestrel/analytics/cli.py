@@ -28,17 +28,20 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the command-line parser."""
     p = argparse.ArgumentParser(
         prog="kestrel-analyze",
-        description="Analyse Kestrel journal folders (live queue folders or archives) with "
-                    "Spark: Parquet tables, summary.json and report.html in --out.")
+        description="Analyse Kestrel journal folders (live queue folders, plus their archives "
+                    "with --archive) with Spark or in one process: client traffic and server "
+                    "state as Parquet tables, summary.json and report.html in --out. Inputs and "
+                    "--out are checked first; errors are one line, exit status 2.")
     p.add_argument("inputs", nargs="+", metavar="DIR",
-                   help="a journal folder, local or any Hadoop URI; NAME=DIR names its server "
-                        "(default: the folder's name)")
+                   help="a live journal folder (a server's queue_path), local or any Hadoop "
+                        "URI; NAME=DIR names its server (default: the folder's name)")
     p.add_argument("--out", required=True, metavar="OUT",
-                   help="output folder (local or Hadoop URI); existing tables are replaced")
+                   help="output folder (local or Hadoop URI), outside every input; only "
+                        "outputs an earlier run wrote there are replaced")
     p.add_argument("--master", default=None, metavar="URL",
                    help="Spark master URL (default: local[*], or spark-submit's --master)")
     p.add_argument("--reader", choices=("auto", "source", "binaryfile"), default="auto",
-                   help="auto: the Python data source for local folders, binaryFile for URIs")
+                   help="auto: whole-queue tasks for local folders, binaryFile for URIs")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark configuration (repeatable)")
     p.add_argument("--archive", action="append", default=[], metavar="[NAME=]DIR",
