@@ -399,8 +399,8 @@ def _run_dataframes(spark: SparkSession, inputs: Sequence[tuple[str, str]], out:
             "server", "queue",
             *[sf.coalesce(sf.col(c), sf.lit(NONE if c in ("add_ms", "expiry_ms", "time_lb_ms",
                                                         "time_ub_ms") else 0)).alias(c)
-              for c in tables.REPLAY_INPUT if c != "filler"],
-            "filler")
+              for c in tables.REPLAY_INPUT if c not in tables.REPLAY_FLAGS],
+            *tables.REPLAY_FLAGS)
         rep = (filled.groupBy("server", "queue")
                .applyInPandas(tables.replay_frame, tables.REPLAY_DDL)
                .persist(StorageLevel.MEMORY_AND_DISK))

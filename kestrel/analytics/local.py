@@ -98,7 +98,7 @@ def analyse_group(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
     cols = {}
     for c in tables.REPLAY_INPUT:
         col = live[c]
-        if c == "filler":
+        if c in tables.REPLAY_FLAGS:
             cols[c] = col.to_numpy(zero_copy_only=False).astype(bool)
         else:
             fill = tables.NONE if c in ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms") else 0

@@ -49,11 +49,13 @@ REPLAY_DDL = ", ".join(
     + [f"{c} long" for c in WAIT_COLS]
     + ["with_expiry long"] + [f"{c} long" for c in TTL_COLS]
     + ["expired_removed long", "left_with_expiry long", "left_expired long",
-       "last_clock_ms long", "oldest_left_ms long"])
+       "last_clock_ms long", "oldest_left_ms long", "first_clock_ms long", "compacted long"])
 """Rows of the replay: C{kind} 'backlog' (one per minute) or 'queue' (one per queue)."""
 
 REPLAY_INPUT = ["file_seq", "offset", "op", "xid", "size", "add_ms", "expiry_ms",
-                "time_lb_ms", "time_ub_ms", "filler"]
+                "time_lb_ms", "time_ub_ms", "filler", "snapshot"]
+#: The boolean columns of L{REPLAY_INPUT}.
+REPLAY_FLAGS = ("filler", "snapshot")
 
 FLOW_DDL = ("server string, queue string, minute_ms long, first_ms long, last_ms long, "
             "records long, enqueued long, dequeued long, opened long, confirmed long, "
@@ -65,11 +67,13 @@ FILES_DDL = ("server string, queue string, file string, path string, kind string
              "archive boolean, file_seq int, counted boolean, reason string, bytes long, "
              "records long, snapshot_records long, clean_end long, truncated_bytes long, "
              "problem string")
+_WINDOW = ["from_ms long", "to_ms long", "history_compacted boolean"]
 TIQ_DDL = ", ".join(["server string", "queue string", "dequeued_items long"]
-                    + [f"{c} long" for c in WAIT_COLS] + ["estimate boolean"])
+                    + [f"{c} long" for c in WAIT_COLS] + ["estimate boolean", *_WINDOW])
 EXPIRY_DDL = ", ".join(["server string", "queue string", "with_expiry long"]
                        + [f"{c} long" for c in TTL_COLS]
-                       + ["expired_removed long", "left_with_expiry long", "left_expired long"])
+                       + ["expired_removed long", "left_with_expiry long", "left_expired long",
+                          *_WINDOW])
 SIZES_DDL = "server string, queue string, bin int, count long"
 
 _ARROW = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "byte": pa.int8(),
@@ -136,6 +140,9 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
         "with_expiry": r.with_expiry, "expired_removed": r.expired_removed,
         "left_with_expiry": r.left_with_expiry, "left_expired": r.left_expired,
         "last_clock_ms": r.last_clock_ms, "oldest_left_ms": r.oldest_left_ms,
+        "first_clock_ms": r.first_clock_ms,
+        # the live files start with a snapshot: what came before was compacted away
+        "compacted": int(len(cols["snapshot"]) > 0 and bool(cols["snapshot"][0])),
     }
     row.update(zip(WAIT_COLS, percentiles(r.wait_lb_ms) + percentiles(r.wait_ub_ms),
                    strict=True))
@@ -153,7 +160,7 @@ def replay_input(raw: pd.DataFrame) -> pd.DataFrame:
     live = raw[~raw["archive"]]
     out = live[["server", "queue"]].copy()
     for c in REPLAY_INPUT:
-        if c == "filler":
+        if c in REPLAY_FLAGS:
             out[c] = live[c].to_numpy(dtype=bool)
         elif c in ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms"):
             out[c] = live[c].fillna(NONE).astype("int64")
@@ -277,11 +284,23 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
 
 
 def queue_tables(queue_rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Return the C{time_in_queue} and C{expiry} tables from the replay's queue rows."""
+    """
+    Return the C{time_in_queue} and C{expiry} tables from the replay's queue rows.
+
+    Both say the window their data covers: the live files' first and last
+    record time, and whether history before it was compacted into a snapshot.
+    """
+    window = queue_rows[["first_clock_ms", "last_clock_ms"]].rename(
+        columns={"first_clock_ms": "from_ms", "last_clock_ms": "to_ms"})
+    compacted = queue_rows["compacted"].fillna(0).astype(int).astype(bool)
     tiq = queue_rows[["server", "queue", "dequeued_items", *WAIT_COLS]].copy()
     tiq["estimate"] = True
     expiry = queue_rows[["server", "queue", "with_expiry", *TTL_COLS, "expired_removed",
                          "left_with_expiry", "left_expired"]].copy()
+    for frame in (tiq, expiry):
+        frame["from_ms"] = window["from_ms"].to_numpy()
+        frame["to_ms"] = window["to_ms"].to_numpy()
+        frame["history_compacted"] = compacted.to_numpy()
     key = ["server", "queue"]
     return (tiq.sort_values(key).reset_index(drop=True),
             expiry.sort_values(key).reset_index(drop=True))
@@ -361,6 +380,8 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
             "items_left": int(r.items), "queued": int(r.queued),
             "open_reads": int(r.open_reads), "bytes_left": int(r.bytes),
             "lost_open_reads": int(r.lost_open_reads), "as_of_ms": as_of,
+            "from_ms": _int(r.first_clock_ms),
+            "history_compacted": bool(_int(r.compacted)),
             "oldest_item_ms": oldest_ms,
             "oldest_item_age_ms": (as_of - oldest_ms if as_of is not None
                                    and oldest_ms is not None else None),

@@ -248,6 +248,11 @@ def test_time_in_queue_and_expiry_match_truth(result: tuple, scenario: tuple) ->
         for k in ("with_expiry", "expired_removed", "left_with_expiry", "left_expired"):
             assert e[k] == want[k], (key, k)
     assert tiq[("alpha", "jobs")]["dequeued_items"] > 50
+    # each figure says its window, and whether history before it was compacted away
+    assert tiq[("alpha", "mail")]["history_compacted"] is True
+    assert exp[("alpha", "mail")]["history_compacted"] is True
+    assert tiq[("alpha", "jobs")]["history_compacted"] is False
+    assert tiq[("alpha", "jobs")]["from_ms"] <= tiq[("alpha", "jobs")]["to_ms"]
 
 
 def test_report_and_progress(result: tuple, scenario: tuple) -> None:
