@@ -115,6 +115,9 @@ def make_session(master: str | None, conf: dict[str, str] | None = None,
     if local:
         # the default of 200 shuffle partitions costs seconds on small inputs
         settings["spark.sql.shuffle.partitions"] = str(2 * (os.cpu_count() or 2))
+        # the driver JVM does little work for local folders (Python tasks do it): its
+        # optimising JIT compiler would take CPU from them on a small machine
+        settings["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -79,7 +79,22 @@ def records_of(scanned: pa.Table) -> pa.Table:
 
 
 def analyse_group(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
-    """Return this group's parts: C{trailers, flow, sizes, backlog, queues} (pandas)."""
+    """
+    Return this group's parts: C{trailers, flow, sizes, backlog, queues} (pandas).
+
+    The queues of the group are analysed one at a time (memory holds one
+    queue's records; sorts and groupings stay small), then concatenated.
+    """
+    by_queue: dict[tuple[str, str], list[JournalFile]] = defaultdict(list)
+    for f in files:
+        by_queue[(f.server, f.queue)].append(f)
+    parts = [analyse_queue(q) for q in by_queue.values()]
+    return {k: pd.concat([p[k] for p in parts], ignore_index=True) for k in parts[0]} \
+        if parts else combine([])
+
+
+def analyse_queue(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
+    """Return the parts of one queue (its live and archive files, in plan order)."""
     scanned = scan_files(files)
     trailers = scanned.filter(pc.equal(scanned["op"], TRAILER_OP)).select(
         _TRAILER_COLS).to_pandas()
