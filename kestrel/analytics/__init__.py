@@ -1,8 +1,8 @@
 """
-Offline journal analytics on Spark (``kestrel-analyze``).
+Offline journal analytics (``kestrel-analyze``), on Spark or in one process.
 
-The job reads folders of journal files from one or more servers, decodes them
-on the executors with the server's own record codec (L{kestrel.journal.records}),
-and writes Parquet tables, a JSON summary and a self-contained HTML report.
-See ``docs/analytics.md``.
+The job reads folders of journal files (live folders and archives) from one or
+more servers, recognises the snapshots packs and rewrites wrote, and writes
+Parquet tables, a JSON summary and a self-contained HTML report that keep
+client traffic and server state apart. See ``docs/analytics.md``.
 """

@@ -1,10 +1,12 @@
 """
-The analysis job: journal folders in, Parquet tables, JSON summary and HTML report out.
+The analysis job on Spark: journal folders in, Parquet tables, JSON summary and HTML report out.
 
-Stages (each reports one progress line): plan the files, scan them on the
-executors, write the events and files tables, aggregate the per-minute flow,
-replay every queue (backlog, time in queue, expiry), then write the summary
-and the report. See ``docs/analytics.md`` for every table's columns.
+Stages (each reports one progress line): scan the planned files on the
+executors, write the files table (and the per-record events table when
+asked), aggregate the per-minute flow, replay every queue (backlog, time in
+queue, expiry), then write the summary and the report. Everything is written
+into a fresh folder under C{OUT} and moved into place at the end
+(L{kestrel.analytics.output}). See ``docs/analytics.md`` for every column.
 """
 
 from __future__ import annotations
@@ -16,49 +18,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
-from kestrel.analytics import layout
+from kestrel.analytics import layout, tables
 from kestrel.analytics.layout import Plan
-from kestrel.analytics.replay import MINUTE_MS, NONE, percentiles, replay_queue
+from kestrel.analytics.output import OUTPUT_NAMES, STAGING_PREFIX, Staging
+from kestrel.analytics.replay import MINUTE_MS, NONE
 from kestrel.analytics.scan import ADD_OPS, TRAILER_OP
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: Readers: the Python Data Source, the binaryFile fallback, or pick by input.
 READERS = ("auto", "source", "binaryfile")
 
 ARROW_BATCH = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: Files per Arrow batch while C{binaryFile} feeds whole files to the scanner.
 BINARY_FILE_BATCH = 4
-
-ESTIMATE_NOTE = (
-    "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
-    "their times are estimates, bracketed between the neighbouring timestamped records "
-    "(or the file's rotation time, or the live file's modification time). Dequeue minutes "
-    "use the lower bound; time in queue is given as a lower and an upper bound.")
-
-SUMMARY_KEYS = ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
-                "items_left", "truncated_bytes")
-
-_WAIT_COLS = [f"wait_{b}_{p}_ms" for b in ("lb", "ub") for p in ("p50", "p90", "p99", "max")]
-_TTL_COLS = [f"ttl_{p}_ms" for p in ("p50", "p90", "p99", "max")]
-
-REPLAY_DDL = ", ".join(
-    ["server string", "queue string", "kind string", "minute_ms long", "queued long",
-     "open_reads long", "items long", "bytes long", "lost_open_reads long",
-     "dequeued_items long"]
-    + [f"{c} long" for c in _WAIT_COLS]
-    + ["with_expiry long"] + [f"{c} long" for c in _TTL_COLS]
-    + ["expired_removed long", "left_with_expiry long", "left_expired long",
-       "last_clock_ms long"])
-"""Rows of the replay: C{kind} 'backlog' (one per minute) or 'queue' (one per queue)."""
-
-_REPLAY_INPUT = ["file_seq", "offset", "op", "xid", "size", "add_ms", "expiry_ms",
-                 "time_lb_ms", "time_ub_ms", "filler"]
-
 
 class Progress:
     """Writes one line per stage: C{kestrel-analyze [i/n] message (elapsed)}."""
@@ -86,56 +61,21 @@ class Progress:
         self.stream.flush()
 
 
-def replay_frame(pdf: pd.DataFrame) -> pd.DataFrame:
-    """
-    Replay one queue given as a pandas frame of scanned rows (any order).
-
-    This is the C{applyInPandas} function: absent values are L{NONE}; the
-    result has L{REPLAY_DDL}'s columns.
-    """
-    server, queue = pdf["server"].iat[0], pdf["queue"].iat[0]
-    pdf = pdf.sort_values(["file_seq", "offset"], kind="stable")
-    r = replay_queue(*(pdf[c].to_numpy() for c in
-                       ("op", "xid", "size", "add_ms", "expiry_ms", "time_lb_ms",
-                        "time_ub_ms", "filler")))
-    known = r.backlog_minute_ms != NONE
-    backlog = pd.DataFrame({
-        "server": server, "queue": queue, "kind": "backlog",
-        "minute_ms": r.backlog_minute_ms[known],
-        "queued": r.backlog_queued[known], "open_reads": r.backlog_open[known],
-        "items": (r.backlog_queued + r.backlog_open)[known],
-        "bytes": r.backlog_bytes[known],
-    })
-    row: dict[str, Any] = {
-        "server": server, "queue": queue, "kind": "queue", "minute_ms": None,
-        "queued": r.queued, "open_reads": r.open_reads, "items": r.items_left,
-        "bytes": r.bytes_left, "lost_open_reads": r.lost_open_reads,
-        "dequeued_items": len(r.wait_lb_ms),
-        "with_expiry": r.with_expiry, "expired_removed": r.expired_removed,
-        "left_with_expiry": r.left_with_expiry, "left_expired": r.left_expired,
-        "last_clock_ms": r.last_clock_ms,
-    }
-    row.update(zip(_WAIT_COLS, percentiles(r.wait_lb_ms) + percentiles(r.wait_ub_ms),
-                   strict=True))
-    row.update(zip(_TTL_COLS, percentiles(r.ttl_ms), strict=True))
-    out = pd.concat([backlog, pd.DataFrame([row])], ignore_index=True)
-    columns = [c.split(" ")[0] for c in REPLAY_DDL.split(", ")]
-    for c in columns:
-        if c not in out:
-            out[c] = None
-    return out[columns].astype({c: "Int64" for c in columns[3:]})
-
-
-def plan_inputs(spark: SparkSession, inputs: Sequence[tuple[str, str]], reader: str) -> Plan:
+def plan_inputs(spark: SparkSession | None, inputs: Sequence[tuple[str, str]], reader: str,
+                archives: Sequence[tuple[str, str]] = ()) -> Plan:
     """Plan the files to read: listed locally, or through Spark for URIs or C{binaryfile}."""
-    if reader != "binaryfile" and all(layout.is_local(p) for _, p in inputs):
-        return layout.plan_local(inputs)
+    everything = [*inputs, *archives]
+    if spark is None or (reader != "binaryfile" and all(layout.is_local(p) for _, p in everything)):
+        return layout.plan_local(inputs, archives)
     from kestrel.analytics.source import list_with_spark
 
     listings = []
-    for server, folder in inputs:
-        for name, uri, size, mtime in list_with_spark(spark, folder):
-            listings.append(layout.Listing(server, name, uri, size, mtime))
+    for role, pairs in ((False, inputs), (True, archives)):
+        for server, folder in pairs:
+            found = [layout.Listing(server, name, uri, size, mtime, role)
+                     for name, uri, size, mtime in list_with_spark(spark, folder)]
+            layout.check_listing(folder, found)
+            listings.extend(found)
     return layout.plan_files(listings)
 
 
@@ -160,39 +100,119 @@ def scan(spark: SparkSession, plan: Plan, reader: str) -> DataFrame:
 
 
 def _flow(events: DataFrame) -> DataFrame:
+    """The per-minute flow on Spark; equal to L{tables.flow_table} on pandas."""
     from pyspark.sql import functions as sf
 
     op = sf.col("op")
+    traffic = ~sf.col("snapshot")
     is_add = op.isin(*ADD_OPS)
-    add_size = sf.when(is_add, sf.col("size"))
+    add_size = sf.when(traffic & is_add, sf.col("size"))
 
     def count(cond: Any) -> Any:
         return sf.sum(sf.when(cond, 1).otherwise(0)).cast("long")
 
     minute = (sf.floor(sf.col("event_ms") / MINUTE_MS) * MINUTE_MS).cast("long")
+    sizes = sf.sort_array(sf.collect_list(add_size))
+    n = sf.size(sf.col("_s"))
+
+    def pct(p: float) -> Any:
+        rank = sf.greatest(sf.lit(1), sf.ceil(n * sf.lit(p)).cast("int"))
+        return sf.when(n > 0, sf.element_at(sf.col("_s"), rank))
+
     return (events.groupBy("server", "queue", minute.alias("minute_ms"))
-            .agg(count(sf.lit(True)).alias("records"),
-                 count(is_add).alias("enqueued"),
-                 count(op.isin(1, 6, 8)).alias("dequeued"),
-                 count(op.isin(3, 9)).alias("opened"),
-                 count(op.isin(6, 8)).alias("confirmed"),
-                 count(op == 5).alias("aborted"),
+            .agg(sf.min(sf.when(traffic, sf.col("event_ms"))).alias("first_ms"),
+                 sf.max(sf.when(traffic, sf.col("event_ms"))).alias("last_ms"),
+                 count(sf.lit(True)).alias("records"),
+                 count(traffic & is_add).alias("enqueued"),
+                 count(traffic & op.isin(1, 6, 8)).alias("dequeued"),
+                 count(traffic & op.isin(3, 9)).alias("opened"),
+                 count(traffic & op.isin(6, 8)).alias("confirmed"),
+                 count(traffic & (op == 5)).alias("aborted"),
                  sf.coalesce(sf.sum(add_size), sf.lit(0)).cast("long").alias("bytes_enqueued"),
-                 count(sf.col("packed") & is_add).alias("packed_adds"),
-                 count(sf.col("filler")).alias("pack_fillers"),
-                 sf.percentile_approx(add_size, [0.5, 0.9, 0.99]).alias("_p"),
-                 sf.max(add_size).alias("size_max"))
-            .select("server", "queue", "minute_ms", "records", "enqueued", "dequeued", "opened",
-                    "confirmed", "aborted", "bytes_enqueued", "packed_adds", "pack_fillers",
-                    sf.col("_p")[0].alias("size_p50"), sf.col("_p")[1].alias("size_p90"),
-                    sf.col("_p")[2].alias("size_p99"), "size_max"))
+                 count(sf.col("snapshot")).alias("snapshot_records"),
+                 count(sf.col("snapshot") & is_add & ~sf.col("filler")).alias("reemitted_adds"),
+                 count(sf.col("filler")).alias("fillers"),
+                 sizes.alias("_s"))
+            .select(*tables.columns(tables.FLOW_DDL)[:15],
+                    pct(0.5).alias("size_p50"), pct(0.9).alias("size_p90"),
+                    pct(0.99).alias("size_p99"),
+                    sf.when(n > 0, sf.element_at(sf.col("_s"), -1)).alias("size_max")))
 
 
 def _join(out: str, name: str) -> str:
     return out.rstrip("/") + "/" + name
 
 
-def write_text(spark: SparkSession, out: str, name: str, text: str) -> None:
+class HadoopStaging:
+    """L{Staging} for an C{OUT} given as a Hadoop URI, through Hadoop's C{FileSystem} API."""
+
+    def __init__(self, spark: SparkSession, out: str) -> None:
+        import uuid
+
+        self.spark = spark
+        self.out = out.rstrip("/")
+        jvm = spark.sparkContext._jvm  # noqa: SLF001 - Hadoop FS is only reachable via the JVM
+        self._path = jvm.org.apache.hadoop.fs.Path
+        conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
+        self.fs = self._path(self.out).getFileSystem(conf)
+        self.path = _join(self.out, STAGING_PREFIX + uuid.uuid4().hex[:12])
+        self.fs.mkdirs(self._path(self.path))
+
+    def _read_owned(self) -> set[str]:
+        from kestrel.analytics.output import MARKER
+
+        marker = self._path(_join(self.out, MARKER))
+        if not self.fs.exists(marker):
+            return set()
+        stream = self.fs.open(marker)
+        try:
+            raw = bytes(self.spark.sparkContext._jvm.org.apache.commons.io.IOUtils  # noqa: SLF001
+                        .toByteArray(stream))
+        finally:
+            stream.close()
+        try:
+            return {n for n in json.loads(raw).get("owned", []) if n in OUTPUT_NAMES}
+        except ValueError:
+            return set()
+
+    def check(self) -> None:
+        """Refuse an C{OUT} holding an output name the tool did not write."""
+        owned = self._read_owned()
+        for name in OUTPUT_NAMES:
+            if self.fs.exists(self._path(_join(self.out, name))) and name not in owned:
+                self.abandon()
+                raise layout.LayoutError(
+                    f"--out {self.out!r} already holds {name!r}, which kestrel-analyze did not "
+                    "write; move it away or choose another --out")
+
+    def commit(self) -> list[str]:
+        """Move the staged outputs into C{OUT}, replacing only entries the marker lists."""
+        from kestrel.analytics.output import MARKER
+
+        owned = self._read_owned()
+        staged = [st.getPath().getName() for st in self.fs.listStatus(self._path(self.path))]
+        staged = sorted(n for n in staged if n in OUTPUT_NAMES)
+        trash = _join(self.path, ".replaced")
+        self.fs.mkdirs(self._path(trash))
+        for name in staged:
+            target = self._path(_join(self.out, name))
+            if self.fs.exists(target):
+                if name not in owned:
+                    raise layout.LayoutError(f"{_join(self.out, name)!r} appeared while the job "
+                                             f"ran; the results are in {self.path!r}")
+                self.fs.rename(target, self._path(_join(trash, name)))
+            self.fs.rename(self._path(_join(self.path, name)), target)
+            owned.add(name)
+        write_text(self.spark, self.out, MARKER, json.dumps({"owned": sorted(owned)}))
+        self.fs.delete(self._path(self.path), True)
+        return staged
+
+    def abandon(self) -> None:
+        """Remove the staging folder."""
+        self.fs.delete(self._path(self.path), True)
+
+
+def write_text(spark: SparkSession | None, out: str, name: str, text: str) -> None:
     """Write a text file into the output folder (local, or any Hadoop URI)."""
     if layout.is_local(out):
         folder = layout.local_path(out)
@@ -200,6 +220,7 @@ def write_text(spark: SparkSession, out: str, name: str, text: str) -> None:
         with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
             fh.write(text)
         return
+    assert spark is not None
     jvm = spark.sparkContext._jvm  # noqa: SLF001 - Hadoop FS is only reachable via the JVM
     path = jvm.org.apache.hadoop.fs.Path(_join(out, name))
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
@@ -210,25 +231,124 @@ def write_text(spark: SparkSession, out: str, name: str, text: str) -> None:
         stream.close()
 
 
+def stage(spark: SparkSession | None, out: str) -> Any:
+    """Return a staging folder under C{out} (local, or a Hadoop URI through C{spark})."""
+    if layout.is_local(out):
+        return Staging(out)
+    assert spark is not None
+    st = HadoopStaging(spark, out)
+    st.check()
+    return st
+
+
+def finish(say: Progress, spark: SparkSession | None, staging: Any,
+           inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[str, str]], plan: Plan,
+           files_pdf: pd.DataFrame, flow_pdf: pd.DataFrame, queue_rows: pd.DataFrame,
+           backlog_pdf: pd.DataFrame, sizes_pdf: pd.DataFrame, report: bool) -> dict[str, Any]:
+    """Write C{summary.json} and the report into the staging folder and commit it."""
+    say("writing summary.json" + (" and report.html" if report else ""))
+    summary = tables.build_summary(inputs, archives, plan, files_pdf, flow_pdf, queue_rows)
+    write_text(spark, staging.path, "summary.json",
+               json.dumps(summary, indent=2, sort_keys=True))
+    if report:
+        from kestrel.analytics.report import render_report, report_data
+
+        data = report_data(summary, flow_pdf, backlog_pdf, sizes_pdf)
+        write_text(spark, staging.path, "report.html", render_report(summary, data))
+    staging.commit()
+    say.done()
+    return summary
+
+
+def _analyse_dicts(files: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+    """A Spark task: analyse one group of whole queues (see L{kestrel.analytics.local})."""
+    from kestrel.analytics.local import analyse_group
+
+    return analyse_group([layout.JournalFile.from_dict(d) for d in files])
+
+
+def _write_events_part(item: tuple[int, list[dict[str, Any]], str]) -> int:
+    """A Spark task: write one group's events as one Parquet part file; return its rows."""
+    from kestrel.analytics.local import records_of, scan_files, write_table
+
+    index, files, folder = item
+    rows = records_of(scan_files([layout.JournalFile.from_dict(d) for d in files]))
+    write_table(folder, "events", rows, part=index)
+    return len(rows)
+
+
+def uses_groups(plan: Plan | None, inputs: Sequence[tuple[str, str]],
+                archives: Sequence[tuple[str, str]], out: str, reader: str) -> bool:
+    """Return whether the job runs whole-queue tasks (local folders and output) or DataFrames."""
+    paths = [p for _, p in [*inputs, *archives]] + [out]
+    return reader != "binaryfile" and all(layout.is_local(p) for p in paths)
+
+
 def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
-        reader: str = "auto", progress: Progress | None = None,
-        report: bool = True) -> dict[str, Any]:
+        archives: Sequence[tuple[str, str]] = (), reader: str = "auto",
+        progress: Progress | None = None, report: bool = True, events: bool = False,
+        plan: Plan | None = None) -> dict[str, Any]:
     """
-    Analyse the journal folders C{inputs} (C{(server, folder)} pairs) into C{out}.
+    Analyse the journal folders C{inputs} (C{(server, folder)} pairs) into C{out} on Spark.
+
+    C{archives} are archive folders (their files count as traffic only);
+    C{events} also writes the per-record C{events} table; C{plan}, if given,
+    is the already checked plan of these folders. Local folders and a local
+    C{out} run as whole-queue tasks (L{kestrel.analytics.local.analyse_group}:
+    no shuffle of records, tables identical to C{--engine local}); Hadoop
+    URIs and C{reader="binaryfile"} run as DataFrames.
 
     @return: the summary also written to C{out/summary.json}.
     @raise kestrel.analytics.layout.LayoutError: the inputs cannot be read as given.
     """
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
+    if not uses_groups(plan, inputs, archives, out, reader):
+        return _run_dataframes(spark, inputs, out, archives=archives, reader=reader,
+                               progress=progress, report=report, events=events, plan=plan)
+    from kestrel.analytics.local import combine, group_files, write_outputs
+
+    say = progress or Progress(4)
+    if plan is None:
+        say(f"planning {len(inputs) + len(archives)} folder(s)")
+        plan = plan_inputs(spark, inputs, reader, archives)
+    sc = spark.sparkContext
+    target = max(2 * sc.defaultParallelism, plan.total_bytes // (256 << 20) + 1)
+    groups = [[f.to_dict() for f in g] for g in group_files(plan, target)]
+    say(f"scanning and replaying {len(plan.files)} file(s), {plan.total_bytes:,} bytes, "
+        f"{len(plan.queues())} queue(s) in {len(groups)} Spark task(s); "
+        f"{len(plan.skipped)} file(s) skipped")
+    staging = stage(spark, out)
+    try:
+        parts = combine(sc.parallelize(groups, max(1, len(groups)))
+                        .map(_analyse_dicts).collect()) if groups else combine([])
+
+        def write_events() -> None:
+            items = [(i, g, staging.path) for i, g in enumerate(groups)]
+            sc.parallelize(items, max(1, len(items))).map(_write_events_part).collect()
+
+        return write_outputs(say, spark, staging, inputs, archives, plan, parts, report,
+                             write_events if events else None)
+    except BaseException:
+        staging.abandon()
+        raise
+
+
+def _run_dataframes(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
+                    archives: Sequence[tuple[str, str]] = (), reader: str = "auto",
+                    progress: Progress | None = None, report: bool = True,
+                    events: bool = False, plan: Plan | None = None) -> dict[str, Any]:
+    """L{run} for Hadoop URIs or the C{binaryFile} reader: scans and aggregates as DataFrames."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as sf
 
-    if reader not in READERS:
-        raise ValueError(f"reader must be one of {READERS}, not {reader!r}")
-    say = progress or Progress(7 if report else 6)
-    say(f"planning {len(inputs)} folder(s)")
-    plan = plan_inputs(spark, inputs, reader)
+    say = progress or Progress(6)
+    if plan is None:
+        say(f"planning {len(inputs) + len(archives)} folder(s)")
+        plan = plan_inputs(spark, inputs, reader, archives)
     say(f"scanning {len(plan.files)} file(s), {plan.total_bytes:,} bytes, "
         f"{len(plan.queues())} queue(s); {len(plan.skipped)} file(s) skipped")
+    staging = stage(spark, out)
     raw = scan(spark, plan, reader).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         # binaryFile rows are whole files: while the scan runs (this first action fills the
@@ -239,150 +359,67 @@ def run(spark: SparkSession, inputs: Sequence[tuple[str, str]], out: str, *,
             spark.conf.set(ARROW_BATCH, str(BINARY_FILE_BATCH))
         try:
             trailers = raw.filter(sf.col("op") == TRAILER_OP).select(
-                "server", "queue", "file", "file_seq", "xid", "size", "offset",
-                "problem").collect()
+                "server", "queue", "file", "archive", "file_seq", "xid", "size", "offset",
+                "add_ms", "problem").collect()
         finally:
             if binary:
                 if saved is None:
                     spark.conf.unset(ARROW_BATCH)
                 else:
                     spark.conf.set(ARROW_BATCH, saved)
-        events = (raw.filter(sf.col("op") != TRAILER_OP).drop("problem")
-                  .withColumn("event_ms", sf.coalesce("add_ms", "time_lb_ms", "time_ub_ms")))
+        ev = (raw.filter(sf.col("op") != TRAILER_OP).drop("problem")
+              .withColumn("event_ms", sf.coalesce("add_ms", "time_lb_ms", "time_ub_ms")))
         records = sum(t.xid for t in trailers)
-        cut = [t for t in trailers if t.size]
-        note = (f"; {len(cut)} file(s) end in a broken record, "
-                f"{sum(t.size for t in cut):,} truncated bytes" if cut else "")
-        say(f"writing events ({records:,} records) and files tables{note}")
-        events.write.mode("overwrite").parquet(_join(out, "events"))
-        files_pdf = _files_table(plan, trailers)
-        spark.createDataFrame(files_pdf, _FILES_DDL).coalesce(1).write.mode(
-            "overwrite").parquet(_join(out, "files"))
+        cut = [t for t in trailers if t.problem]
+        note = (f"; {len(cut)} file(s) end in a broken record: "
+                + ", ".join(t.file for t in cut[:5]) + (", ..." if len(cut) > 5 else "")
+                if cut else "")
+        say(f"writing files table{' and events' if events else ''} "
+            f"({records:,} records){note}")
+        if events:
+            ev.write.parquet(_join(staging.path, "events"))
+        files_pdf = tables.files_table(plan, trailers)
+        spark.createDataFrame(files_pdf, tables.FILES_DDL).coalesce(1).write.parquet(
+            _join(staging.path, "files"))
 
         say("aggregating per-minute flow")
-        flow = _flow(events)
-        flow.write.mode("overwrite").parquet(_join(out, "flow"))
-        flow_pdf = spark.read.parquet(_join(out, "flow")).toPandas()
+        flow = _flow(ev)
+        flow.write.parquet(_join(staging.path, "flow"))
+        flow_pdf = spark.read.parquet(_join(staging.path, "flow")).toPandas()
+        sizes_pdf = (ev.filter(sf.col("op").isin(*ADD_OPS) & ~sf.col("snapshot"))
+                     .groupBy("server", "queue",
+                              sf.when(sf.col("size") == 0, 0)
+                              .otherwise(sf.floor(sf.log2(sf.col("size"))).cast("int") + 1)
+                              .alias("bin"))
+                     .count().toPandas())
 
         say("replaying queues (backlog, time in queue, expiry)")
         # trailer rows go in too, so that a queue whose files are all empty gets its row
-        filled = raw.select(
+        filled = raw.filter(~sf.col("archive")).select(
             "server", "queue",
             *[sf.coalesce(sf.col(c), sf.lit(NONE if c in ("add_ms", "expiry_ms", "time_lb_ms",
                                                         "time_ub_ms") else 0)).alias(c)
-              for c in _REPLAY_INPUT if c != "filler"],
-            "filler")
-        rep = (filled.groupBy("server", "queue").applyInPandas(replay_frame, REPLAY_DDL)
+              for c in tables.REPLAY_INPUT if c not in tables.REPLAY_FLAGS],
+            *tables.REPLAY_FLAGS)
+        rep = (filled.groupBy("server", "queue")
+               .applyInPandas(tables.replay_frame, tables.REPLAY_DDL)
                .persist(StorageLevel.MEMORY_AND_DISK))
-        (rep.filter(sf.col("kind") == "backlog")
-         .select("server", "queue", "minute_ms", "queued", "open_reads", "items", "bytes")
-         .write.mode("overwrite").parquet(_join(out, "backlog")))
+        backlog = (rep.filter(sf.col("kind") == "backlog")
+                   .select(*tables.columns(tables.BACKLOG_DDL)))
+        backlog.write.parquet(_join(staging.path, "backlog"))
+        backlog_pdf = (spark.read.parquet(_join(staging.path, "backlog")).toPandas()
+                       if report else pd.DataFrame(columns=tables.columns(tables.BACKLOG_DDL)))
         queue_rows = rep.filter(sf.col("kind") == "queue").toPandas()
-        tiq = queue_rows[["server", "queue", "dequeued_items", *_WAIT_COLS]].copy()
-        tiq["estimate"] = True
-        spark.createDataFrame(tiq, _TIQ_DDL).coalesce(1).write.mode("overwrite").parquet(
-            _join(out, "time_in_queue"))
-        expiry = queue_rows[["server", "queue", "with_expiry", *_TTL_COLS, "expired_removed",
-                             "left_with_expiry", "left_expired"]]
-        spark.createDataFrame(expiry, _EXPIRY_DDL).coalesce(1).write.mode(
-            "overwrite").parquet(_join(out, "expiry"))
-
         rep.unpersist()
-
-        say("writing summary.json")
-        summary = build_summary(inputs, plan, files_pdf, flow_pdf, queue_rows)
-        write_text(spark, out, "summary.json", json.dumps(summary, indent=2, sort_keys=True))
-        if report:
-            from kestrel.analytics.report import render_report, report_data
-
-            say("writing report.html")
-            data = report_data(spark, events, _join(out, "backlog"), flow_pdf)
-            write_text(spark, out, "report.html", render_report(summary, data))
-        say.done()
-        return summary
+        tiq, expiry = tables.queue_tables(queue_rows)
+        spark.createDataFrame(tiq, tables.TIQ_DDL).coalesce(1).write.parquet(
+            _join(staging.path, "time_in_queue"))
+        spark.createDataFrame(expiry, tables.EXPIRY_DDL).coalesce(1).write.parquet(
+            _join(staging.path, "expiry"))
+        return finish(say, spark, staging, inputs, archives, plan, files_pdf, flow_pdf,
+                      queue_rows, backlog_pdf, sizes_pdf, report)
+    except BaseException:
+        staging.abandon()
+        raise
     finally:
         raw.unpersist()
-
-
-_FILES_DDL = ("server string, queue string, file string, path string, kind string, "
-              "file_seq int, counted boolean, reason string, bytes long, records long, "
-              "clean_end long, truncated_bytes long, problem string")
-_TIQ_DDL = ", ".join(["server string", "queue string", "dequeued_items long"]
-                     + [f"{c} long" for c in _WAIT_COLS] + ["estimate boolean"])
-_EXPIRY_DDL = ", ".join(["server string", "queue string", "with_expiry long"]
-                        + [f"{c} long" for c in _TTL_COLS]
-                        + ["expired_removed long", "left_with_expiry long", "left_expired long"])
-
-
-def _files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
-    by_key = {(t.server, t.file): t for t in trailers}
-    rows = []
-    for f in plan.files:
-        t = by_key[(f.server, f.name)]
-        rows.append({"server": f.server, "queue": f.queue, "file": f.name, "path": f.path,
-                     "kind": f.kind, "file_seq": f.seq, "counted": True, "reason": None,
-                     "bytes": f.size, "records": t.xid, "clean_end": t.offset,
-                     "truncated_bytes": t.size, "problem": t.problem})
-    for s in plan.skipped:
-        got = layout.classify(s.name)
-        rows.append({"server": s.server, "queue": got[0] if isinstance(got, tuple) else None,
-                     "file": s.name, "path": s.path,
-                     "kind": got[1] if isinstance(got, tuple) else None,
-                     "file_seq": None, "counted": False, "reason": s.reason, "bytes": s.size,
-                     "records": None, "clean_end": None, "truncated_bytes": None,
-                     "problem": None})
-    columns = [c.split(" ")[0] for c in _FILES_DDL.split(", ")]
-    pdf = pd.DataFrame(rows, columns=columns)
-    for c in ("file_seq", "bytes", "records", "clean_end", "truncated_bytes"):
-        pdf[c] = pdf[c].astype("Int64")
-    return pdf
-
-
-def _int(v: Any) -> int | None:
-    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
-        return None
-    return int(v)
-
-
-def build_summary(inputs: Sequence[tuple[str, str]], plan: Plan, files: pd.DataFrame,
-                  flow: pd.DataFrame, queue_rows: pd.DataFrame) -> dict[str, Any]:
-    """Assemble C{summary.json}: per server and queue, counts, what is left, and notes."""
-    servers: dict[str, dict[str, dict[str, Any]]] = {}
-    counted = files[files["counted"]]
-    for (server, queue), g in counted.groupby(["server", "queue"]):
-        servers.setdefault(server, {})[queue] = {
-            "files": len(g), "bytes": int(g["bytes"].sum()), "records": int(g["records"].sum()),
-            "truncated_bytes": int(g["truncated_bytes"].sum()),
-            "enqueued": 0, "dequeued": 0, "opened": 0, "confirmed": 0, "aborted": 0,
-            "bytes_enqueued": 0, "packed_adds": 0, "pack_fillers": 0,
-            "items_left": 0, "queued": 0, "open_reads": 0, "bytes_left": 0,
-            "first_minute_ms": None, "last_minute_ms": None,
-        }
-    sums = ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
-            "packed_adds", "pack_fillers")
-    if len(flow):
-        for (server, queue), g in flow.groupby(["server", "queue"]):
-            q = servers[server][queue]
-            for k in sums:
-                q[k] = int(g[k].sum())
-            q["first_minute_ms"] = _int(g["minute_ms"].min())
-            q["last_minute_ms"] = _int(g["minute_ms"].max())
-    for r in queue_rows.itertuples():
-        q = servers[r.server][r.queue]
-        q["items_left"] = int(r.items)
-        q["queued"] = int(r.queued)
-        q["open_reads"] = int(r.open_reads)
-        q["bytes_left"] = int(r.bytes)
-        q["lost_open_reads"] = int(r.lost_open_reads)
-        q["dequeued_items"] = int(r.dequeued_items)
-        q["time_in_queue_ms"] = {c[5:-3]: _int(getattr(r, c)) for c in _WAIT_COLS}
-    totals = {k: sum(q[k] for s in servers.values() for q in s.values())
-              for k in (*SUMMARY_KEYS, "records", "files")}
-    return {
-        "inputs": [{"server": s, "path": p} for s, p in inputs],
-        "servers": servers,
-        "totals": totals,
-        "skipped_files": [{"server": s.server, "file": s.name, "reason": s.reason}
-                          for s in plan.skipped],
-        "estimates": ESTIMATE_NOTE,
-    }

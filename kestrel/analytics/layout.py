@@ -48,6 +48,7 @@ class Listing:
     path: str
     size: int
     mtime_ms: int
+    archive: bool = False
 
 
 @attrs.frozen
@@ -62,6 +63,11 @@ class JournalFile:
     @ivar end_ms: no record in the file was written after this time (the
         rotation timestamp, or the modification time of the live file), or
         C{None} if unknown.
+    @ivar archive: the file comes from an archive folder: its records count
+        as traffic only, never in what a restart would hold.
+    @ivar bound_ms: if the file turns out to be a snapshot (it starts with
+        SAVE_XID), no re-emitted item in it was added after this time, and
+        fillers were added at or after it (C{None}: unknown).
     """
 
     server: str
@@ -74,6 +80,8 @@ class JournalFile:
     seq: int
     start_ms: int | None
     end_ms: int | None
+    archive: bool = False
+    bound_ms: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the file as a JSON-able dict (see L{from_dict})."""
@@ -145,26 +153,51 @@ def local_path(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-def list_local(server: str, folder: str) -> list[Listing]:
+def list_local(server: str, folder: str, archive: bool = False) -> list[Listing]:
     """
-    List the regular files directly inside a local folder.
+    List the regular files directly inside a local folder, checking it first.
 
     Sub-folders are ignored, as the server ignores them.
 
-    @raise LayoutError: the folder does not exist or is not a folder.
+    @raise LayoutError: the folder does not exist, is not a folder, cannot
+        be read, is empty, or holds no journal file (one line says which).
     """
     folder = local_path(folder)
+    if not os.path.exists(folder):
+        raise LayoutError(f"input folder {folder!r} does not exist")
     if not os.path.isdir(folder):
-        raise LayoutError(f"input folder {folder!r} does not exist or is not a folder")
+        raise LayoutError(f"input {folder!r} is not a folder")
     found = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if not entry.is_file(follow_symlinks=True):
-                continue
-            st = entry.stat()
-            found.append(Listing(server, entry.name, os.path.abspath(entry.path),
-                                 st.st_size, st.st_mtime_ns // 1_000_000))
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.is_file(follow_symlinks=True):
+                    continue
+                st = entry.stat()
+                if not os.access(entry.path, os.R_OK):
+                    raise LayoutError(f"journal file {entry.path!r} is not readable")
+                found.append(Listing(server, entry.name, os.path.abspath(entry.path),
+                                     st.st_size, st.st_mtime_ns // 1_000_000, archive))
+    except PermissionError:
+        raise LayoutError(f"input folder {folder!r} is not readable") from None
+    except OSError as e:
+        raise LayoutError(f"input folder {folder!r} cannot be listed: {e.strerror}") from None
+    check_listing(folder, found)
     return found
+
+
+def check_listing(folder: str, found: Sequence[Listing]) -> None:
+    """
+    Refuse a folder that holds no file, or no journal file.
+
+    @raise LayoutError: naming the folder and what it holds instead.
+    """
+    if not found:
+        raise LayoutError(f"input folder {folder!r} is empty: it holds no journal files")
+    if not any(isinstance(classify(f.name), tuple) for f in found):
+        names = ", ".join(sorted(f.name for f in found)[:3]) + (", ..." if len(found) > 3 else "")
+        raise LayoutError(f"input folder {folder!r} holds no journal files "
+                          f"({len(found)} other file(s): {names})")
 
 
 def classify(name: str) -> tuple[str, str, int | None] | str:
@@ -195,19 +228,24 @@ def plan_files(listings: Iterable[Listing]) -> Plan:
     """
     Decide which files count and in which order, applying the pack rule.
 
-    Per (server, queue): the newest pack P replaces every rotated file with
-    timestamp <= P and every older pack; the rest replays by timestamp
-    (a pack before a rotated file of the same timestamp cannot happen, as the
-    pack replaces it), then the live file.
+    Per (server, queue), live folders: the newest pack P replaces every
+    rotated file with timestamp <= P and every older pack; the rest replays
+    by timestamp, then the live file. Archive folders (C{Listing.archive})
+    hold dead files: every journal file in them counts, by timestamp, as
+    traffic only. A file that starts with SAVE_XID is a snapshot (a pack or
+    a rewrite); its C{bound_ms} is the newest archived timestamp of the queue
+    at or before its own when the server's archive is given, else its own
+    timestamp.
 
-    @raise LayoutError: two folders of one server hold a file of the same
-        name (which copy counts would be a guess).
+    @raise LayoutError: two folders of one server and role hold a file of the
+        same name (which copy counts would be a guess).
     """
-    by_queue: dict[tuple[str, str], list[tuple[Listing, str, int | None]]] = defaultdict(list)
+    by_queue: dict[tuple[str, str, bool], list[tuple[Listing, str, int | None]]] = \
+        defaultdict(list)
     skipped: list[SkippedFile] = []
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, bool, str], str] = {}
     for listing in listings:
-        key = (listing.server, listing.name)
+        key = (listing.server, listing.archive, listing.name)
         if key in seen:
             raise LayoutError(
                 f"server {listing.server!r} has two files named {listing.name!r}: "
@@ -219,11 +257,18 @@ def plan_files(listings: Iterable[Listing]) -> Plan:
                                        listing.size, got))
             continue
         queue, kind, ts = got
-        by_queue[(listing.server, queue)].append((listing, kind, ts))
+        if listing.archive and kind == LIVE:
+            kind = ROTATED  # an archive holds dead files only; a bare name has no timestamp
+        by_queue[(listing.server, queue, listing.archive)].append((listing, kind, ts))
+
+    archived_ts: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for (server, queue, archive), entries in by_queue.items():
+        if archive:
+            archived_ts[(server, queue)].extend(ts for _, _, ts in entries if ts is not None)
 
     files: list[JournalFile] = []
-    for (server, queue), entries in sorted(by_queue.items()):
-        packs = [ts for _, kind, ts in entries if kind == PACK]
+    for (server, queue, archive), entries in sorted(by_queue.items()):
+        packs = [ts for _, kind, ts in entries if kind == PACK] if not archive else []
         newest_pack = max(packs) if packs else None  # type: ignore[type-var]
         kept: list[tuple[Listing, str, int | None]] = []
         for listing, kind, ts in entries:
@@ -235,10 +280,15 @@ def plan_files(listings: Iterable[Listing]) -> Plan:
             kept.append((listing, kind, ts))
         kept.sort(key=_replay_key)
         previous_end: int | None = None
+        history = sorted(archived_ts.get((server, queue), []))
         for seq, (listing, kind, ts) in enumerate(kept):
             end = listing.mtime_ms if kind == LIVE else ts
+            bound = ts
+            if history and not archive and kind != PACK:
+                older = [t for t in history if ts is None or t <= ts]
+                bound = older[-1] if older else ts
             files.append(JournalFile(server, queue, listing.name, listing.path, listing.size,
-                                     kind, ts, seq, previous_end, end))
+                                     kind, ts, seq, previous_end, end, archive, bound))
             previous_end = end if previous_end is None or end is None else max(previous_end, end)
     skipped.sort(key=lambda s: (s.server, s.name))
     return Plan(tuple(files), tuple(skipped))
@@ -251,9 +301,12 @@ def _replay_key(entry: tuple[Listing, str, int | None]) -> tuple[int, int, str]:
     return (0, ts or 0, listing.name)
 
 
-def plan_local(inputs: Sequence[tuple[str, str]]) -> Plan:
-    """Plan the analysis of local folders given as C{(server, folder)} pairs."""
+def plan_local(inputs: Sequence[tuple[str, str]],
+               archives: Sequence[tuple[str, str]] = ()) -> Plan:
+    """Plan local folders: live C{(server, folder)} pairs, then archive folders."""
     listings: list[Listing] = []
     for server, folder in inputs:
         listings.extend(list_local(server, folder))
+    for server, folder in archives:
+        listings.extend(list_local(server, folder, archive=True))
     return plan_files(listings)

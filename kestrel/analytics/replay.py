@@ -94,6 +94,8 @@ class QueueReplay:
     left_with_expiry: int
     left_expired: int
     last_clock_ms: int | None
+    oldest_left_ms: int | None = None
+    first_clock_ms: int | None = None
 
     @property
     def items_left(self) -> int:
@@ -216,7 +218,10 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     removed_lb = np.where(removed >= 0, time_lb_ms[np.maximum(removed, 0)], NONE)
     expired_removed = int((exp_done & (removed_lb != NONE) & (removed_lb >= expiry_ms)).sum())
     last_clock = int(clock[-1]) if n and clock[-1] != NONE else None
+    first_clock = int(clock[0]) if n and clock[0] != NONE else None
     left_exp = has_exp & left
+    left_timed = left & real & (add_ms != NONE)
+    oldest_left = int(add_ms[left_timed].min()) if left_timed.any() else None
     left_expired = (int((left_exp & (expiry_ms <= last_clock)).sum())
                     if last_clock is not None else 0)
 
@@ -238,4 +243,6 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
         left_with_expiry=int(left_exp.sum()),
         left_expired=left_expired,
         last_clock_ms=last_clock,
+        oldest_left_ms=oldest_left,
+        first_clock_ms=first_clock,
     )

@@ -12,16 +12,12 @@ import html
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import pandas as pd
 
 from kestrel.analytics.replay import MINUTE_MS
-from kestrel.analytics.scan import ADD_OPS
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 #: At most this many points per chart line.
 MAX_POINTS = 300
@@ -49,41 +45,61 @@ def bucket_width(first_ms: int | None, last_ms: int | None) -> int:
     return MINUTE_MS * max(1, math.ceil(minutes / MAX_POINTS))
 
 
-def report_data(spark: SparkSession, events: DataFrame, backlog_path: str,
-                flow: pd.DataFrame) -> ReportData:
-    """Gather the chart series for the busiest queues."""
-    from pyspark.sql import functions as sf
+def charted_queues(summary: dict[str, Any], flow: pd.DataFrame) -> list[tuple[str, str]]:
+    """
+    Return the queues to chart: the busiest by traffic, then stuck quiet ones.
 
-    if len(flow) == 0:
+    A stuck queue holds items (state) whose oldest is the oldest among the
+    queues; quiet ones are charted even with little traffic, as they are the
+    ones an operator must look at. At most L{MAX_CHARTED_QUEUES} in all.
+    """
+    busy = []
+    if len(flow):
+        busy = (flow.groupby(["server", "queue"])["records"].sum()
+                .sort_values(ascending=False, kind="stable").index.tolist())
+    stuck = sorted(((s, q) for s, qs in summary["servers"].items() for q, v in qs.items()
+                    if v["state"] and v["state"]["items_left"] > 0),
+                   key=lambda k: -(summary["servers"][k[0]][k[1]]["state"]
+                                   ["oldest_item_age_ms"] or 0))
+    half = MAX_CHARTED_QUEUES // 2
+    chosen = [tuple(k) for k in busy[:half]]
+    for k in stuck:
+        if len(chosen) >= MAX_CHARTED_QUEUES - 2:
+            break
+        if k not in chosen:
+            chosen.append(k)
+    for k in busy:
+        if len(chosen) >= MAX_CHARTED_QUEUES:
+            break
+        if tuple(k) not in chosen:
+            chosen.append(tuple(k))
+    return chosen
+
+
+def report_data(summary: dict[str, Any], flow: pd.DataFrame, backlog: pd.DataFrame,
+                sizes: pd.DataFrame) -> ReportData:
+    """Gather the chart series (pandas in, pandas out) for L{charted_queues}."""
+    chosen = charted_queues(summary, flow)
+    if not chosen:
         return ReportData(MINUTE_MS, {}, {}, {})
-    busiest = (flow.groupby(["server", "queue"])["records"].sum()
-               .sort_values(ascending=False).head(MAX_CHARTED_QUEUES).index.tolist())
-    width = bucket_width(int(flow["minute_ms"].min()), int(flow["minute_ms"].max()))
-    f = flow.assign(bucket=flow["minute_ms"] // width * width)
-    flow_series = {}
-    for key in busiest:
+    times = [int(x) for x in (flow["minute_ms"].dropna().tolist()
+                              + backlog["minute_ms"].dropna().tolist())]
+    width = bucket_width(min(times), max(times)) if times else MINUTE_MS
+    f = flow.dropna(subset=["minute_ms"])
+    f = f.assign(bucket=f["minute_ms"].astype("int64") // width * width)
+    b = backlog.assign(bucket=backlog["minute_ms"].astype("int64") // width * width)
+    b = b.sort_values("minute_ms", kind="stable")
+    out_flow, out_backlog, out_sizes = {}, {}, {}
+    for key in chosen:
         g = f[(f["server"] == key[0]) & (f["queue"] == key[1])]
-        flow_series[key] = (g.groupby("bucket")[["enqueued", "dequeued"]].sum()
-                            .reset_index().sort_values("bucket"))
-    wanted = sf.struct("server", "queue").isin(*[sf.struct(sf.lit(s), sf.lit(q))
-                                                for s, q in busiest])
-    bl = (spark.read.parquet(backlog_path).filter(wanted)
-          .groupBy("server", "queue",
-                   (sf.floor(sf.col("minute_ms") / width) * width).cast("long").alias("bucket"))
-          .agg(sf.max_by("items", "minute_ms").alias("items"),
-               sf.max_by("open_reads", "minute_ms").alias("open_reads"))
-          .toPandas())
-    sizes = (events.filter(sf.col("op").isin(*ADD_OPS) & wanted)
-             .groupBy("server", "queue",
-                      sf.when(sf.col("size") == 0, 0)
-                      .otherwise(sf.floor(sf.log2(sf.col("size"))).cast("int") + 1).alias("bin"))
-             .count().toPandas())
-    return ReportData(
-        width, flow_series,
-        {k: bl[(bl["server"] == k[0]) & (bl["queue"] == k[1])].sort_values("bucket")
-         for k in busiest},
-        {k: sizes[(sizes["server"] == k[0]) & (sizes["queue"] == k[1])].sort_values("bin")
-         for k in busiest})
+        out_flow[key] = (g.groupby("bucket")[["enqueued", "dequeued"]].sum().astype("int64")
+                         .reset_index().sort_values("bucket"))
+        bg = b[(b["server"] == key[0]) & (b["queue"] == key[1])]
+        out_backlog[key] = (bg.groupby("bucket")[["items", "open_reads"]].last()
+                            .astype("int64").reset_index().sort_values("bucket"))
+        sg = sizes[(sizes["server"] == key[0]) & (sizes["queue"] == key[1])]
+        out_sizes[key] = sg.sort_values("bin")
+    return ReportData(width, out_flow, out_backlog, out_sizes)
 
 
 def _fmt_time(ms: float) -> str:
@@ -103,10 +119,20 @@ def _svg_empty(parts: list[str], left: int, top: int) -> str:
     return "".join(parts)
 
 
+def _ticks(vmax: float) -> list[float]:
+    """Return 0, the middle and the top of a value axis."""
+    return [0.0, vmax / 2, float(vmax)]
+
+
 def svg_lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]],
-              width: int = 640, height: int = 220) -> str:
-    """Return an inline SVG line chart of C{series} over time C{xs} (epoch ms)."""
-    left, right, top, bottom = 60, 10, 24, 30
+              y_label: str = "items", width: int = 640, height: int = 230) -> str:
+    """
+    Return an inline SVG line chart of C{series} over time C{xs} (epoch ms).
+
+    Both axes are labelled: the value axis with C{y_label} and three values,
+    the time axis with three UTC times.
+    """
+    left, right, top, bottom = 70, 10, 24, 40
     pw, ph = width - left - right, height - top - bottom
     parts = _svg_open(title, width, height, left)
     if not xs:
@@ -122,15 +148,25 @@ def svg_lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]
 
     parts.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" '
                  f'stroke="#ccc"/>')
-    parts.append(f'<text x="{left - 4}" y="{top + 10}" font-size="10" text-anchor="end">'
-                 f'{ymax:,.0f}</text>')
-    parts.append(f'<text x="{left - 4}" y="{top + ph}" font-size="10" text-anchor="end">0</text>')
-    parts.append(f'<text x="{left}" y="{height - 8}" font-size="10">{_fmt_time(x0)}</text>')
-    parts.append(f'<text x="{left + pw}" y="{height - 8}" font-size="10" text-anchor="end">'
-                 f'{_fmt_time(x1)} UTC</text>')
+    for v in _ticks(ymax):
+        parts.append(f'<line x1="{left - 3}" x2="{left}" y1="{py(v):.1f}" y2="{py(v):.1f}" '
+                     f'stroke="#888"/><text x="{left - 5}" y="{py(v) + 3:.1f}" font-size="10" '
+                     f'text-anchor="end">{v:,.0f}</text>')
+    parts.append(f'<text x="12" y="{top + ph / 2:.0f}" font-size="10" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {top + ph / 2:.0f})">{html.escape(y_label)}</text>')
+    for x, anchor in ((x0, "start"), ((x0 + x1) / 2, "middle"), (x1, "end")):
+        if x1 == x0 and anchor != "middle":
+            continue
+        parts.append(f'<text x="{px(x):.1f}" y="{top + ph + 14}" font-size="10" '
+                     f'text-anchor="{anchor}">{_fmt_time(x)}</text>')
+    parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 6}" font-size="10" '
+                 f'text-anchor="middle">time (UTC)</text>')
     for i, (name, ys) in enumerate(series.items()):
         color = _COLORS[i % len(_COLORS)]
         points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
+        if len(xs) == 1:
+            parts.append(f'<circle cx="{px(xs[0]):.1f}" cy="{py(ys[0]):.1f}" r="3" '
+                         f'fill="{color}"/>')
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
                      f'points="{points}"/>')
         parts.append(f'<text x="{left + pw - 4}" y="{top + 14 + 12 * i}" font-size="11" '
@@ -140,9 +176,10 @@ def svg_lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]
 
 
 def svg_bars(title: str, labels: Sequence[str], values: Sequence[float],
-             width: int = 640, height: int = 200) -> str:
-    """Return an inline SVG bar chart of C{values}."""
-    left, top, bottom = 60, 24, 30
+             width: int = 640, height: int = 210, x_label: str = "item size (bytes)",
+             y_label: str = "items") -> str:
+    """Return an inline SVG bar chart of C{values}, both axes labelled with values."""
+    left, top, bottom = 70, 24, 40
     pw, ph = width - left - 10, height - top - bottom
     parts = _svg_open(title, width, height, left)
     if not values:
@@ -155,10 +192,16 @@ def svg_bars(title: str, labels: Sequence[str], values: Sequence[float],
         parts.append(f'<rect x="{x + 1:.1f}" y="{top + ph - h:.1f}" width="{max(bw - 2, 1):.1f}" '
                      f'height="{h:.1f}" fill="#1f77b4"><title>{html.escape(label)}: {v:,.0f}'
                      f'</title></rect>')
-        parts.append(f'<text x="{x + bw / 2:.1f}" y="{height - 8}" font-size="9" '
+        parts.append(f'<text x="{x + bw / 2:.1f}" y="{top + ph + 12}" font-size="9" '
                      f'text-anchor="middle">{html.escape(label)}</text>')
-    parts.append(f'<text x="{left - 4}" y="{top + 10}" font-size="10" text-anchor="end">'
-                 f'{vmax:,.0f}</text></svg>')
+    for v in _ticks(vmax):
+        y = top + ph - ph * v / vmax
+        parts.append(f'<text x="{left - 5}" y="{y + 3:.1f}" font-size="10" '
+                     f'text-anchor="end">{v:,.0f}</text>')
+    parts.append(f'<text x="12" y="{top + ph / 2:.0f}" font-size="10" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {top + ph / 2:.0f})">{html.escape(y_label)}</text>')
+    parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 6}" font-size="10" '
+                 f'text-anchor="middle">{html.escape(x_label)}</text></svg>')
     return "".join(parts)
 
 
@@ -186,60 +229,129 @@ def _wait(low: int | None, high: int | None) -> str:
     return _duration(low) if low == high else f"{_duration(low)} - {_duration(high)}"
 
 
-_COLUMNS = ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
-            "items_left", "open_reads", "truncated_bytes", "files", "records")
+def _n(v: Any) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def _span(first: int, last: int) -> str:
+    """A time window; the end shows only the time when it is the same day."""
+    a, b = _fmt_time(first), _fmt_time(last)
+    return f"{a} - {b[11:] if a[:10] == b[:10] else b}"
+
+
+def _window(t: dict[str, Any]) -> str:
+    if t["from_ms"] is None:
+        return "no traffic"
+    text = _span(t["from_ms"], t["to_ms"])
+    if t["history_compacted"]:
+        text += "<br><b class='warn'>(history before compacted)</b>"
+    return text
+
+
+def _age(state: dict[str, Any] | None) -> str:
+    if not state or state["oldest_item_age_ms"] is None:
+        return "-"
+    return _duration(int(state["oldest_item_age_ms"]))
 
 
 def render_report(summary: dict[str, Any], data: ReportData) -> str:
-    """Return the whole report as one HTML page."""
+    """Return the whole report as one HTML page (no script, no external URL)."""
     esc = html.escape
     out = ["<!DOCTYPE html><html><head><meta charset='utf-8'>",
            "<title>kestrel-analyze report</title><style>",
            "body{font-family:sans-serif;margin:2em;color:#222}",
-           "table{border-collapse:collapse;font-size:13px}",
-           "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}",
-           "th:first-child,td:first-child,td:nth-child(2){text-align:left}",
+           "table{border-collapse:collapse;font-size:12px;margin-bottom:1em}",
+           "td,th{border:1px solid #ccc;padding:3px 4px;text-align:right}",
+           "td{white-space:nowrap}",
+           "th{background:#f3f3f3}",
+           "td.l,th.l{text-align:left}",
            ".note{background:#fff8dc;padding:.5em 1em;border-left:4px solid #e0b000}",
+           ".warn{color:#b00}",
            "</style></head><body><h1>Kestrel journal analysis</h1>",
+           f"<p class='note'><b>Traffic and state.</b> {esc(summary['definitions'])}</p>",
            f"<p class='note'><b>Estimates.</b> {esc(summary['estimates'])}</p>",
            "<h2>Inputs</h2><ul>"]
     for i in summary["inputs"]:
-        out.append(f"<li>{esc(i['server'])}: <code>{esc(i['path'])}</code></li>")
-    out.append("</ul><h2>Queues</h2><table><tr><th>server</th><th>queue</th>")
-    out.extend(f"<th>{c}</th>" for c in _COLUMNS)
-    out.append("<th>time in queue p50 (est.)</th><th>p99 (est.)</th></tr>")
+        out.append(f"<li>{esc(i['server'])} ({esc(i['role'])}): <code>{esc(i['path'])}</code></li>")
+    out.append("</ul><h2>Servers</h2><table><tr><th class='l'>server</th><th>files</th>"
+               "<th>records</th><th>traffic: enqueued</th><th>dequeued</th><th>opened</th>"
+               "<th>aborted</th><th class='l'>traffic window (UTC)</th>"
+               "<th>state: items left</th><th>open reads</th><th>bytes left</th>"
+               "<th>broken files</th></tr>")
+    for server, t in sorted(summary["server_totals"].items()):
+        tr, st = t["traffic"], t["state"]
+        window = _span(tr["from_ms"], tr["to_ms"]) if tr["from_ms"] is not None else "no traffic"
+        if tr["queues_compacted"]:
+            window += f" <b class='warn'>({tr['queues_compacted']} queue(s) compacted)</b>"
+        out.append(f"<tr><td class='l'>{esc(server)}</td><td>{t['files']:,}</td>"
+                   f"<td>{t['records']:,}</td><td>{tr['enqueued']:,}</td>"
+                   f"<td>{tr['dequeued']:,}</td><td>{tr['opened']:,}</td>"
+                   f"<td>{tr['aborted']:,}</td><td class='l'>{window}</td>"
+                   f"<td>{st['items_left']:,}</td><td>{st['open_reads']:,}</td>"
+                   f"<td>{st['bytes_left']:,}</td><td>{t['broken_files']:,}</td></tr>")
+    out.append("</table>")
+    out.append("<h2>Queues</h2><table><tr><th class='l'>server</th><th class='l'>queue</th>"
+               "<th class='l'>traffic window (UTC)</th><th>enqueued</th><th>dequeued</th>"
+               "<th>opened</th><th>confirmed</th><th>aborted</th><th>bytes enqueued</th>"
+               "<th>items left</th><th>open reads</th><th>bytes left</th>"
+               "<th>oldest item left, age</th><th>time in queue p50 (est.)</th>"
+               "<th>p99 (est.)</th><th>with expiry</th><th>expired when removed</th>"
+               "<th>left, already expired</th><th>truncated bytes</th></tr>")
     for server, queues in sorted(summary["servers"].items()):
         for queue, q in sorted(queues.items()):
-            out.append(f"<tr><td>{esc(server)}</td><td>{esc(queue)}</td>")
-            out.extend(f"<td>{q.get(c, 0):,}</td>" for c in _COLUMNS)
+            t, st, ex = q["traffic"], q["state"], q.get("expiry") or {}
             waits = q.get("time_in_queue_ms") or {}
+            out.append(f"<tr><td class='l'>{esc(server)}</td><td class='l'>{esc(queue)}</td>"
+                       f"<td class='l'>{_window(t)}</td>")
+            out.extend(f"<td>{t[k]:,}</td>" for k in ("enqueued", "dequeued", "opened",
+                                                       "confirmed", "aborted", "bytes_enqueued"))
+            for k in ("items_left", "open_reads", "bytes_left"):
+                out.append(f"<td>{_n(st[k]) if st else '- (archive)'}</td>")
+            out.append(f"<td>{_age(st)}</td>")
             for p in ("p50", "p99"):
                 out.append(f"<td>{_wait(waits.get(f'lb_{p}'), waits.get(f'ub_{p}'))}</td>")
-            out.append("</tr>")
+            for k in ("with_expiry", "expired_removed", "left_expired"):
+                out.append(f"<td>{_n(ex.get(k))}</td>")
+            out.append(f"<td>{q['truncated_bytes']:,}</td></tr>")
     out.append("</table>")
+    if summary["broken_files"]:
+        out.append(f"<h2 class='warn'>{len(summary['broken_files'])} file(s) with broken "
+                   "records</h2><table><tr><th class='l'>server</th><th class='l'>file</th>"
+                   "<th class='l'>problem</th><th>clean end</th><th>bytes cut</th></tr>")
+        for b in summary["broken_files"]:
+            out.append(f"<tr><td class='l'>{esc(b['server'])}</td><td class='l'>"
+                       f"<code>{esc(b['path'])}</code></td><td class='l'>{esc(b['problem'])}"
+                       f"</td><td>{b['clean_end']:,}</td><td>{b['truncated_bytes']:,}</td></tr>")
+        out.append("</table>")
     if summary["skipped_files"]:
         out.append(f"<p>{len(summary['skipped_files'])} file(s) skipped: ")
         out.append(", ".join(f"{esc(s['server'])}/{esc(s['file'])} ({esc(s['reason'])})"
                              for s in summary["skipped_files"][:50]))
         out.append("</p>")
     minutes = data.bucket_ms // MINUTE_MS
-    out.append(f"<h2>Charts</h2><p>Per {minutes}-minute bucket; the busiest "
-               f"{MAX_CHARTED_QUEUES} queues at most. Dequeue times are estimates.</p>")
+    out.append(f"<h2>Charts</h2><p>Per {minutes}-minute bucket, for the busiest queues and "
+               "the queues holding the oldest items (at most "
+               f"{MAX_CHARTED_QUEUES}). Flow is client traffic; dequeue times are "
+               "estimates.</p>")
     for key, flow in data.flow.items():
         server, queue = key
-        out.append(f"<h3>{esc(server)} / {esc(queue)}</h3>")
-        xs = flow["bucket"].tolist()
-        out.append(svg_lines("flow: items per bucket", xs,
+        q = summary["servers"].get(server, {}).get(queue)
+        extra = f" (oldest item left: {_age(q['state'])})" if q and q["state"] else ""
+        out.append(f"<h3>{esc(server)} / {esc(queue)}{esc(extra)}</h3>")
+        out.append(svg_lines(f"traffic: items per {minutes}-minute bucket",
+                             flow["bucket"].tolist(),
                              {"enqueued": flow["enqueued"].tolist(),
-                              "dequeued (est.)": flow["dequeued"].tolist()}))
+                              "dequeued (est.)": flow["dequeued"].tolist()},
+                             y_label=f"items / {minutes} min"))
         bl = data.backlog.get(key)
         if bl is not None:
-            out.append(svg_lines("backlog: items a restart would hold", bl["bucket"].tolist(),
+            out.append(svg_lines("state: items a restart would hold", bl["bucket"].tolist(),
                                  {"items": bl["items"].tolist(),
-                                  "open reads": bl["open_reads"].tolist()}))
+                                  "open reads": bl["open_reads"].tolist()},
+                                 y_label="items held"))
         sz = data.sizes.get(key)
         if sz is not None:
-            out.append(svg_bars("item sizes (bytes, log2 buckets)",
+            out.append(svg_bars("sizes of items clients added (log2 buckets)",
                                 [_size_label(int(b)) for b in sz["bin"]], sz["count"].tolist()))
     out.append("</body></html>")
     return "\n".join(out)

@@ -1,8 +1,9 @@
 """
 Columnar scan of one journal file, with the server's record codec.
 
-This module is Spark-free: L{scan_buffer} decodes a byte string with
-L{kestrel.journal.records.read_record} into numpy columns, and L{to_batch}
+This module is Spark-free: L{scan_buffer} decodes a byte string (the record
+layouts of L{kestrel.journal.records}) into numpy columns: one light pass
+finds where records start, then numpy reads every field of all records at once, and L{to_batch}
 turns them into one Arrow record batch, the shape both the Spark data source
 and the single-process benchmark consume.
 
@@ -15,14 +16,15 @@ C{end_ms}); C{time_ub_ms} is never below C{time_lb_ms}.
 
 from __future__ import annotations
 
+import mmap
+import struct
 from array import array
 
 import attrs
 import numpy as np
 import pyarrow as pa
 
-from kestrel.analytics.layout import JournalFile
-from kestrel.journal import records
+from kestrel.analytics.layout import JournalFile, local_path
 
 #: The pseudo-opcode of the one trailer row every file contributes.
 TRAILER_OP = -1
@@ -41,7 +43,8 @@ SCHEMA = pa.schema([
     ("queue", pa.string()),
     ("file", pa.string()),
     ("file_seq", pa.int32()),
-    ("packed", pa.bool_()),
+    ("archive", pa.bool_()),
+    ("snapshot", pa.bool_()),
     ("filler", pa.bool_()),
     ("offset", pa.int64()),
     ("op", pa.int8()),
@@ -55,16 +58,20 @@ SCHEMA = pa.schema([
 ])
 """The columns of a scanned file: one row per record, plus one trailer row.
 
-C{packed} marks rows read from a C{.pack} file; C{filler} marks the empty
-ADDX records a pack writes for pent-up deletes (size 0, added at or after the pack's
-timestamp): they stand for items already gone, not for client traffic.
+C{archive} marks rows of a file from an archive folder (traffic only).
+C{snapshot} marks the records of a pack's or rewrite's snapshot (see
+L{snapshot_masks}): they restate the queue, they are not client traffic;
+C{filler} marks the empty ADDX records a pack writes for pent-up deletes
+(size 0, added at or after the snapshot's bound): they stand for items already gone.
 
 The trailer row has C{op == TRAILER_OP}, C{offset} = the clean end (just past
 the last whole record), C{size} = the bytes after it (C{truncated_bytes}),
-C{xid} = the number of records, and C{problem} = why decoding stopped early
-(C{None} when the file decoded to its last byte)."""
+C{xid} = the number of records, C{add_ms} = the number of snapshot records,
+and C{problem} = why decoding stopped early (C{None} when the file decoded
+to its last byte)."""
 
-SPARK_DDL = ("server string, queue string, file string, file_seq int, packed boolean, "
+SPARK_DDL = ("server string, queue string, file string, file_seq int, archive boolean, "
+             "snapshot boolean, "
              "filler boolean, offset long, op byte, xid int, size int, add_ms long, "
              "expiry_ms long, time_lb_ms long, time_ub_ms long, problem string")
 """L{SCHEMA} in Spark's DDL syntax."""
@@ -95,80 +102,114 @@ class Scan:
         return len(self.op)
 
 
+_I32 = struct.Struct("<i").unpack_from
+_FIXED = {1: 1, 3: 1, 4: 5, 5: 5, 6: 5, 9: 5}
+
+
+def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int, str | None]:
+    """
+    Find where every whole record of C{buf} starts, without decoding any.
+
+    This is the only per-record step, and it only reads the opcode (and the
+    length of an add); every field is then read by L{scan_buffer} with numpy
+    over all records at once.
+
+    @return: the start offsets, the clean end (just past the last whole
+        record), and why decoding stopped early (C{None} at the end of C{buf}).
+    """
+    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
+    end = len(mv)
+    offsets = array("q")
+    add = offsets.append
+    fixed = _FIXED.get
+    i32 = _I32
+    pos = 0
+    problem: str | None = None
+    while pos < end:
+        op = mv[pos]
+        step = fixed(op)
+        if step is not None:
+            if pos + step > end:
+                problem = "truncated record"
+                break
+            add(pos)
+            pos += step
+            continue
+        if op == 2 or op == 0:
+            if pos + 5 > end:
+                problem = "truncated record"
+                break
+            (size,) = i32(mv, pos + 1)
+            minimum = 16 if op == 2 else 4
+            head = 5
+        elif op == 7 or op == 8:
+            if pos + 9 > end:
+                problem = "truncated record"
+                break
+            (size,) = i32(mv, pos + 5)
+            minimum = 16
+            head = 9
+        else:
+            problem = f"invalid opcode {op}"
+            break
+        if size < minimum:
+            problem = f"block of {size} bytes is shorter than {minimum}"
+            break
+        nxt = pos + head + size
+        if nxt > end:
+            problem = "truncated record"
+            break
+        add(pos)
+        pos = nxt
+    return np.frombuffer(offsets, dtype=np.int64), pos, problem
+
+
+def _gather(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
+    """Read one little-endian integer of C{width} bytes at every offset in C{at}."""
+    if len(at) == 0:
+        return np.zeros(0, dtype=dtype)
+    idx = at[:, None] + np.arange(width, dtype=np.int64)
+    return np.ascontiguousarray(data[idx]).view(dtype).reshape(len(at))
+
+
 def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
     """
     Decode every whole record of C{buf}, never raising on bad data.
 
     Decoding stops at a truncated tail or at the first corrupt record; the
     bytes from there on are reported as C{truncated_bytes} with the reason
-    in C{problem}, which is where the server's replay cuts the file.
+    in C{problem}, which is where the server's replay cuts the file. The
+    layouts are those of L{kestrel.journal.records}; fields are read with
+    numpy over all records at once (L{frame_records} only finds them).
     """
-    read = records.read_record
-    offsets = array("q")
-    ops = array("b")
-    xids = array("i")
-    sizes = array("i")
-    adds = array("q")
-    exps = array("q")
-    none = _NONE
-    pos = 0
-    problem: str | None = None
-    end = len(buf)
-    try:
-        while True:
-            got = read(buf, pos)
-            if got is None:
-                if pos < end:
-                    problem = "truncated record"
-                break
-            rec, nxt = got
-            op = buf[pos]
-            offsets.append(pos)
-            ops.append(op)
-            if op == 1:
-                xids.append(0)
-                sizes.append(0)
-                adds.append(none)
-                exps.append(none)
-            elif op == 2:
-                xids.append(0)
-                sizes.append(len(rec.data))
-                adds.append(rec.add_time_ms)
-                exps.append(rec.expiry_ms or none)
-            elif op == 7 or op == 8:
-                xids.append(rec.xid)
-                sizes.append(len(rec.data))
-                adds.append(rec.add_time_ms)
-                exps.append(rec.expiry_ms or none)
-            elif op == 0:
-                xids.append(0)
-                sizes.append(len(rec.data))
-                adds.append(none)
-                exps.append(rec.expiry_s * 1000 if rec.expiry_s else none)
-            elif op == 3:
-                xids.append(0)
-                sizes.append(0)
-                adds.append(none)
-                exps.append(none)
-            else:
-                xids.append(rec.xid)
-                sizes.append(0)
-                adds.append(none)
-                exps.append(none)
-            pos = nxt
-    except records.CorruptRecord as e:
-        problem = e.reason
-    return Scan(
-        offset=np.frombuffer(offsets, dtype=np.int64),
-        op=np.frombuffer(ops, dtype=np.int8),
-        xid=np.frombuffer(xids, dtype=np.int32),
-        size=np.frombuffer(sizes, dtype=np.int32),
-        add_ms=np.frombuffer(adds, dtype=np.int64),
-        expiry_ms=np.frombuffer(exps, dtype=np.int64),
-        clean_end=pos,
-        truncated_bytes=end - pos,
-        problem=problem,
-    )
+    offsets, clean_end, problem = frame_records(buf)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    n = len(offsets)
+    op = data[offsets].astype(np.int8) if n else np.zeros(0, np.int8)
+    xid = np.zeros(n, np.int32)
+    size = np.zeros(n, np.int32)
+    add_ms = np.full(n, _NONE, np.int64)
+    exp_ms = np.full(n, _NONE, np.int64)
+    with_xid = np.isin(op, (4, 5, 6, 9, 7, 8))
+    xid[with_xid] = _gather(data, offsets[with_xid] + 1, 4, "<i4")
+    addx = op == 2
+    o = offsets[addx]
+    size[addx] = _gather(data, o + 1, 4, "<i4") - 16
+    add_ms[addx] = _gather(data, o + 5, 8, "<i8")
+    exp_ms[addx] = _gather(data, o + 13, 8, "<i8")
+    blocks = (op == 7) | (op == 8)
+    o = offsets[blocks]
+    size[blocks] = _gather(data, o + 5, 4, "<i4") - 16
+    add_ms[blocks] = _gather(data, o + 9, 8, "<i8")
+    exp_ms[blocks] = _gather(data, o + 17, 8, "<i8")
+    legacy = op == 0
+    o = offsets[legacy]
+    size[legacy] = _gather(data, o + 1, 4, "<i4") - 4
+    exp_s = _gather(data, o + 5, 4, "<i4").astype(np.int64)
+    exp_ms[legacy] = np.where(exp_s != 0, exp_s * 1000, _NONE)
+    exp_ms[(exp_ms == 0)] = _NONE
+    return Scan(offset=offsets, op=op, xid=xid, size=size, add_ms=add_ms, expiry_ms=exp_ms,
+                clean_end=clean_end, truncated_bytes=len(data) - clean_end, problem=problem)
 
 
 def time_bounds(scan: Scan, start_ms: int | None,
@@ -198,6 +239,48 @@ def time_bounds(scan: Scan, start_ms: int | None,
     return lb.astype(np.int64), ub.astype(np.int64)
 
 
+def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
+                   bound_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """
+    Find the snapshot a pack or rewrite wrote at the start of a file, by content.
+
+    A snapshot starts with SAVE_XID(counter); then come the open reads, each
+    an ADDX followed by REMOVE_TENTATIVE_XID of an xid at or below the
+    counter; then ADDX records: re-emitted items (added at or before
+    C{bound_ms}) and fillers (0 bytes, added at or after C{bound_ms}). The
+    snapshot ends at the first other record, or the first ADDX that is
+    neither. A file that does not start with SAVE_XID has no snapshot.
+
+    @return: C{(snapshot, filler)} boolean arrays, one entry per record.
+    """
+    n = len(op)
+    snap = np.zeros(n, bool)
+    filler = np.zeros(n, bool)
+    if n == 0 or op[0] != 4:
+        return snap, filler
+    counter = int(xid[0])
+    i = 1
+    seen: set[int] = set()
+    while i + 1 < n and op[i] == 2 and op[i + 1] == 9:
+        x = int(xid[i + 1])
+        if x > counter or x in seen:
+            break
+        seen.add(x)
+        i += 2
+    rest_op = op[i:]
+    is_addx = rest_op == 2
+    if bound_ms is None:
+        inside = is_addx
+        fill = np.zeros(len(rest_op), bool)
+    else:
+        fill = is_addx & (size[i:] == 0) & (add_ms[i:] >= bound_ms)
+        inside = is_addx & ((add_ms[i:] <= bound_ms) | fill)
+    stop = int(np.argmin(inside)) if not inside.all() else len(inside)
+    snap[:i + stop] = True
+    filler[i:i + stop] = fill[:stop]
+    return snap, filler
+
+
 def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
     n = scan.count
@@ -206,9 +289,7 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     is_add = np.isin(op, ADD_OPS)
     has_xid = np.isin(op, XID_OPS)
     rows = n + 1
-    packed = jf.kind == "pack"
-    filler = is_add & (scan.size == 0) & (scan.add_ms >= (jf.ts_ms or 0)) if packed else \
-        np.zeros(n, bool)
+    snapshot, filler = snapshot_masks(op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
 
     def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,
              typ: pa.DataType) -> pa.Array:
@@ -222,13 +303,14 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
         pa.repeat(pa.scalar(jf.queue, pa.string()), rows),
         pa.repeat(pa.scalar(jf.name, pa.string()), rows),
         pa.repeat(pa.scalar(jf.seq, pa.int32()), rows),
-        pa.repeat(pa.scalar(packed, pa.bool_()), rows),
+        pa.repeat(pa.scalar(jf.archive, pa.bool_()), rows),
+        pa.array(np.concatenate((snapshot, [False]))),
         pa.array(np.concatenate((filler, [False]))),
         pa.array(np.concatenate((scan.offset, [scan.clean_end]))),
         pa.array(np.concatenate((op, [TRAILER_OP])).astype(np.int8)),
         ints(scan.xid, has_xid, n, pa.int32()),
         ints(scan.size, is_add, scan.truncated_bytes, pa.int32()),
-        ints(scan.add_ms, scan.add_ms != _NONE, None, pa.int64()),
+        ints(scan.add_ms, scan.add_ms != _NONE, int(snapshot.sum()), pa.int64()),
         ints(scan.expiry_ms, scan.expiry_ms != _NONE, None, pa.int64()),
         ints(lb, lb != _NONE, None, pa.int64()),
         ints(ub, ub != _NONE, None, pa.int64()),
@@ -240,3 +322,16 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
 def scan_file(jf: JournalFile, data: bytes | memoryview) -> pa.RecordBatch:
     """Decode the bytes C{data} of file C{jf} into a record batch of L{SCHEMA}."""
     return to_batch(scan_buffer(data), jf)
+
+
+def read_local(jf: JournalFile) -> pa.RecordBatch:
+    """Scan a local journal file (memory-mapped) into one record batch."""
+    with open(local_path(jf.path), "rb") as fh:
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            return scan_file(jf, b"")
+        try:
+            return scan_file(jf, mapped)
+        finally:
+            mapped.close()

@@ -16,14 +16,13 @@ Two readers produce the same rows (L{kestrel.analytics.scan.SCHEMA}):
 from __future__ import annotations
 
 import json
-import mmap
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from kestrel.analytics.layout import JournalFile, local_path
-from kestrel.analytics.scan import SPARK_DDL, scan_file
+from kestrel.analytics.layout import JournalFile
+from kestrel.analytics.scan import SPARK_DDL, read_local, scan_file
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,19 +47,6 @@ def pack_partitions(files: Sequence[JournalFile], count: int) -> list[list[Journ
         bins[i].append(jf)
         loads[i] += jf.size + 1
     return [b for b in bins if b]
-
-
-def read_local(jf: JournalFile) -> pa.RecordBatch:
-    """Scan a local journal file (memory-mapped) into one record batch."""
-    with open(local_path(jf.path), "rb") as fh:
-        try:
-            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            return scan_file(jf, b"")
-        try:
-            return scan_file(jf, mapped)
-        finally:
-            mapped.close()
 
 
 class JournalPartition(InputPartition):

@@ -188,7 +188,9 @@ class QueueWriter:
                     self.confirm(xid)
                 else:
                     self.continue_(xid)
-            elif r < 0.9:
+            elif r < 0.9 and self.current.recs:
+                # the server writes SAVE_XID only at the start of a snapshot (pack or
+                # rewrite); a file starting with it is read as one
                 self.save_xid()
             else:
                 self.legacy_add()
@@ -212,8 +214,9 @@ class QueueWriter:
         Write C{<q>.<P>.pack} for the last rotated file P, as Kestrel's packer would.
 
         Every file so far stops counting (they stay on disk). The pack holds
-        the open reads (ADDX + REMOVE_TENTATIVE_XID, descending xid), then
-        C{fillers} empty items added after P, then the queued items.
+        SAVE_XID (the xid counter), the open reads (ADDX + REMOVE_TENTATIVE_XID,
+        descending xid), then C{fillers} empty items added after P, then the
+        queued items: every record of it is a snapshot record, not traffic.
         """
         last = self.files[-1]
         for f in self.files:
@@ -221,6 +224,8 @@ class QueueWriter:
         pack = JFile(f"{last.name}.pack", "pack", last.ts)
         saved_items, saved_open = self.items, self.open
         self.items, self.open = deque(), {}
+        self._emit(records.encode_xid(4, self.next_xid - 1), 4, xid=self.next_xid - 1,
+                   target=pack, packed=True)
         for xid in sorted(saved_open, reverse=True):
             item = saved_open[xid]
             self.items.append(item)

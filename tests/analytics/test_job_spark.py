@@ -100,16 +100,24 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, Truth]:
     return inputs, Truth(writers)
 
 
-@pytest.fixture(scope="module", params=["source", "binaryfile"])
-def result(request: pytest.FixtureRequest, spark: object, scenario: tuple,
+@pytest.fixture(scope="module", params=["source", "binaryfile", "local"])
+def result(request: pytest.FixtureRequest, scenario: tuple,
            tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, str, str]:
     from kestrel.analytics.job import Progress, run
 
     inputs, _ = scenario
     out = str(tmp_path_factory.mktemp(f"out-{request.param}"))
     stream = io.StringIO()
-    summary = run(spark, inputs, out, reader=request.param, progress=Progress(7, stream),
-                  report=request.param == "source")
+    if request.param == "local":
+        from kestrel.analytics.local import run_local
+
+        summary = run_local(inputs, out, progress=Progress(4, stream), events=True)
+    else:
+        spark = request.getfixturevalue("spark")
+        stages = 6 if request.param == "binaryfile" else 4
+        summary = run(spark, inputs, out, reader=request.param,
+                      progress=Progress(stages, stream),
+                      report=request.param == "source", events=True)
     return out, summary, stream.getvalue(), request.param
 
 
@@ -139,11 +147,23 @@ def test_summary_counts_match_truth(result: tuple, scenario: tuple) -> None:
     got = {(s, q): v for s, qs in on_disk["servers"].items() for q, v in qs.items()}
     assert set(got) == set(truth.queues)
     for key, want in truth.queues.items():
-        for k in ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
-                  "items_left", "queued", "open_reads", "bytes_left", "truncated_bytes",
-                  "records", "files", "dequeued_items"):
-            assert got[key][k] == want[k], (key, k)
-    assert got[("alpha", "mail")]["pack_fillers"] == 2
+        q = got[key]
+        for k in ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued"):
+            assert q["traffic"][k] == want[k], (key, k)
+        for k in ("items_left", "queued", "open_reads", "bytes_left"):
+            assert q["state"][k] == want[k], (key, k)
+        for k in ("truncated_bytes", "records", "files", "dequeued_items"):
+            assert q[k] == want[k], (key, k)
+        assert q["snapshot"]["records"] == want["snapshot_records"], key
+        assert q["snapshot"]["fillers"] == want["fillers"], key
+    mail = got[("alpha", "mail")]
+    assert mail["snapshot"]["fillers"] == 2
+    assert mail["traffic"]["history_compacted"] is True
+    assert mail["traffic"]["from_ms"] is not None
+    assert got[("alpha", "jobs")]["traffic"]["history_compacted"] is False
+    broken = {(b["server"], b["file"]) for b in on_disk["broken_files"]}
+    assert ("alpha", "mail") in broken and ("alpha", "trunc_mid") not in broken
+    assert any(f.startswith("trunc_mid.") for s, f in broken if s == "alpha")
     assert got[("alpha", "mail")]["truncated_bytes"] > 0
     assert got[("alpha", "trunc_mid")]["truncated_bytes"] > 0
     assert got[("alpha", "empty")]["records"] == 0
@@ -228,6 +248,11 @@ def test_time_in_queue_and_expiry_match_truth(result: tuple, scenario: tuple) ->
         for k in ("with_expiry", "expired_removed", "left_with_expiry", "left_expired"):
             assert e[k] == want[k], (key, k)
     assert tiq[("alpha", "jobs")]["dequeued_items"] > 50
+    # each figure says its window, and whether history before it was compacted away
+    assert tiq[("alpha", "mail")]["history_compacted"] is True
+    assert exp[("alpha", "mail")]["history_compacted"] is True
+    assert tiq[("alpha", "jobs")]["history_compacted"] is False
+    assert tiq[("alpha", "jobs")]["from_ms"] <= tiq[("alpha", "jobs")]["to_ms"]
 
 
 def test_report_and_progress(result: tuple, scenario: tuple) -> None:
@@ -235,9 +260,10 @@ def test_report_and_progress(result: tuple, scenario: tuple) -> None:
     out, _, progress, reader = result
     lines = progress.splitlines()
     assert [line.split()[1] for line in lines[:-1]] == \
-        [f"[{i}/7]" for i in range(1, 8 if reader == "source" else 7)]
+        ([f"[{i}/6]" for i in range(1, 7)] if reader == "binaryfile"
+         else [f"[{i}/4]" for i in range(1, 5)])
     assert lines[-1].startswith("kestrel-analyze done")
-    if reader != "source":
+    if reader == "binaryfile":
         assert not os.path.exists(os.path.join(out, "report.html"))
         return
     with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
@@ -247,6 +273,28 @@ def test_report_and_progress(result: tuple, scenario: tuple) -> None:
     assert "http" not in page and "src=" not in page
     assert "estimates" in page.lower()
     assert "alpha" in page and "beta" in page
+
+
+@pytest.mark.parametrize("result", ["source"], indirect=True)
+def test_one_process_tables_equal_spark_tables(result: tuple, scenario: tuple,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--engine local writes the very tables the Spark job writes (same rows, same types)."""
+    out, summary, _, reader = result
+    assert reader == "source"
+    from kestrel.analytics.local import run_local
+
+    local_out = str(tmp_path_factory.mktemp("out-local-compare"))
+    local_summary = run_local(scenario[0], local_out, events=True)
+    assert json.loads(json.dumps(local_summary)) == json.loads(json.dumps(summary))
+    keys = {"events": ["server", "queue", "archive", "file_seq", "offset"],
+            "files": ["server", "file", "path"], "flow": ["server", "queue", "minute_ms"],
+            "backlog": ["server", "queue", "minute_ms"], "time_in_queue": ["server", "queue"],
+            "expiry": ["server", "queue"]}
+    for table, key in keys.items():
+        a = pd.read_parquet(os.path.join(out, table)).sort_values(key).reset_index(drop=True)
+        b = pd.read_parquet(os.path.join(local_out, table)).sort_values(key).reset_index(
+            drop=True)
+        pd.testing.assert_frame_equal(a, b, check_dtype=True, obj=table)
 
 
 def test_arrow_batch_size_is_restored(result: tuple, spark: object) -> None:

@@ -108,3 +108,18 @@ def test_source_reader_refuses_uris_before_starting_work() -> None:
     plan = plan_files([Listing("s", "q", "hdfs://nn/k/q", 3, 1)])
     with pytest.raises(LayoutError, match="--reader binaryfile"):
         scan(None, plan, "source")
+
+
+def test_archive_files_count_as_traffic_and_bound_the_live_snapshots() -> None:
+    """Archive files all count (no pack rule), apart from the live ones even with the same
+    name; a live file's snapshot bound is the newest archived timestamp at or before it."""
+    plan = plan_files([_listing("q.100"), _listing("q.300"), _listing("q"),
+                       Listing("s", "q.100", "/a/q.100", 1, 1, True),
+                       Listing("s", "q.200", "/a/q.200", 1, 1, True),
+                       Listing("s", "q.250.pack", "/a/q.250.pack", 1, 1, True)])
+    got = [(f.name, f.archive, f.seq, f.bound_ms) for f in plan.files]
+    assert got == [("q.100", False, 0, 100), ("q.300", False, 1, 250), ("q", False, 2, 250),
+                   ("q.100", True, 0, 100), ("q.200", True, 1, 200),
+                   ("q.250.pack", True, 2, 250)]
+    alone = plan_files([_listing("q.100"), _listing("q")])
+    assert [f.bound_ms for f in alone.files] == [100, None]

@@ -83,7 +83,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict:
     plain = _open(folder, "plain", QueueConfig(), clock, archive)
     busy = _open(folder, "busy", SMALL, clock, archive)
     done_plain = _drive(plain, clock, rng, 300)
-    _drive(busy, clock, rng, 1500)
+    done_busy = _drive(busy, clock, rng, 1500)
     rotations = busy.journal_rotations + busy.journal_rewrites
     for q in (plain, busy):
         q.close()
@@ -101,18 +101,25 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict:
         target = name + ".pack" if name == live[0] else name
         shutil.copy(os.path.join(folder, name), os.path.join(crashed, target))
     return dict(folder=folder, archive=archive, crashed=crashed, clock=clock,
-                done_plain=done_plain, rotations=rotations, pack=live[0] + ".pack")
+                done_plain=done_plain, done_busy=done_busy, rotations=rotations,
+                packs=busy.journal_rotations, rewrites=busy.journal_rewrites,
+                pack=live[0] + ".pack")
 
 
 @pytest.fixture(scope="module")
 def analysed(spark: object, written: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     from kestrel.analytics.job import run
+    from kestrel.analytics.local import run_local
 
     out = str(tmp_path_factory.mktemp("out"))
-    inputs = [("kestrel1", written["folder"]), ("archive1", written["archive"]),
-              ("crashed", written["crashed"])]
-    summary = run(spark, inputs, out, report=False)
+    # the documented recipe: the live folder plus its server's archive folder
+    inputs = [("kestrel1", written["folder"]), ("crashed", written["crashed"])]
+    summary = run(spark, inputs, out, archives=[("kestrel1", written["archive"])],
+                  report=False)
     summary["files"] = pd.read_parquet(os.path.join(out, "files"))
+    live_only = str(tmp_path_factory.mktemp("out-live"))
+    summary["live_only"] = run_local([("kestrel1", written["folder"])], live_only,
+                                     report=False)
     return summary
 
 
@@ -120,15 +127,32 @@ def test_counts_match_the_operations_performed(written: dict, analysed: dict) ->
     """A queue that never rotated: every count equals what the client did."""
     got = analysed["servers"]["kestrel1"]["plain"]
     for k, v in written["done_plain"].items():
-        assert got[k] == v, k
+        assert got["traffic"][k] == v, k
     assert got["truncated_bytes"] == 0
+    assert got["traffic"]["history_compacted"] is False
+
+
+def test_live_plus_archive_counts_each_client_operation_once(written: dict,
+                                                             analysed: dict) -> None:
+    """A queue that rotated, packed and was rewritten: live + archive traffic is exact."""
+    got = analysed["servers"]["kestrel1"]["busy"]
+    assert written["rotations"] > 5
+    for k, v in written["done_busy"].items():
+        assert got["traffic"][k] == v, k
+    assert got["traffic"]["history_compacted"] is False
+    assert got["snapshot"]["records"] > 0
+    # the live folder alone: history before its oldest snapshot was compacted away, and says so
+    alone = analysed["live_only"]["servers"]["kestrel1"]["busy"]
+    assert alone["traffic"]["history_compacted"] is True
+    assert alone["traffic"]["enqueued"] < written["done_busy"]["enqueued"]
+    assert alone["state"] == got["state"]
 
 
 def test_items_left_is_what_a_restart_holds(written: dict, analysed: dict) -> None:
     """items_left and bytes_left equal the length and bytes of the queues after a real restart."""
     assert written["rotations"] > 0
     for name, config in (("plain", QueueConfig()), ("busy", SMALL)):
-        got = analysed["servers"]["kestrel1"][name]
+        got = analysed["servers"]["kestrel1"][name]["state"]
         queue = _open(written["folder"], name, config, written["clock"], None)
         try:
             assert (got["items_left"], got["bytes_left"]) == (queue.length, queue.bytes), name
@@ -141,12 +165,13 @@ def test_a_pack_beside_its_originals_counts_once(written: dict, analysed: dict) 
     archived = set(os.listdir(written["archive"]))
     assert written["pack"][: -len(".pack")] in archived  # the checkpoint file was packed
     crashed = analysed["servers"]["crashed"]["busy"]
-    live = analysed["servers"]["kestrel1"]["busy"]
-    for k in ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued",
-              "items_left", "bytes_left", "records", "files"):
+    live = analysed["live_only"]["servers"]["kestrel1"]["busy"]
+    assert crashed["traffic"] == live["traffic"]
+    assert crashed["state"] == live["state"]
+    for k in ("records", "files"):
         assert crashed[k] == live[k], k
     files = analysed["files"]
     skipped = files[(files["server"] == "crashed") & ~files["counted"]]
     assert len(skipped) == len(archived)
     assert set(skipped["reason"]) == {f"replaced by pack {written['pack']}"}
-    assert analysed["servers"]["archive1"]["busy"]["enqueued"] > 0
+    assert "archive1" not in analysed["servers"]  # the archive is part of kestrel1

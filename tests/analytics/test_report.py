@@ -1,46 +1,99 @@
-"""The HTML report is one self-contained page (no Spark needed)."""
+"""The HTML report, produced by the one-process engine (no Spark needed)."""
 
 from __future__ import annotations
+
+import os
+import random
+import re
 
 import pytest
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("pyarrow")
 
+from kestrel.analytics.local import run_local  # noqa: E402
 from kestrel.analytics.report import (  # noqa: E402
+    MAX_CHARTED_QUEUES,
     MAX_POINTS,
-    ReportData,
     bucket_width,
-    render_report,
     svg_lines,
 )
+from tests.analytics.journals import QueueWriter  # noqa: E402
 
 
-def _summary() -> dict:
-    q = dict(enqueued=3, dequeued=2, opened=1, confirmed=1, aborted=0, bytes_enqueued=30,
-             items_left=1, open_reads=0, truncated_bytes=5, files=1, records=6,
-             time_in_queue_ms={"lb_p50": 1500, "ub_p50": 4000, "lb_p99": 60_000,
-                               "ub_p99": 60_000})
-    return {"inputs": [{"server": "s<1>", "path": "/d/s1"}], "servers": {"s<1>": {"q&a": q}},
-            "skipped_files": [{"server": "s<1>", "file": "q~~1", "reason": "temporary file (~~)"}],
-            "estimates": "Dequeue times are estimates."}
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    rng = random.Random(5)
+    root = str(tmp_path_factory.mktemp("report"))
+    folder = os.path.join(root, "s<1>")
+    # many busy queues, one stuck quiet queue, one packed queue, one broken file
+    for i in range(14):
+        w = QueueWriter("s<1>", f"busy{i}", rng)
+        w.random_ops(200)
+        while w.items:
+            w.remove()
+        w.write(folder)
+    stuck = QueueWriter("s<1>", "q&a", rng)
+    stuck.add(size=100)
+    stuck.add(size=100)
+    stuck.now += 3_600_000
+    stuck.add(size=10)
+    stuck.remove()
+    stuck.write(folder)
+    packed = QueueWriter("s<1>", "packed", rng)
+    packed.random_ops(60)
+    packed.rotate()
+    packed.pack(fillers=1)
+    packed.random_ops(20)
+    packed.truncate_tail()
+    packed.write(folder)
+    out = os.path.join(root, "out")
+    summary = run_local([("s<1>", folder)], out)
+    with open(os.path.join(out, "report.html"), encoding="utf-8") as fh:
+        return fh.read(), summary
 
 
-def test_report_is_self_contained_and_escaped() -> None:
-    """Names are escaped, charts are inline SVG, waits show as estimated brackets, no URL."""
-    key = ("s<1>", "q&a")
-    data = ReportData(
-        60_000,
-        {key: pd.DataFrame({"bucket": [0, 60_000], "enqueued": [2, 1], "dequeued": [1, 1]})},
-        {key: pd.DataFrame({"bucket": [0, 60_000], "items": [1, 1], "open_reads": [0, 0]})},
-        {key: pd.DataFrame({"bin": [0, 4], "count": [1, 2]})})
-    page = render_report(_summary(), data)
-    assert page.count("<svg") == 3
-    assert "s&lt;1&gt;" in page and "q&amp;a" in page and "<1>" not in page
-    assert "1.5 s - 4.0 s" in page and "<td>60.0 s</td>" in page
-    assert "Dequeue times are estimates." in page
-    assert "http" not in page and "<script" not in page
-    assert "q~~1 (temporary file (~~))" in page
+def test_report_is_self_contained_and_escaped(page: tuple[str, dict]) -> None:
+    """Names are escaped, charts are inline SVG, no URL and no script."""
+    html, _ = page
+    assert "s&lt;1&gt;" in html and "q&amp;a" in html and "<1>" not in html
+    assert "http" not in html and "<script" not in html and "src=" not in html
+
+
+def test_report_has_totals_state_windows_and_broken_files(page: tuple[str, dict]) -> None:
+    """Per-server totals; per queue bytes left, oldest item's age, expiry, traffic window
+    with a visible note where history was compacted; broken files named with their path."""
+    html, summary = page
+    assert "<h2>Servers</h2>" in html
+    q = summary["servers"]["s<1>"]["q&a"]
+    assert q["state"]["items_left"] == 2 and q["state"]["bytes_left"] == 110
+    assert q["state"]["oldest_item_age_ms"] >= 3_600_000
+    row = re.search(r"<tr><td class='l'>s&lt;1&gt;</td><td class='l'>q&amp;a</td>.*?</tr>",
+                    html, re.S).group(0)
+    assert "<td>110</td>" in row and "<td>60.0 min</td>" in row  # bytes left, oldest age
+    assert summary["servers"]["s<1>"]["packed"]["traffic"]["history_compacted"] is True
+    packed = re.search(r"<td class='l'>packed</td>.*?</tr>", html, re.S).group(0)
+    assert "history before compacted" in packed
+    assert "file(s) with broken records" in html
+    broken = summary["broken_files"]
+    assert [b["file"] for b in broken] == ["packed"]
+    assert broken[0]["path"].replace("<", "&lt;").replace(">", "&gt;") in html
+    assert "with expiry" in html and "expired when removed" in html
+
+
+def test_charts_include_stuck_quiet_queues_with_labelled_axes(page: tuple[str, dict]) -> None:
+    """The quiet queue holding the oldest item is charted even though 15 queues are busier;
+    every chart has labelled axes with values."""
+    html, _ = page
+    charted = re.findall(r"<h3>(.*?)</h3>", html)
+    assert len(charted) == MAX_CHARTED_QUEUES
+    assert any(h.startswith("s&lt;1&gt; / q&amp;a") for h in charted)
+    assert html.count("<svg") == 3 * MAX_CHARTED_QUEUES
+    assert html.count("time (UTC)") == 2 * MAX_CHARTED_QUEUES
+    assert html.count(">item size (bytes)<") == MAX_CHARTED_QUEUES
+    assert re.search(r">items / 1 min</text>", html)
+    assert re.search(r'text-anchor="end">[0-9,]+</text>', html)  # value ticks
+    assert re.search(r">2026-01-01 \d\d:\d\d</text>", html)  # time ticks
 
 
 def test_charts_handle_no_data_and_wide_spans() -> None:

@@ -10,7 +10,13 @@ np = pytest.importorskip("numpy")
 pytest.importorskip("pyarrow")
 
 from kestrel.analytics.layout import JournalFile  # noqa: E402
-from kestrel.analytics.scan import TRAILER_OP, scan_buffer, scan_file, time_bounds  # noqa: E402
+from kestrel.analytics.scan import (  # noqa: E402
+    TRAILER_OP,
+    scan_buffer,
+    scan_file,
+    snapshot_masks,
+    time_bounds,
+)
 from kestrel.journal import records  # noqa: E402
 
 NONE = np.iinfo(np.int64).min
@@ -114,17 +120,53 @@ def test_time_bounds_bracket_untimed_records(adds: list, start: int | None,
 
 def test_batch_has_one_trailer_row_per_file() -> None:
     """The batch holds the records, then a trailer with the clean end and truncated bytes."""
-    jf = JournalFile("s", "q", "q.5.pack", "/x", 0, "pack", 5, 0, None, 5)
-    buf = (records.encode_add(b"", 3) + records.encode_add(b"", 9) + records.encode_add(b"a", 9)
-           + records.encode_xid(9, 4) + b"\x02\x01")
+    jf = JournalFile("s", "q", "q.5", "/x", 0, "rotated", 5, 0, None, 5, False, 5)
+    buf = (records.encode_xid(4, 4) + records.encode_add(b"", 3) + records.encode_add(b"", 9)
+           + records.encode_add(b"a", 4) + records.encode_xid(9, 5) + b"\x02\x01")
     batch = scan_file(jf, buf).to_pydict()
-    assert batch["op"] == [2, 2, 2, 9, TRAILER_OP]
-    assert batch["filler"] == [False, True, False, False, False]
-    assert batch["packed"] == [True] * 5
-    assert batch["xid"] == [None, None, None, 4, 4]
-    assert batch["size"] == [0, 0, 1, None, 2]
+    assert batch["op"] == [4, 2, 2, 2, 9, TRAILER_OP]
+    assert batch["filler"] == [False, False, True, False, False, False]
+    assert batch["snapshot"] == [True, True, True, True, False, False]
+    assert batch["archive"] == [False] * 6
+    assert batch["xid"] == [4, None, None, None, 5, 5]
+    assert batch["size"] == [None, 0, 0, 1, None, 2]
+    assert batch["add_ms"][-1] == 4  # the trailer counts the snapshot records
     assert batch["offset"][-1] == len(buf) - 2
-    assert batch["problem"] == [None] * 4 + ["truncated record"]
-    assert batch["time_lb_ms"][3] == 9 and batch["time_ub_ms"][3] == 9
+    assert batch["problem"] == [None] * 5 + ["truncated record"]
+    assert batch["time_lb_ms"][4] == 9 and batch["time_ub_ms"][4] == 9
     empty = scan_file(jf, b"").to_pydict()
     assert empty["op"] == [TRAILER_OP] and empty["size"] == [0] and empty["xid"] == [0]
+
+
+def _masks(recs: list, bound: int | None) -> tuple[list[bool], list[bool]]:
+    s = scan_buffer(b"".join(r.encode() for r in recs))
+    snap, fill = snapshot_masks(s.op, s.xid, s.size, s.add_ms, bound)
+    return snap.tolist(), fill.tolist()
+
+
+def test_a_pack_is_recognised_by_its_content() -> None:
+    """SAVE_XID, open reads (ADDX + REMOVE_TENTATIVE_XID at or below the counter), fillers
+    (0 bytes, at or after the bound) and re-emitted items: all snapshot, nothing after."""
+    pack = [records.SaveXid(7), records.Add(b"o", 50), records.RemoveTentativeXid(7),
+            records.Add(b"p", 40), records.RemoveTentativeXid(3),
+            records.Add(b"", 120), records.Add(b"", 121), records.Add(b"i", 60),
+            records.Add(b"", 70)]
+    snap, fill = _masks(pack, 100)
+    assert snap == [True] * 9
+    assert fill == [False] * 5 + [True, True, False, False]  # an old empty item is no filler
+
+
+def test_a_rewrite_ends_where_client_traffic_starts() -> None:
+    """After a rewrite's snapshot, the first other record or later add is client traffic;
+    a client read opens an xid above the saved counter."""
+    rewrite = [records.SaveXid(7), records.Add(b"o", 50), records.RemoveTentativeXid(6),
+               records.Add(b"i", 60), records.Add(b"new", 150), records.REMOVE,
+               records.Add(b"x", 160)]
+    assert _masks(rewrite, 100)[0] == [True] * 4 + [False] * 3
+    assert _masks(rewrite, None)[0] == [True] * 5 + [False] * 2  # no bound: adds up to REMOVE
+    opened = [records.SaveXid(7), records.Add(b"a", 150), records.RemoveTentativeXid(8)]
+    assert _masks(opened, 100)[0] == [True, False, False]
+    # without a bound, an add right after the snapshot cannot be told from a re-emitted one
+    assert _masks(opened, None)[0] == [True, True, False]
+    plain = [records.Add(b"a", 1), records.SaveXid(3), records.Add(b"b", 2)]
+    assert _masks(plain, 10) == ([False] * 3, [False] * 3)

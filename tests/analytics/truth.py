@@ -71,7 +71,8 @@ class Truth:
                     if lb is not None and ub is not None and ub < lb:
                         ub = lb
                 ev = dict(server=server, queue=queue, file=f.name, file_seq=seq,
-                          packed=f.kind == "pack", filler=r.filler, offset=r.offset, op=r.op,
+                          archive=False, snapshot=r.packed, filler=r.filler, offset=r.offset,
+                          op=r.op,
                           xid=r.xid, size=r.size if r.op in ADDS else None,
                           add_ms=r.add_ms if r.op in (2, 7, 8) else None,
                           expiry_ms=r.expiry_ms, time_lb_ms=lb, time_ub_ms=ub)
@@ -89,18 +90,21 @@ class Truth:
             m = ev["event_ms"] // MINUTE * MINUTE
             fl = self.flow.setdefault((server, queue, m), dict(
                 records=0, enqueued=0, dequeued=0, opened=0, confirmed=0, aborted=0,
-                bytes_enqueued=0, packed_adds=0, pack_fillers=0, sizes=[]))
+                bytes_enqueued=0, snapshot_records=0, reemitted_adds=0, fillers=0, sizes=[]))
             fl["records"] += 1
+            fl["snapshot_records"] += r.packed
+            fl["fillers"] += r.filler
+            if r.packed:
+                fl["reemitted_adds"] += r.op in ADDS and not r.filler
+                continue
             if r.op in ADDS:
                 fl["enqueued"] += 1
                 fl["bytes_enqueued"] += ev["size"]
                 fl["sizes"].append(ev["size"])
-                fl["packed_adds"] += ev["packed"]
             fl["dequeued"] += r.op in (1, 6, 8)
             fl["opened"] += r.op in (3, 9)
             fl["confirmed"] += r.op in (6, 8)
             fl["aborted"] += r.op == 5
-            fl["pack_fillers"] += r.filler
 
         # backlog: clock = running max of (lb or ub), leading unknowns take the first known
         clocks: list[int | None] = []
@@ -143,13 +147,16 @@ class Truth:
         # the model's state after the last counted record is what a restart holds
         left_items = list(writer.items) + list(writer.open.values())
         left_exp = [i for i in left_items if i.expiry_ms is not None]
+        traffic = [ev for ev, r in rows if not r.packed]
         self.queues[(server, queue)] = dict(
-            enqueued=sum(1 for ev, _ in rows if ev["op"] in ADDS),
-            dequeued=sum(1 for ev, _ in rows if ev["op"] in (1, 6, 8)),
-            opened=sum(1 for ev, _ in rows if ev["op"] in (3, 9)),
-            confirmed=sum(1 for ev, _ in rows if ev["op"] in (6, 8)),
-            aborted=sum(1 for ev, _ in rows if ev["op"] == 5),
-            bytes_enqueued=sum(ev["size"] for ev, _ in rows if ev["op"] in ADDS),
+            enqueued=sum(1 for ev in traffic if ev["op"] in ADDS),
+            dequeued=sum(1 for ev in traffic if ev["op"] in (1, 6, 8)),
+            opened=sum(1 for ev in traffic if ev["op"] in (3, 9)),
+            confirmed=sum(1 for ev in traffic if ev["op"] in (6, 8)),
+            aborted=sum(1 for ev in traffic if ev["op"] == 5),
+            bytes_enqueued=sum(ev["size"] for ev in traffic if ev["op"] in ADDS),
+            snapshot_records=sum(1 for _, r in rows if r.packed),
+            fillers=sum(1 for _, r in rows if r.filler),
             items_left=last.queued + last.open_reads if last else 0,
             queued=last.queued if last else 0,
             open_reads=last.open_reads if last else 0,

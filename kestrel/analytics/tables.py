@@ -1,0 +1,430 @@
+"""
+The output tables and the summary, from scanned rows, with pandas only.
+
+Both engines use this module: the Spark job (L{kestrel.analytics.job}) for
+the per-queue replay, the small tables and the summary; the one-process
+engine (L{kestrel.analytics.local}) for everything. Column names and types
+are given once, as Spark DDL strings, so that both engines write identical
+Parquet tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from kestrel.analytics import layout
+from kestrel.analytics.layout import Plan
+from kestrel.analytics.replay import MINUTE_MS, NONE, percentiles, replay_queue
+from kestrel.analytics.scan import ADD_OPS
+
+ESTIMATE_NOTE = (
+    "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
+    "their times are estimates, bracketed between the neighbouring timestamped records "
+    "(or the file's rotation time, or the live file's modification time). Dequeue minutes "
+    "use the lower bound; time in queue is given as a lower and an upper bound.")
+
+TRAFFIC_NOTE = (
+    "traffic: what clients did (adds, removes, reads opened, confirmed, aborted), counted "
+    "once per client operation; the records a pack or rewrite re-emitted (its snapshot: "
+    "re-emitted items, fillers, re-opened reads) are left out. state: what a restart of the "
+    "server would hold, from the live folders only. Each queue says the window its traffic "
+    "covers and whether history before it was compacted away (its oldest file is a "
+    "snapshot), in which case earlier traffic is not counted.")
+
+TRAFFIC_KEYS = ("enqueued", "dequeued", "opened", "confirmed", "aborted", "bytes_enqueued")
+STATE_KEYS = ("items_left", "queued", "open_reads", "bytes_left")
+
+WAIT_COLS = [f"wait_{b}_{p}_ms" for b in ("lb", "ub") for p in ("p50", "p90", "p99", "max")]
+TTL_COLS = [f"ttl_{p}_ms" for p in ("p50", "p90", "p99", "max")]
+
+REPLAY_DDL = ", ".join(
+    ["server string", "queue string", "kind string", "minute_ms long", "queued long",
+     "open_reads long", "items long", "bytes long", "lost_open_reads long",
+     "dequeued_items long"]
+    + [f"{c} long" for c in WAIT_COLS]
+    + ["with_expiry long"] + [f"{c} long" for c in TTL_COLS]
+    + ["expired_removed long", "left_with_expiry long", "left_expired long",
+       "last_clock_ms long", "oldest_left_ms long", "first_clock_ms long", "compacted long"])
+"""Rows of the replay: C{kind} 'backlog' (one per minute) or 'queue' (one per queue)."""
+
+REPLAY_INPUT = ["file_seq", "offset", "op", "xid", "size", "add_ms", "expiry_ms",
+                "time_lb_ms", "time_ub_ms", "filler", "snapshot"]
+#: The boolean columns of L{REPLAY_INPUT}.
+REPLAY_FLAGS = ("filler", "snapshot")
+
+FLOW_DDL = ("server string, queue string, minute_ms long, first_ms long, last_ms long, "
+            "records long, enqueued long, dequeued long, opened long, confirmed long, "
+            "aborted long, bytes_enqueued long, snapshot_records long, reemitted_adds long, "
+            "fillers long, size_p50 int, size_p90 int, size_p99 int, size_max int")
+BACKLOG_DDL = ("server string, queue string, minute_ms long, queued long, open_reads long, "
+               "items long, bytes long")
+FILES_DDL = ("server string, queue string, file string, path string, kind string, "
+             "archive boolean, file_seq int, counted boolean, reason string, bytes long, "
+             "records long, snapshot_records long, clean_end long, truncated_bytes long, "
+             "problem string")
+_WINDOW = ["from_ms long", "to_ms long", "history_compacted boolean"]
+TIQ_DDL = ", ".join(["server string", "queue string", "dequeued_items long"]
+                    + [f"{c} long" for c in WAIT_COLS] + ["estimate boolean", *_WINDOW])
+EXPIRY_DDL = ", ".join(["server string", "queue string", "with_expiry long"]
+                       + [f"{c} long" for c in TTL_COLS]
+                       + ["expired_removed long", "left_with_expiry long", "left_expired long",
+                          *_WINDOW])
+SIZES_DDL = "server string, queue string, bin int, count long"
+
+_ARROW = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "byte": pa.int8(),
+          "boolean": pa.bool_()}
+
+
+def columns(ddl: str) -> list[str]:
+    """Return the column names of a DDL string."""
+    return [c.split(" ")[0] for c in ddl.split(", ")]
+
+
+def arrow_schema(ddl: str) -> pa.Schema:
+    """Return the Arrow schema of a DDL string (every column nullable, as Spark writes)."""
+    return pa.schema([(name, _ARROW[typ]) for name, typ in
+                      (c.split(" ") for c in ddl.split(", "))])
+
+
+def to_arrow(pdf: pd.DataFrame, ddl: str) -> pa.Table:
+    """Return C{pdf}'s columns of C{ddl} as an Arrow table of that schema."""
+    schema = arrow_schema(ddl)
+    arrays = []
+    for field in schema:
+        col = pdf[field.name] if field.name in pdf else pd.Series([None] * len(pdf))
+        if pa.types.is_string(field.type) or pa.types.is_boolean(field.type):
+            arrays.append(pa.array(col.astype(object).where(col.notna(), None).tolist(),
+                                   type=field.type))
+        else:
+            values = pd.array(col, dtype="Int64")
+            arrays.append(pa.array(values.to_numpy(dtype="int64", na_value=0),
+                                   type=field.type, mask=values.isna()))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def replay_frame(pdf: pd.DataFrame) -> pd.DataFrame:
+    """
+    Replay one queue given as a pandas frame of scanned rows (any order).
+
+    This is the C{applyInPandas} function: absent values are L{NONE}; the
+    result has L{REPLAY_DDL}'s columns.
+    """
+    server, queue = pdf["server"].iat[0], pdf["queue"].iat[0]
+    pdf = pdf.sort_values(["file_seq", "offset"], kind="stable")
+    return replay_arrays(server, queue, {c: pdf[c].to_numpy() for c in REPLAY_INPUT})
+
+
+def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Replay one queue given as numpy columns of L{REPLAY_INPUT}, in replay order."""
+    r = replay_queue(*(cols[c] for c in
+                       ("op", "xid", "size", "add_ms", "expiry_ms", "time_lb_ms",
+                        "time_ub_ms", "filler")))
+    known = r.backlog_minute_ms != NONE
+    backlog = pd.DataFrame({
+        "server": server, "queue": queue, "kind": "backlog",
+        "minute_ms": r.backlog_minute_ms[known],
+        "queued": r.backlog_queued[known], "open_reads": r.backlog_open[known],
+        "items": (r.backlog_queued + r.backlog_open)[known],
+        "bytes": r.backlog_bytes[known],
+    })
+    row: dict[str, Any] = {
+        "server": server, "queue": queue, "kind": "queue", "minute_ms": None,
+        "queued": r.queued, "open_reads": r.open_reads, "items": r.items_left,
+        "bytes": r.bytes_left, "lost_open_reads": r.lost_open_reads,
+        "dequeued_items": len(r.wait_lb_ms),
+        "with_expiry": r.with_expiry, "expired_removed": r.expired_removed,
+        "left_with_expiry": r.left_with_expiry, "left_expired": r.left_expired,
+        "last_clock_ms": r.last_clock_ms, "oldest_left_ms": r.oldest_left_ms,
+        "first_clock_ms": r.first_clock_ms,
+        # the live files start with a snapshot: what came before was compacted away
+        "compacted": int(len(cols["snapshot"]) > 0 and bool(cols["snapshot"][0])),
+    }
+    row.update(zip(WAIT_COLS, percentiles(r.wait_lb_ms) + percentiles(r.wait_ub_ms),
+                   strict=True))
+    row.update(zip(TTL_COLS, percentiles(r.ttl_ms), strict=True))
+    out = pd.concat([backlog, pd.DataFrame([row])], ignore_index=True)
+    cols = columns(REPLAY_DDL)
+    for c in cols:
+        if c not in out:
+            out[c] = None
+    return out[cols].astype({c: "Int64" for c in cols[3:]})
+
+
+def replay_input(raw: pd.DataFrame) -> pd.DataFrame:
+    """Return the live rows of C{raw} (trailers too) with absent values as L{NONE}."""
+    live = raw[~raw["archive"]]
+    out = live[["server", "queue"]].copy()
+    for c in REPLAY_INPUT:
+        if c in REPLAY_FLAGS:
+            out[c] = live[c].to_numpy(dtype=bool)
+        elif c in ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms"):
+            out[c] = live[c].fillna(NONE).astype("int64")
+        else:
+            out[c] = live[c].fillna(0).astype("int64")
+    return out
+
+
+def _nearest_rank_sorted(values: np.ndarray, p: float) -> int | None:
+    n = len(values)
+    if n == 0:
+        return None
+    return int(values[max(1, int(np.ceil(p * n))) - 1])
+
+
+def flow_table(events: pd.DataFrame) -> pd.DataFrame:
+    """
+    Return the per-minute flow of C{events} (pandas), as the Spark job computes it.
+
+    Traffic columns count records outside snapshots; item sizes are those
+    of traffic adds, exact nearest-rank percentiles.
+    """
+    if len(events) == 0:
+        return pd.DataFrame({c: [] for c in columns(FLOW_DDL)})
+    op = events["op"].to_numpy()
+    snap = events["snapshot"].to_numpy(dtype=bool)
+    fill = events["filler"].to_numpy(dtype=bool)
+    traffic = ~snap
+    is_add = np.isin(op, ADD_OPS)
+    ev = pd.DataFrame({
+        "server": events["server"].to_numpy(), "queue": events["queue"].to_numpy(),
+        "minute_ms": (events["event_ms"] // MINUTE_MS * MINUTE_MS),
+        "t_ms": events["event_ms"].where(traffic),
+        "records": 1,
+        "enqueued": (traffic & is_add).astype(np.int64),
+        "dequeued": (traffic & np.isin(op, (1, 6, 8))).astype(np.int64),
+        "opened": (traffic & np.isin(op, (3, 9))).astype(np.int64),
+        "confirmed": (traffic & np.isin(op, (6, 8))).astype(np.int64),
+        "aborted": (traffic & (op == 5)).astype(np.int64),
+        "bytes_enqueued": np.where(traffic & is_add, events["size"].fillna(0), 0).astype(
+            np.int64),
+        "snapshot_records": snap.astype(np.int64),
+        "reemitted_adds": (snap & is_add & ~fill).astype(np.int64),
+        "fillers": fill.astype(np.int64),
+        "add_size": events["size"].where(traffic & is_add),
+    })
+    g = ev.groupby(["server", "queue", "minute_ms"], dropna=False, sort=True)
+    sums = g[["records", "enqueued", "dequeued", "opened", "confirmed", "aborted",
+              "bytes_enqueued", "snapshot_records", "reemitted_adds", "fillers"]].sum()
+    out = sums.reset_index()
+    out["first_ms"] = g["t_ms"].min().to_numpy()
+    out["last_ms"] = g["t_ms"].max().to_numpy()
+    # nearest-rank size percentiles of every group at once: sort by (group, size)
+    codes = g.ngroup().to_numpy()
+    sizes = ev["add_size"].to_numpy(dtype=float)
+    keep = ~np.isnan(sizes)
+    codes, sizes = codes[keep], sizes[keep].astype(np.int64)
+    order = np.lexsort((sizes, codes))
+    codes, sizes = codes[order], sizes[order]
+    groups = len(out)
+    counts = np.bincount(codes, minlength=groups)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    for name, p in (("size_p50", 0.5), ("size_p90", 0.9), ("size_p99", 0.99)):
+        rank = np.maximum(1, np.ceil(p * counts).astype(np.int64))
+        vals = np.zeros(groups, np.int64)
+        vals[has] = sizes[(starts + rank - 1)[has]]
+        out[name] = pd.array(np.where(has, vals, 0), dtype="Int64")
+        out.loc[~has, name] = pd.NA
+    vals = np.zeros(groups, np.int64)
+    vals[has] = sizes[(starts + counts - 1)[has]]
+    out["size_max"] = pd.array(vals, dtype="Int64")
+    out.loc[~has, "size_max"] = pd.NA
+    for c in ("minute_ms", "first_ms", "last_ms"):
+        out[c] = pd.array(out[c], dtype="Int64")
+    return out[columns(FLOW_DDL)]
+
+
+def size_bins(events: pd.DataFrame) -> pd.DataFrame:
+    """Return the histogram of traffic add sizes: C{server, queue, bin, count} (log2 bins)."""
+    adds = events[np.isin(events["op"], ADD_OPS) & ~events["snapshot"].astype(bool)]
+    size = adds["size"].fillna(0).astype(np.int64).to_numpy()
+    bins = np.where(size == 0, 0,
+                    np.floor(np.log2(np.maximum(size, 1))).astype(np.int64) + 1)
+    df = pd.DataFrame({"server": adds["server"].to_numpy(), "queue": adds["queue"].to_numpy(),
+                       "bin": bins})
+    return df.groupby(["server", "queue", "bin"]).size().rename("count").reset_index()
+
+
+def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
+    """
+    Return the C{files} table from the plan and the scanner's trailer rows.
+
+    A trailer row has C{xid} = records, C{offset} = clean end, C{size} =
+    truncated bytes, C{add_ms} = snapshot records, C{problem}.
+    """
+    by_key = {(t.server, bool(t.archive), t.file): t for t in trailers}
+    rows = []
+    for f in plan.files:
+        t = by_key[(f.server, f.archive, f.name)]
+        rows.append({"server": f.server, "queue": f.queue, "file": f.name, "path": f.path,
+                     "kind": f.kind, "archive": f.archive, "file_seq": f.seq, "counted": True,
+                     "reason": None, "bytes": f.size, "records": t.xid,
+                     "snapshot_records": t.add_ms, "clean_end": t.offset,
+                     "truncated_bytes": t.size, "problem": t.problem})
+    for s in plan.skipped:
+        got = layout.classify(s.name)
+        rows.append({"server": s.server, "queue": got[0] if isinstance(got, tuple) else None,
+                     "file": s.name, "path": s.path,
+                     "kind": got[1] if isinstance(got, tuple) else None, "archive": None,
+                     "file_seq": None, "counted": False, "reason": s.reason, "bytes": s.size,
+                     "records": None, "snapshot_records": None, "clean_end": None,
+                     "truncated_bytes": None, "problem": None})
+    pdf = pd.DataFrame(rows, columns=columns(FILES_DDL))
+    for c in ("file_seq", "bytes", "records", "snapshot_records", "clean_end",
+              "truncated_bytes"):
+        pdf[c] = pdf[c].astype("Int64")
+    pdf = pdf.sort_values(["server", "queue", "archive", "file"], na_position="last",
+                          kind="stable").reset_index(drop=True)
+    return pdf
+
+
+def queue_tables(queue_rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """
+    Return the C{time_in_queue} and C{expiry} tables from the replay's queue rows.
+
+    Both say the window their data covers: the live files' first and last
+    record time, and whether history before it was compacted into a snapshot.
+    """
+    window = queue_rows[["first_clock_ms", "last_clock_ms"]].rename(
+        columns={"first_clock_ms": "from_ms", "last_clock_ms": "to_ms"})
+    compacted = queue_rows["compacted"].fillna(0).astype(int).astype(bool)
+    tiq = queue_rows[["server", "queue", "dequeued_items", *WAIT_COLS]].copy()
+    tiq["estimate"] = True
+    expiry = queue_rows[["server", "queue", "with_expiry", *TTL_COLS, "expired_removed",
+                         "left_with_expiry", "left_expired"]].copy()
+    for frame in (tiq, expiry):
+        frame["from_ms"] = window["from_ms"].to_numpy()
+        frame["to_ms"] = window["to_ms"].to_numpy()
+        frame["history_compacted"] = compacted.to_numpy()
+    key = ["server", "queue"]
+    return (tiq.sort_values(key).reset_index(drop=True),
+            expiry.sort_values(key).reset_index(drop=True))
+
+
+def _int(v: Any) -> int | None:
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return int(v)
+
+
+def _new_queue() -> dict[str, Any]:
+    return {
+        "files": 0, "bytes": 0, "records": 0, "truncated_bytes": 0, "broken_files": [],
+        "traffic": {**{k: 0 for k in TRAFFIC_KEYS}, "from_ms": None, "to_ms": None,
+                    "history_compacted": False, "compacted_before_ms": None,
+                    "enqueued_uncertain": 0},
+        "snapshot": {"files": 0, "records": 0, "reemitted_adds": 0, "fillers": 0},
+        "state": None,
+    }
+
+
+def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[str, str]],
+                  plan: Plan, files: pd.DataFrame, flow: pd.DataFrame,
+                  queue_rows: pd.DataFrame) -> dict[str, Any]:
+    """Assemble C{summary.json}: per server and queue, traffic, state, windows and notes."""
+    servers: dict[str, dict[str, dict[str, Any]]] = {}
+    counted = files[files["counted"]]
+    for r in counted.itertuples():
+        q = servers.setdefault(r.server, {}).setdefault(r.queue, _new_queue())
+        q["files"] += 1
+        q["bytes"] += int(r.bytes)
+        q["records"] += int(r.records)
+        q["truncated_bytes"] += int(r.truncated_bytes)
+        if r.problem is not None and not pd.isna(r.problem):
+            q["broken_files"].append({"file": r.file, "path": r.path, "problem": r.problem,
+                                      "truncated_bytes": int(r.truncated_bytes),
+                                      "clean_end": int(r.clean_end)})
+    # the oldest file of a queue, over its live and archive folders, tells compaction
+    oldest: dict[tuple[str, str], tuple[int, Any]] = {}
+    for f in plan.files:
+        key = (f.server, f.queue)
+        rank = f.ts_ms if f.ts_ms is not None else (1 << 62)
+        if key not in oldest or rank < oldest[key][0]:
+            oldest[key] = (rank, f)
+    snap_files = set()
+    for r in counted.itertuples():
+        if _int(r.snapshot_records) and int(r.records) > 0:
+            snap_files.add((r.server, bool(r.archive), r.file))
+            q = servers[r.server][r.queue]
+            q["snapshot"]["files"] += 1
+            # a rewrite (client records follow its snapshot) that an add triggered wrote
+            # that add right after the snapshot, timed before it: it reads as re-emitted
+            q["traffic"]["enqueued_uncertain"] += int(r.records) > int(r.snapshot_records)
+    if len(flow):
+        for (server, queue), g in flow.groupby(["server", "queue"]):
+            q = servers[server][queue]
+            t = q["traffic"]
+            for k in TRAFFIC_KEYS:
+                t[k] = int(g[k].sum())
+            t["from_ms"] = _int(g["first_ms"].min())
+            t["to_ms"] = _int(g["last_ms"].max())
+            s = q["snapshot"]
+            s["records"] = int(g["snapshot_records"].sum())
+            s["reemitted_adds"] = int(g["reemitted_adds"].sum())
+            s["fillers"] = int(g["fillers"].sum())
+    for (server, queue), (_, f) in oldest.items():
+        t = servers[server][queue]["traffic"]
+        if (f.server, f.archive, f.name) in snap_files:
+            t["history_compacted"] = True
+            t["compacted_before_ms"] = t["from_ms"] if t["from_ms"] is not None else f.bound_ms
+    for r in queue_rows.itertuples():
+        q = servers[r.server][r.queue]
+        as_of = _int(r.last_clock_ms)
+        oldest_ms = _int(r.oldest_left_ms)
+        q["state"] = {
+            "items_left": int(r.items), "queued": int(r.queued),
+            "open_reads": int(r.open_reads), "bytes_left": int(r.bytes),
+            "lost_open_reads": int(r.lost_open_reads), "as_of_ms": as_of,
+            "from_ms": _int(r.first_clock_ms),
+            "history_compacted": bool(_int(r.compacted)),
+            "oldest_item_ms": oldest_ms,
+            "oldest_item_age_ms": (as_of - oldest_ms if as_of is not None
+                                   and oldest_ms is not None else None),
+        }
+        q["dequeued_items"] = int(r.dequeued_items)
+        q["time_in_queue_ms"] = {c[5:-3]: _int(getattr(r, c)) for c in WAIT_COLS}
+        q["expiry"] = {"with_expiry": int(r.with_expiry),
+                       **{c[:-3]: _int(getattr(r, c)) for c in TTL_COLS},
+                       "expired_removed": int(r.expired_removed),
+                       "left_with_expiry": int(r.left_with_expiry),
+                       "left_expired": int(r.left_expired)}
+    per_server = {}
+    for server, queues in servers.items():
+        per_server[server] = _totals(queues.values())
+    return {
+        "inputs": [{"server": s, "path": p, "role": "live"} for s, p in inputs]
+        + [{"server": s, "path": p, "role": "archive"} for s, p in archives],
+        "servers": servers,
+        "server_totals": per_server,
+        "totals": _totals([q for s in servers.values() for q in s.values()]),
+        "skipped_files": [{"server": s.server, "file": s.name, "reason": s.reason}
+                          for s in plan.skipped],
+        "broken_files": [{"server": server, "queue": queue, **b}
+                         for server, qs in sorted(servers.items())
+                         for queue, q in sorted(qs.items()) for b in q["broken_files"]],
+        "definitions": TRAFFIC_NOTE,
+        "estimates": ESTIMATE_NOTE,
+    }
+
+
+def _totals(queues: Any) -> dict[str, Any]:
+    qs = list(queues)
+    froms = [q["traffic"]["from_ms"] for q in qs if q["traffic"]["from_ms"] is not None]
+    tos = [q["traffic"]["to_ms"] for q in qs if q["traffic"]["to_ms"] is not None]
+    states = [q["state"] for q in qs if q["state"] is not None]
+    return {
+        "files": sum(q["files"] for q in qs), "records": sum(q["records"] for q in qs),
+        "truncated_bytes": sum(q["truncated_bytes"] for q in qs),
+        "broken_files": sum(len(q["broken_files"]) for q in qs),
+        "traffic": {**{k: sum(q["traffic"][k] for q in qs) for k in TRAFFIC_KEYS},
+                    "from_ms": min(froms) if froms else None,
+                    "to_ms": max(tos) if tos else None,
+                    "queues_compacted": sum(q["traffic"]["history_compacted"] for q in qs),
+                    "enqueued_uncertain": sum(q["traffic"]["enqueued_uncertain"] for q in qs)},
+        "state": {k: sum(s[k] for s in states) for k in STATE_KEYS},
+    }
