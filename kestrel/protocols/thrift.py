@@ -419,6 +419,9 @@ class ThriftProtocol(SessionProtocol):
             pos = start + length
         if pos:
             del buf[:pos]
+        if not self._count_input():
+            self._out_of_memory()
+            return
         if not self._busy:
             self._run_frames()
         elif not self._paused and self._queued_bytes + len(buf) > self.MAX_LENGTH + 4:
@@ -426,6 +429,29 @@ class ThriftProtocol(SessionProtocol):
             # ends the wait at once; it pauses past one frame of the largest size.
             self._paused = True
             self.pause_input()
+
+    def _count_input(self) -> bool:
+        """
+        Count what this connection holds against C{max_client_memory}: the
+        frames waiting to run, and the frame being read at its declared size
+        (so that memory is refused before a large frame is read). Return
+        whether the server allows it.
+        """
+        buf = self._buffer
+        held = self._queued_bytes + len(buf)
+        if len(buf) >= _FRAME_HEADER.size:
+            held = self._queued_bytes + _FRAME_HEADER.size + _FRAME_HEADER.unpack_from(buf, 0)[0]
+        return self.hold_input(held)
+
+    def _out_of_memory(self) -> None:
+        """Close a connection whose input the server-wide C{max_client_memory} cannot hold."""
+        self._log.info("Closing thrift connection: out of memory for client requests "
+                       "(max_client_memory)")
+        del self._buffer[:]
+        self._frames.clear()
+        self._queued_bytes = 0
+        self._closed = True
+        self.transport.loseConnection()
 
     def lengthLimitExceeded(self, length: int) -> None:
         """Drop a connection announcing a frame over C{max_request_size} (or negative)."""
@@ -449,6 +475,7 @@ class ThriftProtocol(SessionProtocol):
                 return
         if self._closed:
             return
+        self._count_input()  # frames ran: count less (shrinking is always allowed)
         if self._paused:
             self._paused = False
             self.resume_input()

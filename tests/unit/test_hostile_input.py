@@ -21,6 +21,7 @@ from kestrel.journal.journal import FileJournal
 from kestrel.protocols.base import looks_like_http
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.protocols.text import TextFactory
+from kestrel.protocols.thrift import ThriftFactory
 from kestrel.server import KestrelServer
 from tests.support import StringClient, make_server
 
@@ -178,6 +179,25 @@ def test_text_input_over_the_budget_is_refused(clock: Clock, tmp_path: Path) -> 
     assert not second.connected
     assert first.send(b"\n\n") == b"+2\n"
     assert server.client_memory.used == 0
+
+
+def test_thrift_frame_over_the_budget_is_refused_before_it_is_read(
+        clock: Clock, tmp_path: Path) -> None:
+    """A frame counts at its declared size from its header on; over the cap, the connection closes."""
+    server = make_server(clock, tmp_path, max_request_size=1000, max_client_memory=1500)
+    first = StringClient(ThriftFactory(server))
+    assert first.send((1000).to_bytes(4, "big") + b"x" * 10) == b""
+    assert server.client_memory.used == 1004
+    second = StringClient(ThriftFactory(server))
+    assert second.send((600).to_bytes(4, "big")) == b""
+    assert not second.connected
+    assert server.client_memory.used == 1004
+    first.close()
+    assert server.client_memory.used == 0
+    third = StringClient(ThriftFactory(server))
+    third.send((600).to_bytes(4, "big") + b"y" * 100)
+    assert third.connected
+    assert server.client_memory.used == 604
 
 
 @pytest.mark.parametrize(("factory", "request_", "reply"), [
