@@ -183,7 +183,7 @@ def test_text_input_over_the_budget_is_refused(clock: Clock, tmp_path: Path) -> 
 
 def test_thrift_frame_over_the_budget_is_refused_before_it_is_read(
         clock: Clock, tmp_path: Path) -> None:
-    """A frame counts at its declared size from its header on; over the cap, the connection closes."""
+    """A frame counts at its declared size from its header on; over the cap, it closes."""
     server = make_server(clock, tmp_path, max_request_size=1000, max_client_memory=1500)
     first = StringClient(ThriftFactory(server))
     assert first.send((1000).to_bytes(4, "big") + b"x" * 10) == b""
