@@ -15,22 +15,12 @@ txkestrel until now) or the key exactly as sent (C{q/t=500/open}).
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
 
-from kestrel.client.errors import (
-    ClientError,
-    ConnectionGone,
-    ProtocolError,
-    RequestTimeout,
-    ServerRefused,
-)
+from kestrel.client.errors import ClientError, ProtocolError, ServerRefused
+from kestrel.client.pipeline import Pending, PipelinedConnection
 
 #: The longest reply header line accepted.
 MAX_LINE = 8192
@@ -51,26 +41,18 @@ def get_key(queue: str, timeout_ms: int | None = None, *, open: bool = False,
     return key.encode("utf-8")
 
 
-class _Request:
+class _Request(Pending):
     """One request waiting for its reply."""
 
-    __slots__ = ("kind", "keys", "deferred", "timer", "cancelled", "on_cancel")
+    __slots__ = ("kind", "keys")
 
     def __init__(self, kind: str, keys: tuple[bytes, ...]) -> None:
+        super().__init__()
         self.kind = kind
         self.keys = keys
-        self.deferred: Deferred[Any] = Deferred(self._cancel)
-        self.timer: IDelayedCall | None = None
-        self.cancelled = False
-        self.on_cancel: Callable[[], None] | None = None
-
-    def _cancel(self, _: Deferred[Any]) -> None:
-        self.cancelled = True
-        if self.on_cancel is not None:
-            self.on_cancel()
 
 
-class MemcacheConnection(Protocol):
+class MemcacheConnection(PipelinedConnection[_Request]):
     """
     A client connection speaking Kestrel's memcache dialect.
 
@@ -84,22 +66,11 @@ class MemcacheConnection(Protocol):
     cancel_returns_items = True
 
     def __init__(self, server: str, clock: Any, reply_timeout: float = 5.0) -> None:
-        self.server = server
-        self.clock = clock
-        self.reply_timeout = reply_timeout
-        self._pending: deque[_Request] = deque()
-        self._buf = b""
+        super().__init__(server, clock, reply_timeout)
         self._value_len: int | None = None
         self._value: bytes | None = None
-        self.alive = False
-        self.on_lost: list[Callable[[MemcacheConnection], None]] = []
 
     # -- requests
-
-    @property
-    def idle(self) -> bool:
-        """Whether no request is waiting for its reply."""
-        return not self._pending
 
     def set(self, queue: str, data: bytes, expiry: float | None = None) -> Deferred[bool]:
         """Store C{data} on C{queue}; C{expiry} is seconds from now (None: never)."""
@@ -139,39 +110,13 @@ class MemcacheConnection(Protocol):
         """Return this connection's open read on C{queue} to its head (C{/abort})."""
         return self.get(queue, abort=True).addCallback(lambda _: True)
 
-    def close(self) -> None:
-        """Drop the connection now; pending requests fail with L{ConnectionGone}."""
-        if self.transport is not None:
-            self.transport.abortConnection()
-
     def _send(self, data: bytes, kind: str, keys: tuple[bytes, ...],
               timeout: float) -> Deferred[Any]:
-        request = _Request(kind, keys)
-        d = request.deferred
-        if not self.alive:
-            d.errback(ConnectionGone(f"{self.server}: not connected"))
-            return d
         # Cancelling a request drops the connection: a reply can no longer be
         # matched, and the server returns anything the connection held open.
-        request.on_cancel = self.close
-        request.timer = self.clock.callLater(timeout, self._timed_out, timeout)
-        self._pending.append(request)
-        self.transport.write(data)
-        return d
+        return self._submit(_Request(kind, keys), timeout, lambda: data)
 
     # -- protocol
-
-    def connectionMade(self) -> None:
-        """The connection is up."""
-        self.alive = True
-
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        """Fail whatever is pending and tell the owners."""
-        self.alive = False
-        self._fail_all(ConnectionGone(f"{self.server}: connection lost"))
-        callbacks, self.on_lost = self.on_lost, []
-        for callback in callbacks:
-            callback(self)
 
     def dataReceived(self, data: bytes) -> None:
         """Parse as many complete replies as have arrived."""
@@ -238,21 +183,9 @@ class MemcacheConnection(Protocol):
         raise ProtocolError(f"{self.server}: {text}")
 
     def _finish(self, result: object) -> None:
-        request = self._pending.popleft()
-        if request.timer is not None and request.timer.active():
-            request.timer.cancel()
+        request = self._next_reply()
         if not request.deferred.called:
             request.deferred.callback(result)
 
-    def _fail_all(self, error: Exception) -> None:
-        pending, self._pending = self._pending, deque()
+    def _reset(self) -> None:
         self._value_len = self._value = None
-        for request in pending:
-            if request.timer is not None and request.timer.active():
-                request.timer.cancel()
-            if not request.cancelled and not request.deferred.called:
-                request.deferred.errback(error)
-
-    def _timed_out(self, timeout: float) -> None:
-        self._fail_all(RequestTimeout(f"{self.server}: no reply within {timeout:g}s"))
-        self.close()

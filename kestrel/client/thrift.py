@@ -16,23 +16,13 @@ any item it brings is aborted at once (C{cancel_returns_items} is False).
 from __future__ import annotations
 
 import struct
-from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from thriftpy2.thrift import TApplicationException, TMessageType
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
 
-from kestrel.client.errors import (
-    ClientError,
-    ConnectionGone,
-    ProtocolError,
-    RequestTimeout,
-    ServerRefused,
-)
+from kestrel.client.errors import ClientError, ProtocolError, ServerRefused
+from kestrel.client.pipeline import Pending, PipelinedConnection
 from kestrel.protocols.thrift import kestrel_thrift
 
 try:
@@ -48,22 +38,15 @@ _HEADER = struct.Struct(">i")
 MAX_FRAME = 64 * 1024 * 1024
 
 
-class _Call:
-    __slots__ = ("api", "deferred", "timer", "cancelled")
+class _Call(Pending):
+    __slots__ = ("api",)
 
-    def __init__(self, api: str, on_cancel: Callable[[], None]) -> None:
+    def __init__(self, api: str) -> None:
+        super().__init__()
         self.api = api
-        self.cancelled = False
-
-        def cancel(_: Deferred[Any]) -> None:
-            self.cancelled = True
-            on_cancel()
-
-        self.deferred: Deferred[Any] = Deferred(cancel)
-        self.timer: IDelayedCall | None = None
 
 
-class ThriftConnection(Protocol):
+class ThriftConnection(PipelinedConnection[_Call]):
     """
     A client connection speaking Kestrel's thrift IDL.
 
@@ -77,20 +60,9 @@ class ThriftConnection(Protocol):
 
     def __init__(self, server: str, clock: Any, reply_timeout: float = 5.0,
                  auto_abort_ms: int = 30_000) -> None:
-        self.server = server
-        self.clock = clock
-        self.reply_timeout = reply_timeout
+        super().__init__(server, clock, reply_timeout)
         self.auto_abort_ms = auto_abort_ms
-        self._pending: deque[_Call] = deque()
-        self._buf = b""
         self._seqid = 0
-        self.alive = False
-        self.on_lost: list[Callable[[ThriftConnection], None]] = []
-
-    @property
-    def idle(self) -> bool:
-        """Whether no call is waiting for its reply."""
-        return not self._pending
 
     # -- operations
 
@@ -119,44 +91,23 @@ class ThriftConnection(Protocol):
         d = self._call("abort", self.reply_timeout, queue_name=queue, ids={xid})
         return d.addCallback(lambda n: n == 1)
 
-    def close(self) -> None:
-        """Drop the connection now; pending calls fail with L{ConnectionGone}."""
-        if self.transport is not None:
-            self.transport.abortConnection()
-
     def _call(self, api: str, timeout: float, **arguments: Any) -> Deferred[Any]:
-        call = _Call(api, self.close)
-        if not self.alive:
-            call.deferred.errback(ConnectionGone(f"{self.server}: not connected"))
-            return call.deferred
-        self._seqid = (self._seqid + 1) & 0x7FFFFFFF
-        buf = TMemoryBuffer()
-        proto = TBinaryProtocol(buf)
-        proto.write_message_begin(api, TMessageType.CALL, self._seqid)
-        args = getattr(_SERVICE, api + "_args")()
-        for name, value in arguments.items():
-            setattr(args, name, value)
-        args.write(proto)
-        proto.write_message_end()
-        body = buf.getvalue()
-        call.timer = self.clock.callLater(timeout, self._timed_out, timeout)
-        self._pending.append(call)
-        self.transport.write(_HEADER.pack(len(body)) + body)
-        return call.deferred
+        def encode() -> bytes:
+            self._seqid = (self._seqid + 1) & 0x7FFFFFFF
+            buf = TMemoryBuffer()
+            proto = TBinaryProtocol(buf)
+            proto.write_message_begin(api, TMessageType.CALL, self._seqid)
+            args = getattr(_SERVICE, api + "_args")()
+            for name, value in arguments.items():
+                setattr(args, name, value)
+            args.write(proto)
+            proto.write_message_end()
+            body = buf.getvalue()
+            return _HEADER.pack(len(body)) + body
+
+        return self._submit(_Call(api), timeout, encode)
 
     # -- protocol
-
-    def connectionMade(self) -> None:
-        """The connection is up."""
-        self.alive = True
-
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        """Fail whatever is pending and tell the owners."""
-        self.alive = False
-        self._fail_all(ConnectionGone(f"{self.server}: connection lost"))
-        callbacks, self.on_lost = self.on_lost, []
-        for callback in callbacks:
-            callback(self)
 
     def dataReceived(self, data: bytes) -> None:
         """Decode every complete reply frame."""
@@ -177,9 +128,7 @@ class ThriftConnection(Protocol):
             self.close()
 
     def _reply(self, frame: bytes) -> None:
-        call = self._pending.popleft()
-        if call.timer is not None and call.timer.active():
-            call.timer.cancel()
+        call = self._next_reply()
         proto = TBinaryProtocol(TMemoryBuffer(frame))
         try:
             api, kind, _ = proto.read_message_begin()
@@ -199,15 +148,3 @@ class ThriftConnection(Protocol):
             raise error from None
         if not call.deferred.called:
             call.deferred.callback(result.success)
-
-    def _fail_all(self, error: Exception) -> None:
-        pending, self._pending = self._pending, deque()
-        for call in pending:
-            if call.timer is not None and call.timer.active():
-                call.timer.cancel()
-            if not call.cancelled and not call.deferred.called:
-                call.deferred.errback(error)
-
-    def _timed_out(self, timeout: float) -> None:
-        self._fail_all(RequestTimeout(f"{self.server}: no reply within {timeout:g}s"))
-        self.close()
