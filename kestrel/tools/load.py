@@ -852,6 +852,10 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
     state = {"put": 0, "read": 0, "misses": 0, "errors": 0}
     deadline = time.monotonic() + args.timeout
 
+    def failed(what: str, error: ClientError) -> None:
+        state["errors"] += 1
+        out(f"fleet: {what} failed: {error}")
+
     async def produce(count: int) -> None:
         done = 0
         while done < count and time.monotonic() < deadline:
@@ -860,8 +864,7 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
             try:
                 servers = await client.put(queue, batch)
             except ClientError as e:
-                state["errors"] += 1
-                out(f"fleet: put failed: {e}")
+                failed("put", e)
                 await deferLater(reactor, 0.5, lambda: None)
                 continue
             timed(put_h, t0)
@@ -875,8 +878,7 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
             try:
                 handle = await client.read(queue, 1.0)
             except ClientError as e:
-                state["errors"] += 1
-                out(f"fleet: read failed: {e}")
+                failed("read", e)
                 await deferLater(reactor, 0.5, lambda: None)
                 continue
             timed(read_h, t0)
@@ -890,8 +892,7 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
             try:
                 await handle.confirm()
             except ClientError as e:
-                state["errors"] += 1
-                out(f"fleet: confirm failed: {e}")
+                failed("confirm", e)
                 continue
             timed(confirm_h, t0)
             read_on[handle.server] += 1
