@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from servers import ROOT, free_port, stop, wait_port
+from servers import ROOT, cpu_seconds, free_port, kestrel_process
 
 sys.path.insert(0, str(ROOT))
 
@@ -51,34 +50,13 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # no
 from kestrel.client import KestrelClient  # noqa: E402
 from kestrel.client.memcache import MemcacheConnection  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 @contextmanager
 def server(workdir: Path) -> Iterator[tuple[int, int]]:
     """One txkestrel server, memcache only; yields (port, pid)."""
-    workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    config = workdir / "kestrel.yaml"
-    config.write_text(
-        f"listen_address: 127.0.0.1\nmemcache_port: {port}\ntext_port: 0\nthrift_port: 0\n"
-        f"admin_port: 0\nqueue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(workdir / "kestrel.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
-                                 "--config", str(config)], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-    try:
-        wait_port(port, proc)
+    with kestrel_process(workdir, port) as proc:
         yield port, proc.pid
-    finally:
-        stop(proc)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process C{pid}, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def own_cpu() -> float:

@@ -28,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from servers import cpu_seconds  # noqa: E402
+
 from tests.wire.conftest import KestrelProcess  # noqa: E402
 from tests.wire.hostile import (  # noqa: E402
     MiB,
@@ -40,13 +42,6 @@ from tests.wire.hostile import (  # noqa: E402
 )
 
 SCENARIOS = ("sets", "lines", "readers")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process C{pid}, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scenario(name: str, server: KestrelProcess) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """
 Servers for the benchmarks: txkestrel, memcached and darner as child processes on free ports.
 
-Shared by `benchmarks/flood.py`, `benchmarks/thrift_flood.py` and
-`benchmarks/cost.py`; not a benchmark itself. Every server listens on loopback
+Shared by `benchmarks/flood.py`, `benchmarks/thrift_flood.py`,
+`benchmarks/cost.py`, `benchmarks/fleet.py` and `benchmarks/hostile_memory.py`
+(`cpu_seconds`); not a benchmark itself. Every server listens on loopback
 (darner, which has no bind option, on every address) and is stopped (SIGTERM,
 then SIGKILL after 30 s) when its context ends. Each context yields the
 server's process, whose pid is what `/proc/<pid>/stat` is read for.
@@ -43,6 +44,12 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listening on {port} after {timeout}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process C{pid}, in seconds (from C{/proc/<pid>/stat})."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
