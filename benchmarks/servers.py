@@ -64,6 +64,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
+def serving(proc: subprocess.Popen[bytes], *ports: int) -> Iterator[None]:
+    """Enter once every one of C{ports} accepts connections; stop C{proc} on the way out."""
+    try:
+        for port in ports:
+            wait_port(port, proc)
+        yield
+    finally:
+        stop(proc)
+
+
+@contextmanager
 def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
                     extra_config: str = "", src: Path = ROOT
                     ) -> Iterator[subprocess.Popen[bytes]]:
@@ -87,13 +98,8 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
         proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
                                  "--config", str(config)], cwd=src, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
-    try:
-        for port in (thrift_port, memcache_port):
-            if port:
-                wait_port(port, proc)
+    with serving(proc, *(port for port in (thrift_port, memcache_port) if port)):
         yield proc
-    finally:
-        stop(proc)
 
 
 @contextmanager
@@ -103,11 +109,8 @@ def memcached_process(binary: str, port: int) -> Iterator[subprocess.Popen[bytes
     if os.geteuid() == 0:
         command += ["-u", "nobody"]  # memcached refuses to run as root without -u
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
+    with serving(proc, port):
         yield proc
-    finally:
-        stop(proc)
 
 
 @contextmanager
@@ -121,11 +124,8 @@ def darner_process(binary: str, port: int, datadir: Path) -> Iterator[subprocess
     datadir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([binary, "-p", str(port), "-d", str(datadir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
+    with serving(proc, port):
         yield proc
-    finally:
-        stop(proc)
 
 
 def summary(rates: list[float]) -> str:
@@ -139,8 +139,5 @@ def floor_process(port: int) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
                              str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
+    with serving(proc, port):
         yield proc
-    finally:
-        stop(proc)
