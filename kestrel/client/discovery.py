@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from kestrel.client.errors import ClientError
+from kestrel.client.pool import split_address
 
 Listener = Callable[[], None]
 
@@ -90,9 +91,7 @@ def parse_servers(text: str) -> list[str]:
     """C{"h:p,h:p"} as a list of C{host:port} names."""
     servers = [s.strip() for s in text.split(",") if s.strip()]
     for server in servers:
-        host, _, port = server.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"expected host:port, got {server!r}")
+        split_address(server)  # raises ValueError for one that is not host:port
     return servers
 
 

@@ -74,7 +74,6 @@ class Pool:
         self.connector = connector
         self.max_idle = max_idle
         self._idle: dict[str, list[Connection]] = {}
-        self.opened = 0
 
     def acquire(self, server: str) -> Deferred[Connection]:
         """Lend a connection to C{server} (fails like the connect does)."""
@@ -85,7 +84,6 @@ class Pool:
                 d: Deferred[Connection] = Deferred()
                 d.callback(conn)
                 return d
-        self.opened += 1
         return self.connector(server)
 
     def release(self, conn: Connection) -> None:
