@@ -295,6 +295,15 @@ class KestrelClient:
         self.log.info("server {server} left out for {pause:.2f}s: {reason}",
                       server=server, pause=pause, reason=_reason(error))
 
+    async def _lend(self, server: str, attempts: list[tuple[str, str]]) -> Connection | None:
+        """A connection to C{server} from the pool; None when it fails (noted in C{attempts})."""
+        try:
+            return await self.pool.acquire(server)
+        except Exception as e:
+            self._failed(server, e)
+            attempts.append((server, _reason(e)))
+            return None
+
     def _order(self, servers: Sequence[str]) -> list[str]:
         """Healthy servers in random order, then those left out (soonest back first)."""
         healthy, out = self.health.split(list(servers))
@@ -328,11 +337,8 @@ class KestrelClient:
         for server in candidates:
             if not remaining:
                 break
-            try:
-                conn = await self.pool.acquire(server)
-            except Exception as e:
-                self._failed(server, e)
-                attempts.append((server, _reason(e)))
+            conn = await self._lend(server, attempts)
+            if conn is None:
                 continue
             outcomes: list[tuple[bool, Any]]
             if len(remaining) == 1:  # the common case, without a DeferredList
@@ -408,11 +414,8 @@ class KestrelClient:
         attempts: list[tuple[str, str]] = []
         started = self.reactor.seconds()
         for server in healthy:
-            try:
-                conn = await self.pool.acquire(server)
-            except Exception as e:
-                self._failed(server, e)
-                attempts.append((server, _reason(e)))
+            conn = await self._lend(server, attempts)
+            if conn is None:
                 continue
             try:
                 got = await conn.take(queue, None, True)
