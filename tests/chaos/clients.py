@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,25 @@ class ThriftClient(_Base):
     def confirm(self, queue: str, ids: set[int]) -> int:
         """C{confirm}; how many ids were open."""
         return int(self.call("confirm", queue_name=queue, ids=ids))
+
+
+def blocked_reader(host: str, ports: Mapping[str, int], protocol: str, queue: str,
+                   timeout_ms: int, max_items: int = 1) -> _Base:
+    """
+    A connection that has sent a read of C{queue} waiting up to C{timeout_ms}
+    and not read its reply. C{protocol} is C{memcache}, C{memcache-open} (a
+    reliable read), C{text} or C{thrift} (asking for C{max_items}, no auto-abort).
+    """
+    port = ports[protocol.split("-")[0]]
+    if protocol.startswith("memcache"):
+        client: Any = MemcacheClient(host, port)
+        client.send_get(queue, ("/open" if protocol == "memcache-open" else "")
+                        + f"/t={timeout_ms}")
+    elif protocol == "text":
+        client = TextClient(host, port)
+        client.send_get(queue, timeout_ms)
+    else:
+        client = ThriftClient(host, port)
+        client.send_call("get", queue_name=queue, max_items=max_items, timeout_msec=timeout_ms,
+                         auto_abort_msec=0)
+    return client

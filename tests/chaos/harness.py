@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.clients import MemcacheClient, ProtocolError, TextClient, ThriftClient
+from tests.chaos.clients import (
+    MemcacheClient,
+    ProtocolError,
+    TextClient,
+    ThriftClient,
+    blocked_reader,
+)
 from tests.wire.conftest import KestrelProcess
 
 PROTOCOLS = ("memcache", "text", "thrift")
@@ -255,12 +261,14 @@ def _consumer(load: _Load, protocol: str, queues: tuple[str, ...]) -> Callable[[
     def body() -> None:
         holding: list[bytes] = []
         try:
-            if protocol == "memcache":
-                client = MemcacheClient(host, port)
+            if protocol in ("memcache", "text"):
+                client: Any = (MemcacheClient if protocol == "memcache" else TextClient)(host, port)
                 queue = load.rng.choice(queues)
                 while not load.stop.is_set():
-                    option = "/close/open/t=100" if holding else "/open/t=100"
-                    got = client.get(queue, option)
+                    if protocol == "memcache":
+                        got = client.get(queue, "/close/open/t=100" if holding else "/open/t=100")
+                    else:
+                        got = client.get(queue, 100)  # (confirms what it held on this queue)
                     ledger.confirmed_all(holding)
                     holding = []
                     if got is not None:
@@ -269,19 +277,6 @@ def _consumer(load: _Load, protocol: str, queues: tuple[str, ...]) -> Callable[[
                     else:
                         queue = load.rng.choice(queues)
                 client.close()
-            elif protocol == "text":
-                tclient = TextClient(host, port)
-                queue = load.rng.choice(queues)
-                while not load.stop.is_set():
-                    got = tclient.get(queue, 100)  # (confirms what it held on this queue)
-                    ledger.confirmed_all(holding)
-                    holding = []
-                    if got is not None:
-                        ledger.delivered(got)
-                        holding = [got]
-                    else:
-                        queue = load.rng.choice(queues)
-                tclient.close()
             else:
                 rclient = ThriftClient(host, port)
                 while not load.stop.is_set():
@@ -309,18 +304,8 @@ def _vanisher(load: _Load) -> Callable[[], None]:
 
     def body() -> None:
         protocol = load.rng.choice(("memcache", "memcache-open", "text", "thrift"))
-        port = server.ports[protocol.split("-")[0]]
-        if protocol.startswith("memcache"):
-            client: Any = MemcacheClient(server.host, port)
-            client.send_get(VANISH_QUEUE, "/open/t=30000" if protocol.endswith("open")
-                            else "/t=30000")
-        elif protocol == "text":
-            client = TextClient(server.host, port)
-            client.send_get(VANISH_QUEUE, 30000)
-        else:
-            client = ThriftClient(server.host, port)
-            client.send_call("get", queue_name=VANISH_QUEUE, max_items=2, timeout_msec=30000,
-                             auto_abort_msec=0)
+        client = blocked_reader(server.host, server.ports, protocol, VANISH_QUEUE, 30000,
+                                max_items=2)
         time.sleep(load.rng.uniform(0.01, 0.3))
         client.vanish(rst=load.rng.random() < 0.5)
 

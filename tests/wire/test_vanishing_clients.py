@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.chaos.clients import MemcacheClient, TextClient, ThriftClient
+from tests.chaos.clients import MemcacheClient, ThriftClient, blocked_reader
 from tests.wire.conftest import KestrelProcess
 
 
@@ -46,21 +46,7 @@ def wait_for_waiters(server: KestrelProcess, queue: str, count: int) -> None:
 
 def start_waiting(server: KestrelProcess, protocol: str, queue: str) -> object:
     """Open a connection of C{protocol} blocked in a 60 s read of C{queue}."""
-    port = server.ports[protocol.split("-")[0]]
-    if protocol == "memcache":
-        client: object = MemcacheClient(server.host, port)
-        client.send_get(queue, "/t=60000")
-    elif protocol == "memcache-open":
-        client = MemcacheClient(server.host, port)
-        client.send_get(queue, "/open/t=60000")
-    elif protocol == "text":
-        client = TextClient(server.host, port)
-        client.send_get(queue, 60000)
-    else:
-        client = ThriftClient(server.host, port)
-        client.send_call("get", queue_name=queue, max_items=3, timeout_msec=60000,
-                         auto_abort_msec=0)
-    return client
+    return blocked_reader(server.host, server.ports, protocol, queue, 60000, max_items=3)
 
 
 @pytest.mark.parametrize("rst", [False, True], ids=["fin", "rst"])
