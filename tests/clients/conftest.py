@@ -5,38 +5,28 @@ listeners) shared by one test module, started as the wire tests start them.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.wire.conftest import KestrelProcess
+from tests.wire.conftest import KestrelProcess, kestrel_factory  # noqa: F401 - a fixture
 
 #: Every server of the matrix allows this many open reads per queue and connection.
 MAX_OPEN_TRANSACTIONS = 10
 
 
 @pytest.fixture(scope="module")
-def start_servers(tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[Callable[[int], list[KestrelProcess]]]:
+def start_servers(kestrel_factory: Callable[..., KestrelProcess]  # noqa: F811 - imported fixture
+                  ) -> Callable[..., list[KestrelProcess]]:
     """Start C{n} servers (memcache and thrift listeners); all stop at the end of the module."""
-    made: list[KestrelProcess] = []
 
     def start(n: int = 1, **config: Any) -> list[KestrelProcess]:
-        servers = []
-        for _ in range(n):
-            server = KestrelProcess(tmp_path_factory.mktemp("kestrel"), ("memcache", "thrift"),
-                                    {"max_open_transactions": MAX_OPEN_TRANSACTIONS, **config})
-            made.append(server)
-            server.start()
-            servers.append(server)
-        return servers
+        return [kestrel_factory(("memcache", "thrift"),
+                                {"max_open_transactions": MAX_OPEN_TRANSACTIONS, **config})
+                for _ in range(n)]
 
-    yield start
-    for server in made:
-        with contextlib.suppress(Exception):
-            server.stop()
+    return start
 
 
 @pytest.fixture(scope="module")
