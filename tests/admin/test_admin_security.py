@@ -20,24 +20,12 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
 from tests.admin.test_admin_http import http, memcache
-from tests.wire.conftest import ROOT, KestrelProcess, LineClient
+from tests.wire.conftest import ROOT, KestrelProcess, text_lines
 
 TOKEN = "s3cret-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 client_thrift: Any = thriftpy2.load(str(ROOT / "thrift" / "kestrel.thrift"),
                                     module_name="kestrel_security_thrift")
-
-
-def text(server: KestrelProcess, *lines: bytes) -> list[bytes]:
-    client = LineClient(server.connect("text"))
-    try:
-        replies = []
-        for line in lines:
-            client.send(line)
-            replies.append(client.line())
-        return replies
-    finally:
-        client.close()
 
 
 def alive(server: KestrelProcess) -> bool:
@@ -101,7 +89,7 @@ def test_same_origin_commands_work_without_token(open_server: KestrelProcess) ->
         (200, b"READONLY\n")
     assert http(open_server, "/status?status=up", "POST", None)[:2] == (200, b"UP\n")
     assert memcache(open_server, b"flush_all\r\n") == [b"OK\r\n"]
-    assert text(open_server, b"status writeavoid\n", b"status up\n") == [b"+0\n", b"+0\n"]
+    assert text_lines(open_server, b"status writeavoid\n", b"status up\n") == [b"+0\n", b"+0\n"]
 
 
 def test_token_required_for_every_state_change(token_server: KestrelProcess) -> None:
@@ -136,8 +124,8 @@ def test_client_ports_refuse_control_with_a_token(token_server: KestrelProcess) 
                        b"status quiescent\r\n", b"status\r\n", b"get keep/peek\r\n")
     assert all(r.startswith(b"CLIENT_ERROR ") and b"admin_only" in r for r in replies[:4])
     assert replies[4:] == [b"UP\r\n", b"VALUE keep/peek 0 4\r\nkeep\r\nEND\r\n"]
-    replies = text(token_server, b"shutdown\n", b"reload\n", b"flush_all\n",
-                   b"status readonly\n", b"status\n", b"peek keep\n")
+    replies = text_lines(token_server, b"shutdown\n", b"reload\n", b"flush_all\n",
+                         b"status readonly\n", b"status\n", b"peek keep\n")
     assert all(r.startswith(b"-") and b"admin_only" in r for r in replies[:4])
     assert replies[4:] == [b":UP\n", b":keep\n"]
     client = make_client(client_thrift.Kestrel, token_server.host, token_server.ports["thrift"],

@@ -297,3 +297,16 @@ class LineClient:
     def close(self) -> None:
         """Close the socket."""
         self.sock.close()
+
+
+def text_lines(server: KestrelProcess, *lines: bytes) -> list[bytes]:
+    """Send C{lines} on one new text connection; the reply line to each, in order."""
+    client = LineClient(server.connect("text"))
+    try:
+        replies = []
+        for line in lines:
+            client.send(line)
+            replies.append(client.line())
+        return replies
+    finally:
+        client.close()

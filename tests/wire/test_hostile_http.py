@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.wire.conftest import KestrelProcess, LineClient
+from tests.wire.conftest import KestrelProcess, LineClient, text_lines
 
 BROWSER_POST = (b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\n"
                 b"Content-Type: text/plain\r\nContent-Length: 43\r\n\r\n"
@@ -35,18 +35,6 @@ def exchange(server: KestrelProcess, protocol: str, data: bytes) -> tuple[bytes,
                 out += chunk
         except TimeoutError:
             return out, False
-    finally:
-        client.close()
-
-
-def text_lines(server: KestrelProcess, *lines: bytes) -> list[bytes]:
-    client = LineClient(server.connect("text"))
-    try:
-        replies = []
-        for line in lines:
-            client.send(line)
-            replies.append(client.line())
-        return replies
     finally:
         client.close()
 
