@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.chaos.clients import MemcacheClient, ThriftClient, blocked_reader
+from tests.chaos.harness import waiters
 from tests.wire.conftest import KestrelProcess
 
 
@@ -20,21 +21,6 @@ from tests.wire.conftest import KestrelProcess
 def server(kestrel_factory: Callable[..., KestrelProcess]) -> KestrelProcess:
     return kestrel_factory(protocols=("memcache", "text", "thrift"),
                            config={"max_open_transactions": 100})
-
-
-def waiters(server: KestrelProcess, queue: str) -> int:
-    """The queue's C{waiters} stat, through memcache's C{dump_stats}."""
-    client = MemcacheClient(server.host, server.ports["memcache"])
-    try:
-        client.sock.sendall(b"dump_stats %s\r\n" % queue.encode())
-        while True:
-            line = client._line()
-            if line.strip().startswith(b"waiters="):
-                return int(line.strip().split(b"=")[1])
-            if line == b"END":
-                return 0
-    finally:
-        client.close()
 
 
 def wait_for_waiters(server: KestrelProcess, queue: str, count: int) -> None:
