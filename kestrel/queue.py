@@ -6,7 +6,7 @@ the rest stays in the journal and is read back, "read-behind"), tracks open
 reads (tentative removes) by xid, applies the limits and expiry rules of its
 L{QueueConfig}, journals every change, and wakes blocked readers. It knows
 nothing of sockets: time comes from the injected clock, and the journal is
-any object with the journal interface (C{FileJournal} or C{MemoryJournal}).
+an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -18,17 +18,19 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kestrel import names
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.interface import IJournal
 from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
 
@@ -110,7 +112,7 @@ class PersistentQueue:
 
     _log = Logger()
 
-    def __init__(self, name: str, config: QueueConfig, journal: Any,
+    def __init__(self, name: str, config: QueueConfig, journal: IJournal,
                  clock: IReactorTime, *, observer: QueueObserver | None = None) -> None:
         self.name = name
         self.observer = observer
@@ -144,12 +146,11 @@ class PersistentQueue:
         self._recent_closes: OrderedDict[int, bool] = OrderedDict()
         #: How many times the journal failed and the queue went read-only.
         self.journal_failures = 0
-        if hasattr(journal, "on_failure"):
-            journal.on_failure = self._journal_failed
-        #: Calls a function outside any open write batch (journals without batches: just calls).
-        self.call_unbatched: Callable[..., Any] = getattr(journal, "call_unbatched", _call)
+        journal.on_failure = self._journal_failed
+        #: Calls a function outside any open write batch (see L{IJournal.call_unbatched}).
+        self.call_unbatched = journal.call_unbatched
         self.expire_to: Callable[[QItem], object] | None = None
-        self.is_fanout_master = "+" not in name
+        self.is_fanout_master = names.FANOUT_SEPARATOR not in name
         self.create_time = clock.seconds()
 
         self.length = 0
@@ -215,7 +216,18 @@ class PersistentQueue:
     @property
     def in_read_behind(self) -> bool:
         """Whether some of the queue's items are only on disk."""
-        return bool(self.journal.in_read_behind)
+        return self.journal.in_read_behind
+
+    @property
+    def journal_bytes(self) -> int:
+        """Bytes in every journal file of the queue (current and rotated)."""
+        journal = self.journal
+        return journal.size + journal.archived_size
+
+    @property
+    def logsize(self) -> int:
+        """Bytes in the current journal file (Kestrel's C{logsize} stat)."""
+        return self.journal.size
 
     @property
     def xid_counter(self) -> int:
@@ -232,7 +244,7 @@ class PersistentQueue:
             ("items", str(self.length)),
             ("bytes", str(self.bytes)),
             ("total_items", str(self.total_items)),
-            ("logsize", str(self.journal.size)),
+            ("logsize", str(self.logsize)),
             ("expired_items", str(self.expired_items)),
             ("mem_items", str(len(self._items))),
             ("mem_bytes", str(self.memory_bytes)),
@@ -1112,10 +1124,6 @@ class _PendingRead:
 
 def _stored(_: object) -> bool:
     return True
-
-
-def _call(f: Callable[..., Any], *args: Any) -> Any:
-    return f(*args)
 
 
 def _ignore_cancel(failure: Failure) -> None:

@@ -546,7 +546,7 @@ class ClientSession:
         if queue is None:
             return None
         return QueueInfo(items=queue.length, bytes=queue.bytes,
-                         journal_bytes=queue.journal.size, age=queue.age,
+                         journal_bytes=queue.logsize, age=queue.age,
                          waiters=queue.waiter_count,
                          open_transactions=queue.open_transaction_count)
 

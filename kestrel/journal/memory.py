@@ -9,16 +9,21 @@ what a queue would have journaled.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from twisted.internet.defer import Deferred, succeed
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.interface import FailureHandler
+
+_T = TypeVar("_T")
 
 
 class MemoryJournal:
     """
-    A journal that writes nothing durable: every write is "durable" at once.
+    A journal that writes nothing durable: every write is "durable" at once
+    and never fails (an L{kestrel.journal.interface.IJournal}).
 
     @ivar records: every record written, in order (only if C{keep_records}).
     """
@@ -33,6 +38,8 @@ class MemoryJournal:
         self.keep_records = keep_records
         self.records: list[rec.Record] = []
         self.closed = False
+        #: Never called: nothing here can fail.
+        self.on_failure: FailureHandler | None = None
 
     def _write(self, record: Callable[[], rec.Record]) -> Deferred[None]:
         if self.keep_records:
@@ -66,6 +73,18 @@ class MemoryJournal:
     def confirm_remove(self, xid: int) -> Deferred[None]:
         """Record a confirmed read."""
         return self._write(lambda: rec.ConfirmRemove(xid))
+
+    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
+        """Call C{f(*args)}: a memory journal has no write batches."""
+        return f(*args)
+
+    def recover(self, kind: str, error: Exception) -> Deferred[int]:
+        """Nothing to cut back: fire with 0 bytes kept."""
+        return succeed(0)
+
+    def probe(self, xid_counter: int) -> Deferred[None]:
+        """Always writable: fire at once."""
+        return succeed(None)
 
     def rotate(self, reserved_items: Iterable[QItem], set_checkpoint: bool) -> None:
         """Do nothing: there is no file to rotate."""
