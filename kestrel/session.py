@@ -659,6 +659,8 @@ class ClientSession:
         Open a write batch: journal writes are held back until L{release_writes}
         (or L{flush_writes}) and then reach each file in one write.
 
+        Only the protocol base opens batches, around one pass over a
+        connection's input (L{kestrel.protocols.base.SessionProtocol.in_write_batch}).
         The caller must call L{flush_writes} before it sends any reply that
         depends on those writes, and L{release_writes} when the batch ends.
         """
@@ -668,22 +670,18 @@ class ClientSession:
         """Close a write batch; the outermost one hands the held writes to the OS."""
         self._coalescer.end()
 
-    def write_failures(self) -> int:
-        """How many held-back journal writes the OS has refused so far (server-wide)."""
-        return self._coalescer.failures
-
-    def flush_writes(self, failures: int) -> bool:
+    def flush_writes(self) -> bool:
         """
-        Hand every held-back journal write to the OS now; return whether no
-        held-back write failed since L{write_failures} returned C{failures}.
+        Hand every held-back journal write to the OS now; return whether every
+        held-back write of the open batch got there (true outside a batch).
 
-        A false result means some write acknowledged in memory may not be in
-        its journal: replies that depend on it must not be sent.
+        A false result means some write acknowledged in memory in this batch
+        may not be in its journal: replies that depend on it must not be sent.
         """
         coalescer = self._coalescer
         if coalescer.holding:
             coalescer.flush()
-        return coalescer.failures == failures
+        return not coalescer.batch_failed
 
     # -- status ------------------------------------------------------------
 
