@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
@@ -29,9 +29,43 @@ from kestrel.status import Status
 
 if TYPE_CHECKING:
     from kestrel.collection import QueueCollection
-    from kestrel.server import KestrelServer
+    from kestrel.config import ServerConfig
+    from kestrel.metrics import Metrics
+    from kestrel.stats import ServerStats
+    from kestrel.status import ServerStatus
 
 _NOT_FIRED = object()
+
+
+class SessionHost(Protocol):
+    """
+    What a L{ClientSession} needs of the server it belongs to, handed to it
+    at construction (L{kestrel.server.KestrelServer} is one). Sessions know
+    the server only through this.
+
+    @ivar config: read when needed, so that a config reload is seen.
+    """
+
+    collection: QueueCollection
+    stats: ServerStats
+    status: ServerStatus
+    metrics: Metrics
+    clock: IReactorTime
+    config: ServerConfig
+    max_open_transactions: int
+    external_reads: ExternalReads
+
+    def session_opened(self) -> tuple[int, bool, bool]:
+        """A session starts: its id and whether it refuses writes and reads."""
+        ...
+
+    def session_closed(self) -> None:
+        """A session ended."""
+        ...
+
+    def delete_queue(self, name: str) -> None:
+        """Delete queue C{name} and its journal (and its fanout children)."""
+        ...
 
 
 @attrs.frozen
@@ -152,7 +186,7 @@ class ClientSession:
 
     _log = Logger()
 
-    def __init__(self, server: KestrelServer, protocol_name: str = "memcache") -> None:
+    def __init__(self, server: SessionHost, protocol_name: str = "memcache") -> None:
         self.server = server
         self.protocol_name = protocol_name
         self._collection = server.collection
