@@ -108,14 +108,19 @@ class PersistentQueue:
         may set it.
     @ivar observer: the L{QueueObserver} told of journal maintenance
         durations, request and queue sizes, or C{None} (nothing is measured).
+
+    C{fsync_failed}, when given, is told of every failed fsync of the
+    journal (the server counts them as C{fsync_error_<class>}).
     """
 
     _log = Logger()
 
     def __init__(self, name: str, config: QueueConfig, journal: IJournal,
-                 clock: IReactorTime, *, observer: QueueObserver | None = None) -> None:
+                 clock: IReactorTime, *, observer: QueueObserver | None = None,
+                 fsync_failed: Callable[[OSError], None] | None = None) -> None:
         self.name = name
         self.observer = observer
+        self._fsync_failed = fsync_failed
         self.journal = journal
         self._clock = clock
         self._config = config
@@ -782,6 +787,8 @@ class PersistentQueue:
         not removed. Until the journal is written again the queue refuses
         adds (L{JournalUnavailable}); reads go on.
         """
+        if kind == "fsync" and self._fsync_failed is not None:
+            self._fsync_failed(error)
         if self._closed:
             return
         self._journal_reason = _reason(error)
