@@ -29,7 +29,7 @@ from kestrel import names
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
-from kestrel.journal import records as rec
+from kestrel.journal.events import QueueEvents, event_applier
 from kestrel.journal.interface import IJournal
 from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
@@ -151,6 +151,8 @@ class PersistentQueue:
         self._recent_closes: OrderedDict[int, bool] = OrderedDict()
         #: How many times the journal failed and the queue went read-only.
         self.journal_failures = 0
+        # What each replayed record does to memory (kestrel.journal.events).
+        self._replay_apply = event_applier(_Replay(self), self._now_ms)
         journal.on_failure = self._journal_failed
         #: Calls a function outside any open write batch (see L{IJournal.call_unbatched}).
         self.call_unbatched = journal.call_unbatched
@@ -293,7 +295,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply, self._forget_replayed)
+            self.journal.replay(self._replay_apply, self._forget_replayed)
         finally:
             self._replaying = False
         for xid in sorted(self._open, reverse=True):
@@ -308,39 +310,6 @@ class PersistentQueue:
         self._items = deque()
         self._open = {}
         self.length = self.bytes = self.memory_bytes = 0
-
-    def _apply(self, record: rec.Record) -> None:
-        """Apply one replayed journal record to the in-memory state."""
-        cls = type(record)
-        if cls is rec.Add or cls is rec.AddXid:
-            self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
-        elif cls is rec.Remove:
-            self._pop_head()
-        elif cls is rec.RemoveTentativeXid:
-            xid = record.xid
-            self._replay_open(xid)
-            # Never lower the counter: a rewritten journal's SAVE_XID may be
-            # above the xids of the opens that follow it.
-            if xid > self._xid_counter:
-                self._xid_counter = xid
-        elif cls is rec.ConfirmRemove:
-            self._open.pop(record.xid, None)
-        elif cls is rec.Unremove:
-            self._return_to_head(record.xid)
-        elif cls is rec.SaveXid:
-            self._xid_counter = record.xid
-        elif cls is rec.Continue:
-            self._open.pop(record.xid, None)
-            self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
-        elif cls is rec.LegacyAdd:
-            expiry = record.expiry_s * 1000 if record.expiry_s else 0
-            self._replay_add(QItem(record.data, self._now_ms(), expiry))
-        elif cls is rec.RemoveTentative:
-            # Kestrel 1.x numbered xid-less opens implicitly with the counter.
-            self._replay_open(self._next_xid())
-        else:  # pragma: no cover - the codec yields nothing else
-            self._log.error("Unexpected journal record {record!r} in {queue}",
-                            record=record, queue=self.name)
 
     def _replay_add(self, item: QItem) -> None:
         self._store(item)
@@ -867,7 +836,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply, self._forget_replayed)
+            self.journal.replay(self._replay_apply, self._forget_replayed)
         finally:
             self._replaying = False
             self.total_items, self.put_items, self.put_bytes = counters
@@ -1131,6 +1100,47 @@ class _PendingRead:
 
 def _stored(_: object) -> bool:
     return True
+
+
+class _Replay(QueueEvents):
+    """What replayed journal records do to a queue's memory (its items, open reads, xids)."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: PersistentQueue) -> None:
+        self._queue = queue
+
+    def added(self, item: QItem, xid: int) -> None:
+        """Store the item at the tail (an ADD_XID's xid means nothing now)."""
+        self._queue._replay_add(item)
+
+    def removed(self) -> None:
+        """Drop the head item."""
+        self._queue._pop_head()
+
+    def opened(self, xid: int | None) -> None:
+        """Open the head item under C{xid} (a Kestrel 1.x open: the next xid of the counter)."""
+        queue = self._queue
+        if xid is None:
+            queue._replay_open(queue._next_xid())
+            return
+        queue._replay_open(xid)
+        # Never lower the counter: a rewritten journal's SAVE_XID may be
+        # above the xids of the opens that follow it.
+        if xid > queue._xid_counter:
+            queue._xid_counter = xid
+
+    def unremoved(self, xid: int) -> None:
+        """Put open read C{xid}'s item back at the head."""
+        self._queue._return_to_head(xid)
+
+    def confirmed(self, xid: int) -> None:
+        """Forget open read C{xid}."""
+        self._queue._open.pop(xid, None)
+
+    def xid_saved(self, xid: int) -> None:
+        """Set the xid counter."""
+        self._queue._xid_counter = xid
 
 
 def _ignore_cancel(failure: Failure) -> None:
