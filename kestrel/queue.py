@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -33,6 +33,9 @@ from kestrel.journal.events import QueueEvents, event_applier
 from kestrel.journal.interface import IJournal
 from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
+
+if TYPE_CHECKING:
+    from kestrel.journal.journal import Checkpoint
 
 #: Seconds between attempts to write a failed journal again (see docs/journal.md).
 JOURNAL_RETRY_SECONDS = 1.0
@@ -935,7 +938,7 @@ class PersistentQueue:
         self._items.append(item)
         self.memory_bytes += len(item.data)
 
-    def _got_checkpoint(self, checkpoint: object) -> None:
+    def _got_checkpoint(self, checkpoint: Checkpoint) -> None:
         self._log.info("Packing journal of {queue} from checkpoint", queue=self.name)
         self.journal.start_pack(checkpoint, list(self._open.values()), list(self._items),
                                 xid_counter=self._xid_counter)

@@ -11,12 +11,15 @@ C{IJournal} and touches nothing else of it; the contract tests
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+
+if TYPE_CHECKING:
+    from kestrel.journal.journal import Checkpoint
 
 _T = TypeVar("_T")
 
@@ -122,7 +125,7 @@ class IJournal(Protocol):
         """Replace every file by one holding just the open reads and C{items}."""
         ...
 
-    def start_pack(self, checkpoint: object, open_items: Iterable[QItem],
+    def start_pack(self, checkpoint: Checkpoint, open_items: Iterable[QItem],
                    queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
         """Pack the files before C{checkpoint} (handed to C{fill_read_behind}'s callback)."""
         ...
@@ -132,6 +135,6 @@ class IJournal(Protocol):
         ...
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
-                         got_checkpoint: Callable[[object], None]) -> None:
+                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
         """Read the next item back (C{got_item}); report a checkpoint passed (C{got_checkpoint})."""
         ...

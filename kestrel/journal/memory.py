@@ -9,13 +9,16 @@ what a queue would have journaled.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
 from kestrel.journal.interface import FailureHandler
+
+if TYPE_CHECKING:
+    from kestrel.journal.journal import Checkpoint
 
 _T = TypeVar("_T")
 
@@ -93,7 +96,7 @@ class MemoryJournal:
                 xid_counter: int = 0) -> None:
         """Do nothing: there is no file to compact."""
 
-    def start_pack(self, checkpoint: object, open_items: Iterable[QItem],
+    def start_pack(self, checkpoint: Checkpoint, open_items: Iterable[QItem],
                    queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
         """Never called: a memory journal never sets a checkpoint."""
         raise RuntimeError("a memory journal has no checkpoint to pack")
@@ -103,7 +106,7 @@ class MemoryJournal:
         raise RuntimeError("a memory journal has no read-behind")
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
-                         got_checkpoint: Callable[[object], None]) -> None:
+                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
         """Never called: a memory journal is never in read-behind."""
         raise RuntimeError("a memory journal has no read-behind")
 
