@@ -62,10 +62,12 @@ class WriteCoalescer:
     and only if L{batch_failed} is still false did they all get there.
     """
 
-    __slots__ = ("_depth", "_dirty", "_failed")
+    __slots__ = ("depth", "_dirty", "_failed")
 
     def __init__(self) -> None:
-        self._depth = 0
+        #: How many batches are open (nested); 0: writes go straight through.
+        #: Read it, never set it (L{begin} and L{end} do).
+        self.depth = 0
         #: Files holding back bytes, in the order they first did.
         self._dirty: list[PeriodicSyncFile] = []
         # Whether the OS refused a held-back write of the open batch.
@@ -74,7 +76,7 @@ class WriteCoalescer:
     @property
     def active(self) -> bool:
         """Whether a batch is open: writes are held back."""
-        return self._depth > 0
+        return self.depth > 0
 
     @property
     def batch_failed(self) -> bool:
@@ -82,20 +84,20 @@ class WriteCoalescer:
         Whether the OS refused a held-back write of the open batch (always
         false outside a batch): what was acknowledged in it may not be journaled.
         """
-        return self._failed and self._depth > 0
+        return self._failed and self.depth > 0
 
     def begin(self) -> None:
         """Open a batch (batches nest; only the outermost L{end} flushes)."""
-        if not self._depth:
+        if not self.depth:
             self._failed = False
-        self._depth += 1
+        self.depth += 1
 
     def end(self) -> bool:
         """Close a batch; the outermost one flushes. Returns what L{flush} returned."""
-        self._depth -= 1
-        if self._depth > 0:
+        self.depth -= 1
+        if self.depth > 0:
             return True
-        self._depth = 0
+        self.depth = 0
         return self.flush() if self._dirty else True
 
     @property
@@ -114,7 +116,7 @@ class WriteCoalescer:
         ok = True
         # Whatever a flush sets off (an inline fsync firing acknowledgements)
         # runs outside the batch, so that its own writes are not held back.
-        depth, self._depth = self._depth, 0
+        depth, self.depth = self.depth, 0
         failed = self._failed
         try:
             while self._dirty:
@@ -123,7 +125,7 @@ class WriteCoalescer:
                     if not sync_file.flush():
                         ok = False
         finally:
-            self._depth = depth
+            self.depth = depth
             self._failed = failed or not ok
         return ok
 
@@ -136,17 +138,17 @@ class WriteCoalescer:
         result leaves for another connection from inside a batch: that
         connection may reply, and go on serving, at once.
         """
-        depth = self._depth
+        depth = self.depth
         if not depth:
             return f(*args)
         if self._dirty:
             self.flush()
         failed = self._failed
-        self._depth = 0
+        self.depth = 0
         try:
             return f(*args)
         finally:
-            self._depth = depth
+            self.depth = depth
             self._failed = failed
 
     def hold(self, sync_file: PeriodicSyncFile) -> None:
@@ -252,7 +254,7 @@ class PeriodicSyncFile:
             return fail(SyncFileClosedError(f"{self.path} is closed"))
         coalescer = self._coalescer
         if coalescer is not None:
-            if coalescer.active:
+            if coalescer.depth:
                 return self._hold(coalescer, data)
             if self._held:
                 self.flush()

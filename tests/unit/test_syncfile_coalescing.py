@@ -80,7 +80,7 @@ def test_anything_else_flushes_first(tmp_path: Path, clock: Clock) -> None:
     f.sync()
     assert path.read_bytes() == b"held"
     f.write(b"-again")
-    coalescer._depth = 0  # as if the batch ended without flushing (it never does)
+    coalescer.depth = 0  # as if the batch ended without flushing (it never does)
     f.write(b"-direct")
     assert path.read_bytes() == b"held-again-direct"
     coalescer.begin()
