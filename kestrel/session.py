@@ -712,10 +712,7 @@ class ClientSession:
         A false result means some write acknowledged in memory in this batch
         may not be in its journal: replies that depend on it must not be sent.
         """
-        coalescer = self._coalescer
-        if coalescer.holding:
-            coalescer.flush()
-        return not coalescer.batch_failed
+        return self._coalescer.flush_batch()
 
     # -- status ------------------------------------------------------------
 

@@ -129,6 +129,16 @@ class WriteCoalescer:
             self._failed = failed or not ok
         return ok
 
+    def flush_batch(self) -> bool:
+        """
+        L{flush} what is held back, then return whether every held-back
+        write of the open batch reached the OS (true outside a batch): the
+        check a protocol makes before it sends the batch's replies.
+        """
+        if self._dirty:
+            self.flush()
+        return not (self._failed and self.depth)
+
     def call_unbatched(self, f: Callable[..., _T], *args: Any) -> _T:
         """
         Call C{f(*args)} with any open batch set aside, and return its result.

@@ -129,8 +129,9 @@ def test_refused_flush_fails_its_batch(clock: Clock) -> None:
     d = outcome(f.write(b"lost"))
     assert not coalescer.batch_failed
     with capturedLogs() as events:
-        assert coalescer.flush() is False
+        assert coalescer.flush_batch() is False
     assert coalescer.batch_failed
+    assert coalescer.flush_batch() is False  # still this batch's failure
     assert len(d) == 1 and d[0].check(OSError)
     assert f.position == 0
     assert any("held-back" in e.get("log_format", "") for e in events)
