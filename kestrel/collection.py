@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, InvalidQueueName, ShuttingDown
 from kestrel.item import QItem
+from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
@@ -273,7 +274,7 @@ class QueueCollection(Service):
         self._refuse_foreign_journal(name)
         config = self.config.queue_config(name)
         if config.keep_journal:
-            journal: Any = FileJournal(self._path, name, self._clock, config.sync_journal,
+            journal: IJournal = FileJournal(self._path, name, self._clock, config.sync_journal,
                                        archive_path=self._archive_path,
                                        run_in_thread=self._run_in_thread,
                                        coalescer=self.write_coalescer,
@@ -285,7 +286,8 @@ class QueueCollection(Service):
                         archive_path=self._archive_path).erase()
             journal = MemoryJournal()
         observer = None if self._queue_observer is None else self._queue_observer(name)
-        queue = PersistentQueue(name, config, journal, self._clock, observer=observer)
+        queue = PersistentQueue(name, config, journal, self._clock, observer=observer,
+                                fsync_failed=self.stats.record_fsync_error)
         self._log.info("Setting up queue {queue}", queue=name)
         self.stats.queue_creates += 1
         queue.setup()

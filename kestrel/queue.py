@@ -6,7 +6,7 @@ the rest stays in the journal and is read back, "read-behind"), tracks open
 reads (tentative removes) by xid, applies the limits and expiry rules of its
 L{QueueConfig}, journals every change, and wakes blocked readers. It knows
 nothing of sockets: time comes from the injected clock, and the journal is
-any object with the journal interface (C{FileJournal} or C{MemoryJournal}).
+an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -18,19 +18,24 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kestrel import names
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
-from kestrel.journal import records as rec
+from kestrel.journal.events import QueueEvents, event_applier
+from kestrel.journal.interface import IJournal
 from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
+
+if TYPE_CHECKING:
+    from kestrel.journal.journal import Checkpoint
 
 #: Seconds between attempts to write a failed journal again (see docs/journal.md).
 JOURNAL_RETRY_SECONDS = 1.0
@@ -106,14 +111,19 @@ class PersistentQueue:
         may set it.
     @ivar observer: the L{QueueObserver} told of journal maintenance
         durations, request and queue sizes, or C{None} (nothing is measured).
+
+    C{fsync_failed}, when given, is told of every failed fsync of the
+    journal (the server counts them as C{fsync_error_<class>}).
     """
 
     _log = Logger()
 
-    def __init__(self, name: str, config: QueueConfig, journal: Any,
-                 clock: IReactorTime, *, observer: QueueObserver | None = None) -> None:
+    def __init__(self, name: str, config: QueueConfig, journal: IJournal,
+                 clock: IReactorTime, *, observer: QueueObserver | None = None,
+                 fsync_failed: Callable[[OSError], None] | None = None) -> None:
         self.name = name
         self.observer = observer
+        self._fsync_failed = fsync_failed
         self.journal = journal
         self._clock = clock
         self._config = config
@@ -144,12 +154,13 @@ class PersistentQueue:
         self._recent_closes: OrderedDict[int, bool] = OrderedDict()
         #: How many times the journal failed and the queue went read-only.
         self.journal_failures = 0
-        if hasattr(journal, "on_failure"):
-            journal.on_failure = self._journal_failed
-        #: Calls a function outside any open write batch (journals without batches: just calls).
-        self.call_unbatched: Callable[..., Any] = getattr(journal, "call_unbatched", _call)
+        # What each replayed record does to memory (kestrel.journal.events).
+        self._replay_apply = event_applier(_Replay(self), self._now_ms)
+        journal.on_failure = self._journal_failed
+        #: Calls a function outside any open write batch (see L{IJournal.call_unbatched}).
+        self.call_unbatched = journal.call_unbatched
         self.expire_to: Callable[[QItem], object] | None = None
-        self.is_fanout_master = "+" not in name
+        self.is_fanout_master = names.FANOUT_SEPARATOR not in name
         self.create_time = clock.seconds()
 
         self.length = 0
@@ -215,7 +226,18 @@ class PersistentQueue:
     @property
     def in_read_behind(self) -> bool:
         """Whether some of the queue's items are only on disk."""
-        return bool(self.journal.in_read_behind)
+        return self.journal.in_read_behind
+
+    @property
+    def journal_bytes(self) -> int:
+        """Bytes in every journal file of the queue (current and rotated)."""
+        journal = self.journal
+        return journal.size + journal.archived_size
+
+    @property
+    def logsize(self) -> int:
+        """Bytes in the current journal file (Kestrel's C{logsize} stat)."""
+        return self.journal.size
 
     @property
     def xid_counter(self) -> int:
@@ -232,7 +254,7 @@ class PersistentQueue:
             ("items", str(self.length)),
             ("bytes", str(self.bytes)),
             ("total_items", str(self.total_items)),
-            ("logsize", str(self.journal.size)),
+            ("logsize", str(self.logsize)),
             ("expired_items", str(self.expired_items)),
             ("mem_items", str(len(self._items))),
             ("mem_bytes", str(self.memory_bytes)),
@@ -276,7 +298,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply, self._forget_replayed)
+            self.journal.replay(self._replay_apply, self._forget_replayed)
         finally:
             self._replaying = False
         for xid in sorted(self._open, reverse=True):
@@ -291,39 +313,6 @@ class PersistentQueue:
         self._items = deque()
         self._open = {}
         self.length = self.bytes = self.memory_bytes = 0
-
-    def _apply(self, record: rec.Record) -> None:
-        """Apply one replayed journal record to the in-memory state."""
-        cls = type(record)
-        if cls is rec.Add or cls is rec.AddXid:
-            self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
-        elif cls is rec.Remove:
-            self._pop_head()
-        elif cls is rec.RemoveTentativeXid:
-            xid = record.xid
-            self._replay_open(xid)
-            # Never lower the counter: a rewritten journal's SAVE_XID may be
-            # above the xids of the opens that follow it.
-            if xid > self._xid_counter:
-                self._xid_counter = xid
-        elif cls is rec.ConfirmRemove:
-            self._open.pop(record.xid, None)
-        elif cls is rec.Unremove:
-            self._return_to_head(record.xid)
-        elif cls is rec.SaveXid:
-            self._xid_counter = record.xid
-        elif cls is rec.Continue:
-            self._open.pop(record.xid, None)
-            self._replay_add(QItem(record.data, record.add_time_ms, record.expiry_ms))
-        elif cls is rec.LegacyAdd:
-            expiry = record.expiry_s * 1000 if record.expiry_s else 0
-            self._replay_add(QItem(record.data, self._now_ms(), expiry))
-        elif cls is rec.RemoveTentative:
-            # Kestrel 1.x numbered xid-less opens implicitly with the counter.
-            self._replay_open(self._next_xid())
-        else:  # pragma: no cover - the codec yields nothing else
-            self._log.error("Unexpected journal record {record!r} in {queue}",
-                            record=record, queue=self.name)
 
     def _replay_add(self, item: QItem) -> None:
         self._store(item)
@@ -770,6 +759,8 @@ class PersistentQueue:
         not removed. Until the journal is written again the queue refuses
         adds (L{JournalUnavailable}); reads go on.
         """
+        if kind == "fsync" and self._fsync_failed is not None:
+            self._fsync_failed(error)
         if self._closed:
             return
         self._journal_reason = _reason(error)
@@ -848,7 +839,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply, self._forget_replayed)
+            self.journal.replay(self._replay_apply, self._forget_replayed)
         finally:
             self._replaying = False
             self.total_items, self.put_items, self.put_bytes = counters
@@ -947,7 +938,7 @@ class PersistentQueue:
         self._items.append(item)
         self.memory_bytes += len(item.data)
 
-    def _got_checkpoint(self, checkpoint: object) -> None:
+    def _got_checkpoint(self, checkpoint: Checkpoint) -> None:
         self._log.info("Packing journal of {queue} from checkpoint", queue=self.name)
         self.journal.start_pack(checkpoint, list(self._open.values()), list(self._items),
                                 xid_counter=self._xid_counter)
@@ -1114,8 +1105,45 @@ def _stored(_: object) -> bool:
     return True
 
 
-def _call(f: Callable[..., Any], *args: Any) -> Any:
-    return f(*args)
+class _Replay(QueueEvents):
+    """What replayed journal records do to a queue's memory (its items, open reads, xids)."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: PersistentQueue) -> None:
+        self._queue = queue
+
+    def added(self, item: QItem, xid: int) -> None:
+        """Store the item at the tail (an ADD_XID's xid means nothing now)."""
+        self._queue._replay_add(item)
+
+    def removed(self) -> None:
+        """Drop the head item."""
+        self._queue._pop_head()
+
+    def opened(self, xid: int | None) -> None:
+        """Open the head item under C{xid} (a Kestrel 1.x open: the next xid of the counter)."""
+        queue = self._queue
+        if xid is None:
+            queue._replay_open(queue._next_xid())
+            return
+        queue._replay_open(xid)
+        # Never lower the counter: a rewritten journal's SAVE_XID may be
+        # above the xids of the opens that follow it.
+        if xid > queue._xid_counter:
+            queue._xid_counter = xid
+
+    def unremoved(self, xid: int) -> None:
+        """Put open read C{xid}'s item back at the head."""
+        self._queue._return_to_head(xid)
+
+    def confirmed(self, xid: int) -> None:
+        """Forget open read C{xid}."""
+        self._queue._open.pop(xid, None)
+
+    def xid_saved(self, xid: int) -> None:
+        """Set the xid counter."""
+        self._queue._xid_counter = xid
 
 
 def _ignore_cancel(failure: Failure) -> None:

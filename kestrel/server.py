@@ -240,11 +240,10 @@ class KestrelServer:
             if queue is None:
                 continue
             config = queue.config
-            journal = queue.journal
             reports.append(QueueReport(
                 name=name, items=queue.length, bytes=queue.bytes,
                 max_items=config.max_items, max_bytes=config.max_size,
-                journal_bytes=journal.size + journal.archived_size,
+                journal_bytes=queue.journal_bytes,
                 mem_items=queue.memory_length, mem_bytes=queue.memory_bytes,
                 age_ms=queue.age, waiters=queue.waiter_count,
                 open_transactions=queue.open_transaction_count,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
@@ -29,9 +29,43 @@ from kestrel.status import Status
 
 if TYPE_CHECKING:
     from kestrel.collection import QueueCollection
-    from kestrel.server import KestrelServer
+    from kestrel.config import ServerConfig
+    from kestrel.metrics import Metrics
+    from kestrel.stats import ServerStats
+    from kestrel.status import ServerStatus
 
 _NOT_FIRED = object()
+
+
+class SessionHost(Protocol):
+    """
+    What a L{ClientSession} needs of the server it belongs to, handed to it
+    at construction (L{kestrel.server.KestrelServer} is one). Sessions know
+    the server only through this.
+
+    @ivar config: read when needed, so that a config reload is seen.
+    """
+
+    collection: QueueCollection
+    stats: ServerStats
+    status: ServerStatus
+    metrics: Metrics
+    clock: IReactorTime
+    config: ServerConfig
+    max_open_transactions: int
+    external_reads: ExternalReads
+
+    def session_opened(self) -> tuple[int, bool, bool]:
+        """A session starts: its id and whether it refuses writes and reads."""
+        ...
+
+    def session_closed(self) -> None:
+        """A session ended."""
+        ...
+
+    def delete_queue(self, name: str) -> None:
+        """Delete queue C{name} and its journal (and its fanout children)."""
+        ...
 
 
 @attrs.frozen
@@ -152,7 +186,7 @@ class ClientSession:
 
     _log = Logger()
 
-    def __init__(self, server: KestrelServer, protocol_name: str = "memcache") -> None:
+    def __init__(self, server: SessionHost, protocol_name: str = "memcache") -> None:
         self.server = server
         self.protocol_name = protocol_name
         self._collection = server.collection
@@ -546,7 +580,7 @@ class ClientSession:
         if queue is None:
             return None
         return QueueInfo(items=queue.length, bytes=queue.bytes,
-                         journal_bytes=queue.journal.size, age=queue.age,
+                         journal_bytes=queue.logsize, age=queue.age,
                          waiters=queue.waiter_count,
                          open_transactions=queue.open_transaction_count)
 
@@ -659,6 +693,8 @@ class ClientSession:
         Open a write batch: journal writes are held back until L{release_writes}
         (or L{flush_writes}) and then reach each file in one write.
 
+        Only the protocol base opens batches, around one pass over a
+        connection's input (L{kestrel.protocols.base.SessionProtocol.in_write_batch}).
         The caller must call L{flush_writes} before it sends any reply that
         depends on those writes, and L{release_writes} when the batch ends.
         """
@@ -668,22 +704,15 @@ class ClientSession:
         """Close a write batch; the outermost one hands the held writes to the OS."""
         self._coalescer.end()
 
-    def write_failures(self) -> int:
-        """How many held-back journal writes the OS has refused so far (server-wide)."""
-        return self._coalescer.failures
-
-    def flush_writes(self, failures: int) -> bool:
+    def flush_writes(self) -> bool:
         """
-        Hand every held-back journal write to the OS now; return whether no
-        held-back write failed since L{write_failures} returned C{failures}.
+        Hand every held-back journal write to the OS now; return whether every
+        held-back write of the open batch got there (true outside a batch).
 
-        A false result means some write acknowledged in memory may not be in
-        its journal: replies that depend on it must not be sent.
+        A false result means some write acknowledged in memory in this batch
+        may not be in its journal: replies that depend on it must not be sent.
         """
-        coalescer = self._coalescer
-        if coalescer.holding:
-            coalescer.flush()
-        return coalescer.failures == failures
+        return self._coalescer.flush_batch()
 
     # -- status ------------------------------------------------------------
 

@@ -9,16 +9,24 @@ what a queue would have journaled.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.interface import FailureHandler
+
+if TYPE_CHECKING:
+    from kestrel.journal.journal import Checkpoint
+
+_T = TypeVar("_T")
 
 
 class MemoryJournal:
     """
-    A journal that writes nothing durable: every write is "durable" at once.
+    A journal that writes nothing durable: every write is "durable" at once
+    and never fails (an L{kestrel.journal.interface.IJournal}).
 
     @ivar records: every record written, in order (only if C{keep_records}).
     """
@@ -33,6 +41,8 @@ class MemoryJournal:
         self.keep_records = keep_records
         self.records: list[rec.Record] = []
         self.closed = False
+        #: Never called: nothing here can fail.
+        self.on_failure: FailureHandler | None = None
 
     def _write(self, record: Callable[[], rec.Record]) -> Deferred[None]:
         if self.keep_records:
@@ -67,6 +77,18 @@ class MemoryJournal:
         """Record a confirmed read."""
         return self._write(lambda: rec.ConfirmRemove(xid))
 
+    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
+        """Call C{f(*args)}: a memory journal has no write batches."""
+        return f(*args)
+
+    def recover(self, kind: str, error: Exception) -> Deferred[int]:
+        """Nothing to cut back: fire with 0 bytes kept."""
+        return succeed(0)
+
+    def probe(self, xid_counter: int) -> Deferred[None]:
+        """Always writable: fire at once."""
+        return succeed(None)
+
     def rotate(self, reserved_items: Iterable[QItem], set_checkpoint: bool) -> None:
         """Do nothing: there is no file to rotate."""
 
@@ -74,7 +96,7 @@ class MemoryJournal:
                 xid_counter: int = 0) -> None:
         """Do nothing: there is no file to compact."""
 
-    def start_pack(self, checkpoint: object, open_items: Iterable[QItem],
+    def start_pack(self, checkpoint: Checkpoint, open_items: Iterable[QItem],
                    queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
         """Never called: a memory journal never sets a checkpoint."""
         raise RuntimeError("a memory journal has no checkpoint to pack")
@@ -84,7 +106,7 @@ class MemoryJournal:
         raise RuntimeError("a memory journal has no read-behind")
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
-                         got_checkpoint: Callable[[object], None]) -> None:
+                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
         """Never called: a memory journal is never in read-behind."""
         raise RuntimeError("a memory journal has no read-behind")
 

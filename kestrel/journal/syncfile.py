@@ -58,33 +58,46 @@ class WriteCoalescer:
     write at once, as without one. Inside, their bytes wait in memory until
     L{flush} or the end of the outermost batch. Whoever opens a batch must
     call L{flush} before it lets anything depend on those writes (before a
-    reply to them is handed to a transport): only then are they in the OS.
+    reply to them is handed to a transport): only then are they in the OS,
+    and only if L{batch_failed} is still false did they all get there.
     """
 
-    __slots__ = ("_depth", "_dirty", "failures")
+    __slots__ = ("depth", "_dirty", "_failed")
 
     def __init__(self) -> None:
-        self._depth = 0
+        #: How many batches are open (nested); 0: writes go straight through.
+        #: Read it, never set it (L{begin} and L{end} do).
+        self.depth = 0
         #: Files holding back bytes, in the order they first did.
         self._dirty: list[PeriodicSyncFile] = []
-        #: How many held-back writes the OS refused so far (by any flush).
-        self.failures = 0
+        # Whether the OS refused a held-back write of the open batch.
+        self._failed = False
 
     @property
     def active(self) -> bool:
         """Whether a batch is open: writes are held back."""
-        return self._depth > 0
+        return self.depth > 0
+
+    @property
+    def batch_failed(self) -> bool:
+        """
+        Whether the OS refused a held-back write of the open batch (always
+        false outside a batch): what was acknowledged in it may not be journaled.
+        """
+        return self._failed and self.depth > 0
 
     def begin(self) -> None:
         """Open a batch (batches nest; only the outermost L{end} flushes)."""
-        self._depth += 1
+        if not self.depth:
+            self._failed = False
+        self.depth += 1
 
     def end(self) -> bool:
         """Close a batch; the outermost one flushes. Returns what L{flush} returned."""
-        self._depth -= 1
-        if self._depth > 0:
+        self.depth -= 1
+        if self.depth > 0:
             return True
-        self._depth = 0
+        self.depth = 0
         return self.flush() if self._dirty else True
 
     @property
@@ -103,7 +116,8 @@ class WriteCoalescer:
         ok = True
         # Whatever a flush sets off (an inline fsync firing acknowledgements)
         # runs outside the batch, so that its own writes are not held back.
-        depth, self._depth = self._depth, 0
+        depth, self.depth = self.depth, 0
+        failed = self._failed
         try:
             while self._dirty:
                 dirty, self._dirty = self._dirty, []
@@ -111,8 +125,19 @@ class WriteCoalescer:
                     if not sync_file.flush():
                         ok = False
         finally:
-            self._depth = depth
+            self.depth = depth
+            self._failed = failed or not ok
         return ok
+
+    def flush_batch(self) -> bool:
+        """
+        L{flush} what is held back, then return whether every held-back
+        write of the open batch reached the OS (true outside a batch): the
+        check a protocol makes before it sends the batch's replies.
+        """
+        if self._dirty:
+            self.flush()
+        return not (self._failed and self.depth)
 
     def call_unbatched(self, f: Callable[..., _T], *args: Any) -> _T:
         """
@@ -123,19 +148,26 @@ class WriteCoalescer:
         result leaves for another connection from inside a batch: that
         connection may reply, and go on serving, at once.
         """
-        depth = self._depth
+        depth = self.depth
         if not depth:
             return f(*args)
         if self._dirty:
             self.flush()
-        self._depth = 0
+        failed = self._failed
+        self.depth = 0
         try:
             return f(*args)
         finally:
-            self._depth = depth
+            self.depth = depth
+            self._failed = failed
 
-    def _hold(self, sync_file: PeriodicSyncFile) -> None:
+    def hold(self, sync_file: PeriodicSyncFile) -> None:
+        """C{sync_file} holds back bytes for the next L{flush} (called once per flush)."""
         self._dirty.append(sync_file)
+
+    def held_write_failed(self) -> None:
+        """A file's flush of held-back bytes failed: the open batch failed."""
+        self._failed = True
 
 
 class PeriodicSyncFile:
@@ -232,7 +264,7 @@ class PeriodicSyncFile:
             return fail(SyncFileClosedError(f"{self.path} is closed"))
         coalescer = self._coalescer
         if coalescer is not None:
-            if coalescer._depth:
+            if coalescer.depth:
                 return self._hold(coalescer, data)
             if self._held:
                 self.flush()
@@ -266,7 +298,7 @@ class PeriodicSyncFile:
     def _hold(self, coalescer: WriteCoalescer, data: bytes) -> Deferred[None]:
         """Keep C{data} for the coalescer's flush; the Deferred is as L{write}'s."""
         if not self._held:
-            coalescer._hold(self)
+            coalescer.hold(self)
         self._held.append(data)
         self._held_size += len(data)
         self.position += len(data)
@@ -312,7 +344,7 @@ class PeriodicSyncFile:
                             count=len(held), path=self.path, error=e)
             failure = Failure(e)
             if self._coalescer is not None:
-                self._coalescer.failures += 1
+                self._coalescer.held_write_failed()
             for d in waiters:
                 d.errback(failure)
             self._report_error("write", e)

@@ -18,6 +18,7 @@ round trip (see its docstring).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from twisted.internet import tcp
@@ -255,6 +256,28 @@ class SessionProtocol(Protocol):
         return False
 
     # -- hooks ---------------------------------------------------------------
+
+    # -- write batches -------------------------------------------------------
+
+    def in_write_batch(self, serve: Callable[[], None]) -> None:
+        """
+        Run C{serve} (one pass over the connection's buffered input) inside
+        one write batch: the journal writes of the requests it serves are held
+        back and reach each file in one C{os.write}.
+
+        This is the only place a batch is opened and closed. Inside it, the
+        protocol calls C{session.flush_writes()} before it sends replies, and
+        drops them if that returns false (a held-back write of this batch
+        failed). Nothing below the session opens batches; the queue only sets
+        one aside (C{call_unbatched}) to hand an item to another connection.
+        """
+        session = self.session
+        assert session is not None
+        session.hold_writes()
+        try:
+            serve()
+        finally:
+            session.release_writes()
 
     def session_started(self) -> None:
         """Called once the session is open; the default does nothing."""

@@ -194,8 +194,6 @@ class MemcacheProtocol(SessionProtocol):
         self._idle_call: IDelayedCall | None = None
         self.version_reply = b"VERSION %s\r\n" % memcache_version(server.version).encode()
         self._last_active = 0.0
-        # Held-back journal write failures already seen when replies were last sent.
-        self._write_failures = 0
         self._dispatch: dict[type, Callable[[Any], Reply]] = {
             GetRequest: self._get,
             SetRequest: self._set,
@@ -211,7 +209,6 @@ class MemcacheProtocol(SessionProtocol):
     def session_started(self) -> None:
         """Start the idle timer when C{client_timeout} is set."""
         assert self.session is not None
-        self._write_failures = self.session.write_failures()
         timeout = self.server.config.client_timeout
         if timeout:
             self._last_active = self.clock.seconds()
@@ -298,15 +295,8 @@ class MemcacheProtocol(SessionProtocol):
         Their journal writes are held back in one write batch, and reach the
         OS (one write per journal file) before their replies are written.
         """
-        session = self.session
-        assert session is not None
-        # Only a write of this batch failing drops this batch's replies.
-        self._write_failures = session.write_failures()
-        session.hold_writes()
-        try:
-            self._process_batch()
-        finally:
-            session.release_writes()
+        # Only a held-back write of this batch failing drops this batch's replies.
+        self.in_write_batch(self._process_batch)
 
     def _process_batch(self) -> None:
         self._in_process = True
@@ -441,9 +431,6 @@ class MemcacheProtocol(SessionProtocol):
         self._waiting = False
         if self._idle_call is not None:
             self._last_active = self.clock.seconds()
-        if not self._in_process and self.session is not None:
-            # No batch of this connection is open: earlier failures were not its own.
-            self._write_failures = self.session.write_failures()
         if reply:
             self._out.append(reply)
         if not self._in_process:
@@ -460,14 +447,14 @@ class MemcacheProtocol(SessionProtocol):
         Write every queued reply in one C{write}, once the journal writes they
         depend on are in the OS.
 
-        If a held-back journal write failed since replies were last sent, the
-        queued replies may acknowledge what is not journaled: they are
+        If a held-back journal write of this connection's open batch failed,
+        the queued replies may acknowledge what is not journaled: they are
         dropped, and the connection ends with C{SERVER_ERROR}.
         """
         out = self._out
         if out:
             session = self.session
-            if session is not None and not session.flush_writes(self._write_failures):
+            if session is not None and not session.flush_writes():
                 out.clear()
                 self._closing = True
                 self._log.error("Replies dropped: a journal write failed")

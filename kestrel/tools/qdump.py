@@ -18,7 +18,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import BinaryIO
 
+from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.events import QueueEvents, event_applier
 from kestrel.tools.journal_file import (
     JournalReadError,
     ToolParser,
@@ -55,6 +57,7 @@ class QueueDumper:
         self.current_xid = 0
         self.queue: deque[bytes] = deque()
         self.open_transactions: dict[int, bytes | None] = {}
+        self._apply = event_applier(_Describer(self), lambda: self.now_ms)
 
     def _verbose(self, text: str) -> None:
         if not self.quiet:
@@ -124,40 +127,59 @@ class QueueDumper:
 
     def _describe(self, record: rec.Record) -> None:
         self._verbose(f"{self.offset & 0xFFFFFFFF:08x}  ")
-        if isinstance(record, rec.Add):
-            self._describe_add("ADD", record.data, record.expiry_ms, 0)
-            self.queue.append(record.data)
-        elif isinstance(record, rec.Remove):
-            self._verbose("REM\n")
-            if self.queue:
-                self.queue.popleft()
-        elif isinstance(record, rec.RemoveTentativeXid | rec.RemoveTentative):
-            xid = getattr(record, "xid", 0)
-            if xid == 0:
-                self.current_xid = xid = rec.next_xid(self.current_xid, self.open_transactions)
-            self.open_transactions[xid] = self.queue.popleft() if self.queue else None
-            self._verbose(f"RSV {xid}\n")
-        elif isinstance(record, rec.SaveXid):
-            self._verbose(f"XID {record.xid}\n")
-            self.current_xid = record.xid
-        elif isinstance(record, rec.Unremove):
-            data = self.open_transactions.pop(record.xid, None)
-            if data is not None:
-                self.queue.appendleft(data)
-            self._verbose(f"CAN {record.xid}\n")
-        elif isinstance(record, rec.ConfirmRemove):
-            self._verbose(f"ACK {record.xid}\n")
-            self.open_transactions.pop(record.xid, None)
-        elif isinstance(record, rec.Continue):
-            self._describe_add("CON", record.data, record.expiry_ms, 0)
-            self.open_transactions.pop(record.xid, None)
-            self.queue.append(record.data)
-        elif isinstance(record, rec.AddXid):
-            self._describe_add("ADD", record.data, record.expiry_ms, record.xid)
-            self.queue.append(record.data)
-        elif isinstance(record, rec.LegacyAdd):
-            self._describe_add("ADD", record.data, record.expiry_s * 1000, 0)
-            self.queue.append(record.data)
+        self._apply(record)
+
+
+class _Describer(QueueEvents):
+    """Describes each queue event of the dumped file and keeps its in-memory model."""
+
+    def __init__(self, dumper: QueueDumper) -> None:
+        self.d = dumper
+
+    def added(self, item: QItem, xid: int) -> None:
+        """ADD line; the item joins the tail."""
+        self.d._describe_add("ADD", item.data, item.expiry_ms, xid)
+        self.d.queue.append(item.data)
+
+    def removed(self) -> None:
+        """REM line; the head goes."""
+        d = self.d
+        d._verbose("REM\n")
+        if d.queue:
+            d.queue.popleft()
+
+    def opened(self, xid: int | None) -> None:
+        """RSV line; the head is held under the xid."""
+        d = self.d
+        if not xid:
+            d.current_xid = xid = rec.next_xid(d.current_xid, d.open_transactions)
+        d.open_transactions[xid] = d.queue.popleft() if d.queue else None
+        d._verbose(f"RSV {xid}\n")
+
+    def xid_saved(self, xid: int) -> None:
+        """XID line."""
+        self.d._verbose(f"XID {xid}\n")
+        self.d.current_xid = xid
+
+    def unremoved(self, xid: int) -> None:
+        """CAN line; the held item goes back to the head."""
+        d = self.d
+        data = d.open_transactions.pop(xid, None)
+        if data is not None:
+            d.queue.appendleft(data)
+        d._verbose(f"CAN {xid}\n")
+
+    def confirmed(self, xid: int) -> None:
+        """ACK line."""
+        self.d._verbose(f"ACK {xid}\n")
+        self.d.open_transactions.pop(xid, None)
+
+    def continued(self, xid: int, item: QItem) -> None:
+        """CON line: the held item goes, the new one joins the tail."""
+        d = self.d
+        d._describe_add("CON", item.data, item.expiry_ms, 0)
+        d.open_transactions.pop(xid, None)
+        d.queue.append(item.data)
 
 
 def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,

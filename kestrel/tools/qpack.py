@@ -26,7 +26,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
+from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.events import QueueEvents, event_applier, item_of
 from kestrel.tools.journal_file import (
     JournalReadError,
     ToolParser,
@@ -101,11 +103,11 @@ class JournalPacker:
         self._remover_offset = 0
 
     def _item_of(self, record: rec.Record) -> PackItem | None:
-        if isinstance(record, rec.Add | rec.AddXid | rec.Continue):
-            return record.data, record.add_time_ms, record.expiry_ms
-        if isinstance(record, rec.LegacyAdd):
-            return record.data, self.now_ms, record.expiry_s * 1000
-        return None
+        item = item_of(record, self._now)
+        return None if item is None else (item.data, item.add_time_ms, item.expiry_ms)
+
+    def _now(self) -> int:
+        return self.now_ms
 
     def _advance_adder(self) -> PackItem | None:
         if self._adder_stack:
@@ -128,29 +130,10 @@ class JournalPacker:
 
     def _replay(self) -> None:
         remover = _Cursor(self.paths)
+        apply = event_applier(_Remover(self), self._now)
         last_update = 0
         for record, _size in remover:
-            if isinstance(record, rec.Remove):
-                self._take("REMOVE")
-            elif isinstance(record, rec.RemoveTentativeXid | rec.RemoveTentative):
-                xid = getattr(record, "xid", 0)
-                if xid == 0:
-                    self.current_xid = xid = rec.next_xid(self.current_xid,
-                                                          self.open_transactions)
-                self.highest_xid = max(self.highest_xid, xid)
-                self.open_transactions[xid] = self._take(f"REMOVE_TENTATIVE {xid}")
-            elif isinstance(record, rec.SaveXid):
-                self.current_xid = record.xid
-                self.highest_xid = max(self.highest_xid, record.xid)
-            elif isinstance(record, rec.Unremove):
-                item = self.open_transactions.pop(record.xid, None)
-                if item is None:
-                    raise PackError(f"Inconsistent journal: UNREMOVE of unknown xid "
-                                    f"{record.xid}")
-                self._adder_stack.appendleft(item)
-            elif isinstance(record, rec.ConfirmRemove | rec.Continue):
-                # A CONTINUE's new item reaches the queue through the adder cursor.
-                self.open_transactions.pop(record.xid, None)
+            apply(record)
             self._remover_offset = remover.offset
             if remover.offset - last_update > PROGRESS_EVERY:
                 self.progress(remover.offset, self._adder.offset)
@@ -189,6 +172,49 @@ class JournalPacker:
             raise
         _fsync_directory(os.path.dirname(os.path.abspath(self.new_path)), self.fsync)
         return size
+
+
+class _Remover(QueueEvents):
+    """
+    The remover's pass: removes and opens take items from the adder's pass
+    (adds are read there, so they are ignored here), aborts give them back.
+    """
+
+    def __init__(self, packer: JournalPacker) -> None:
+        self.p = packer
+
+    def removed(self) -> None:
+        """The head item is gone."""
+        self.p._take("REMOVE")
+
+    def opened(self, xid: int | None) -> None:
+        """The head item is held under the xid (numbered by the counter if none)."""
+        p = self.p
+        if not xid:
+            p.current_xid = xid = rec.next_xid(p.current_xid, p.open_transactions)
+        p.highest_xid = max(p.highest_xid, xid)
+        p.open_transactions[xid] = p._take(f"REMOVE_TENTATIVE {xid}")
+
+    def xid_saved(self, xid: int) -> None:
+        """The counter stood at C{xid}."""
+        p = self.p
+        p.current_xid = xid
+        p.highest_xid = max(p.highest_xid, xid)
+
+    def unremoved(self, xid: int) -> None:
+        """The held item goes back to the head; an unknown xid is an inconsistent journal."""
+        item = self.p.open_transactions.pop(xid, None)
+        if item is None:
+            raise PackError(f"Inconsistent journal: UNREMOVE of unknown xid {xid}")
+        self.p._adder_stack.appendleft(item)
+
+    def confirmed(self, xid: int) -> None:
+        """The held item is gone."""
+        self.p.open_transactions.pop(xid, None)
+
+    def continued(self, xid: int, item: QItem) -> None:
+        """The held item is gone; the new item reaches the queue through the adder's pass."""
+        self.p.open_transactions.pop(xid, None)
 
 
 def _fsync_directory(path: str, fsync: Callable[[int], None]) -> None:

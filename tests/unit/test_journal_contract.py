@@ -1,11 +1,15 @@
 """
-The journal contract, checked against both L{MemoryJournal} and L{FileJournal}:
-what is written is what a later replay (or the memory journal's record list)
-holds, and every write returns a Deferred.
+The journal contract (L{kestrel.journal.interface.IJournal}), checked against
+both L{MemoryJournal} and L{FileJournal}: what is written is what a later
+replay (or the memory journal's record list) holds, every write returns a
+Deferred, and the failure path (recover, replay, probe) leaves a healthy
+journal as it was. What only a file journal does (files, fsyncs, damage,
+packing) is in C{test_journal_file.py}.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from twisted.internet.task import Clock
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from tests.compat.model import queue_state
@@ -111,3 +116,61 @@ def test_close_then_erase(journal_and_records: tuple[Journal, Any]) -> None:
     assert succeeded(journal.close())
     journal.erase()
     assert recorded() == []
+
+
+def test_close_twice_is_harmless(journal_and_records: tuple[Journal, Any]) -> None:
+    """Closing again fires too, and what was written before the first close stays."""
+    journal, recorded = journal_and_records
+    journal.add(QItem(b"kept", 1))
+    assert succeeded(journal.close())
+    assert succeeded(journal.close())
+    assert recorded() == [rec.Add(b"kept", 1, 0)]
+
+
+def test_call_unbatched_calls_and_returns(journal_and_records: tuple[Journal, Any]) -> None:
+    """call_unbatched calls the function with its arguments and returns its result."""
+    journal, _ = journal_and_records
+    assert journal.call_unbatched(lambda a, b: (a, b), 1, "two") == (1, "two")
+
+
+def test_recover_of_a_healthy_journal_keeps_everything(
+        journal_and_records: tuple[Journal, Any]) -> None:
+    """recover, replay and probe (the queue's failure path) on a journal that did not
+    fail: every record stays, the journal is writable again, and the probe succeeds."""
+    journal, recorded = journal_and_records
+    assert journal.on_failure is None
+    journal.add(QItem(b"a", 1))
+    journal.remove_tentative(1)
+    kept: list[int] = []
+    journal.recover("write", OSError("test")).addCallback(kept.append)
+    assert len(kept) == 1
+    journal.replay(lambda r: None, lambda: None)
+    assert succeeded(journal.probe(1))
+    assert succeeded(journal.add(QItem(b"b", 2)))
+    assert [r for r in recorded() if not isinstance(r, rec.SaveXid)] == [
+        rec.Add(b"a", 1, 0), rec.RemoveTentativeXid(1), rec.Add(b"b", 2, 0)]
+
+
+@pytest.mark.parametrize("cls", [FileJournal, MemoryJournal])
+def test_class_has_every_member_of_the_interface(cls: type) -> None:
+    """Each journal class has every method of IJournal, taking the same parameters."""
+    members = [n for n, v in vars(IJournal).items()
+               if not n.startswith("_") and (callable(v) or isinstance(v, property))]
+    assert "replay" in members and "in_read_behind" in members
+    for name in members:
+        wanted = vars(IJournal)[name]
+        got = getattr(cls, name)
+        if isinstance(wanted, property):
+            continue
+        assert list(inspect.signature(got).parameters) == list(
+            inspect.signature(wanted).parameters), name
+
+
+def test_instances_have_the_interface_attributes(
+        journal_and_records: tuple[Journal, Any]) -> None:
+    """size, archived_size, on_failure and in_read_behind are there on an open journal."""
+    journal, _ = journal_and_records
+    _typed: IJournal = journal
+    assert isinstance(journal.size, int) and isinstance(journal.archived_size, int)
+    assert isinstance(journal.in_read_behind, bool)
+    assert journal.on_failure is None

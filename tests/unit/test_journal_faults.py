@@ -21,6 +21,7 @@ from kestrel.errors import JournalUnavailable
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.syncfile import WriteCoalescer
 from kestrel.queue import JOURNAL_RETRY_SECONDS, PersistentQueue
+from kestrel.stats import ServerStats
 from tests.unit.test_queue import PENDING, datas, value
 
 
@@ -264,3 +265,25 @@ def test_thrift_client_is_told_why(tmp_path, clock: Clock) -> None:
     assert "queue q is read-only" in exc.message and "No space left" in exc.message
     assert "OSError" not in exc.message
     server.collection.stopService()
+
+
+def test_failed_fsyncs_are_reported_and_failed_writes_are_not(tmp_path, clock: Clock) -> None:
+    """A queue tells its fsync_failed hook (the server's fsync_error_<class>) of a
+    failed fsync of its journal; a refused write is not an fsync error."""
+    stats = ServerStats(clock.seconds())
+    disk = Disk()
+    journal = FileJournal(str(tmp_path), "q", clock, 0.5, fsync=disk.fsync, write=disk.write)
+    q = PersistentQueue("q", QueueConfig(durable_acks=True), journal, clock,
+                        fsync_failed=stats.record_fsync_error)
+    q.setup()
+    disk.write_fails = True
+    with pytest.raises(JournalUnavailable):
+        value(q.add(b"lost"))
+    assert stats.fsync_errors == {}
+    heal(q, disk, clock)
+    disk.fsync_fails = True
+    d = q.add(b"b")
+    clock.advance(0.5)
+    with pytest.raises(JournalUnavailable):
+        value(d)
+    assert stats.counters()["fsync_error_OSError"] == 1

@@ -80,7 +80,7 @@ def test_anything_else_flushes_first(tmp_path: Path, clock: Clock) -> None:
     f.sync()
     assert path.read_bytes() == b"held"
     f.write(b"-again")
-    coalescer._depth = 0  # as if the batch ended without flushing (it never does)
+    coalescer.depth = 0  # as if the batch ended without flushing (it never does)
     f.write(b"-direct")
     assert path.read_bytes() == b"held-again-direct"
     coalescer.begin()
@@ -117,20 +117,59 @@ def test_periodic_sync_after_flush(tmp_path: Path, clock: Clock) -> None:
     f.close()
 
 
-def test_refused_flush_fails_and_is_counted(clock: Clock) -> None:
+def test_refused_flush_fails_its_batch(clock: Clock) -> None:
     """
     When the OS refuses held bytes (a full device), the flush reports it,
-    the coalescer counts a failure, and durability Deferreds fail.
+    the open batch is marked failed, and durability Deferreds fail; the
+    next batch starts clean.
     """
     coalescer = WriteCoalescer()
     f = PeriodicSyncFile("/dev/full", clock, 0.0, fsync=lambda fd: None, coalescer=coalescer)
     coalescer.begin()
     d = outcome(f.write(b"lost"))
+    assert not coalescer.batch_failed
     with capturedLogs() as events:
-        assert coalescer.end() is False
-    assert coalescer.failures == 1
+        assert coalescer.flush_batch() is False
+    assert coalescer.batch_failed
+    assert coalescer.flush_batch() is False  # still this batch's failure
     assert len(d) == 1 and d[0].check(OSError)
     assert f.position == 0
     assert any("held-back" in e.get("log_format", "") for e in events)
-    assert coalescer.flush() is True  # nothing left held
+    assert coalescer.end() is True  # nothing left held
+    assert not coalescer.batch_failed  # no batch open
+    coalescer.begin()
+    assert not coalescer.batch_failed
+    coalescer.end()
     f.close()
+
+
+def test_failure_in_a_batch_set_aside_is_not_the_outer_batchs(clock: Clock) -> None:
+    """
+    A batch opened inside call_unbatched (another connection served at once)
+    whose write fails does not mark the outer batch failed, and the outer
+    batch's own failure survives the inner one.
+    """
+    coalescer = WriteCoalescer()
+    full = PeriodicSyncFile("/dev/full", clock, None, fsync=lambda fd: None,
+                            coalescer=coalescer)
+
+    def other_connection() -> bool:
+        coalescer.begin()
+        full.write(b"x")
+        with capturedLogs():
+            coalescer.flush()
+        failed = coalescer.batch_failed
+        coalescer.end()
+        return failed
+
+    coalescer.begin()
+    assert coalescer.call_unbatched(other_connection) is True
+    assert not coalescer.batch_failed
+    full.write(b"y")
+    with capturedLogs():
+        coalescer.flush()
+    assert coalescer.batch_failed
+    assert coalescer.call_unbatched(other_connection) is True
+    assert coalescer.batch_failed
+    coalescer.end()
+    full.close()
