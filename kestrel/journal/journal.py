@@ -490,9 +490,15 @@ class FileJournal:
     # -- replay ------------------------------------------------------------
 
     def replay(self, apply: Callable[[rec.Record], None],
-               reset: Callable[[], None] | None = None) -> None:
+               reset: Callable[[], None] | None = None,
+               count_adds: Callable[[int, int], None] | None = None) -> None:
         """
         Call C{apply} with every record of every file, oldest first, then open C{<q>}.
+
+        With C{count_adds}, the ADDX records met while the read-behind
+        reader is open (items beyond memory, which the reader reads again
+        when their turn comes) are not decoded: each run of them is only
+        measured and passed on as C{count_adds(items, data_bytes)}.
 
         C{~~} files are deleted first and the pack rule is applied. A legacy
         ADD is passed on as an L{rec.Add} whose add time is the time of
@@ -527,7 +533,8 @@ class FileJournal:
             files = self._all_files()
             for index, name in enumerate(files):
                 damage = self._replay_one(name, apply,
-                                          truncate=reset is None or name == self.queue_name)
+                                          truncate=reset is None or name == self.queue_name,
+                                          count_adds=count_adds)
                 if damage is not None and reset is not None:
                     self._set_aside(files[:index + 1], name, damage)
                     self._stop_reader()
@@ -657,7 +664,9 @@ class FileJournal:
             file=damaged, files=list(names), folder=self._path(folder))
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None],
-                    truncate: bool = True) -> tuple[int, str] | None:
+                    truncate: bool = True,
+                    count_adds: Callable[[int, int], None] | None = None
+                    ) -> tuple[int, str] | None:
         """
         Replay one file; return C{(offset, problem)} if it is damaged, else C{None}.
 
@@ -687,7 +696,7 @@ class FileJournal:
         self.size = 0
         started = self._clock.seconds()
         try:
-            end, problem = self._replay_records(buf, length, name, apply)
+            end, problem = self._replay_records(buf, length, name, apply, count_adds)
         finally:
             if isinstance(buf, mmap.mmap):
                 buf.close()
@@ -700,7 +709,9 @@ class FileJournal:
         return None if problem is None or truncate else (end, problem)
 
     def _replay_records(self, buf: mmap.mmap | bytes, end: int, name: str,
-                        apply: Callable[[rec.Record], None]) -> tuple[int, str | None]:
+                        apply: Callable[[rec.Record], None],
+                        count_adds: Callable[[int, int], None] | None = None
+                        ) -> tuple[int, str | None]:
         """Apply every whole record of C{buf}; return where decoding stopped and why."""
         pos = 0
         next_report = PROGRESS_BYTES
@@ -710,6 +721,17 @@ class FileJournal:
         legacy = rec.LegacyAdd
         try:
             while pos < end:
+                if count_adds is not None and self._reader is not None and buf[pos] == 2:
+                    skipped = rec.skip_adds(buf, pos, end)
+                    if skipped.records:
+                        pos = self._replay_pos = skipped.end
+                        count_adds(skipped.records, skipped.data_bytes)
+                        if pos >= next_report:
+                            next_report = pos + PROGRESS_BYTES
+                            self._log.info(
+                                "Replaying {queue} file {file}: {bytes} of {total} bytes",
+                                queue=self.queue_name, file=name, bytes=pos, total=end)
+                        continue
                 if buf[pos] == 2 and pos + 21 <= end:
                     # Inline fast path for ADDX, the record nearly every byte belongs to.
                     size, add_ms, exp_ms = unpack_addx(buf, pos + 1)

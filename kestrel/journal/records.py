@@ -28,6 +28,7 @@ An expiry of 0 means "never expires".
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
@@ -376,3 +377,43 @@ def decode_prefix(buf: bytes | bytearray | memoryview) -> DecodedPrefix:
 def record_size(record: Record) -> int:
     """Return how many bytes C{record} takes in a journal."""
     return len(record.encode())
+
+
+class SkippedAdds(NamedTuple):
+    """
+    A run of whole ADDX records measured without being decoded.
+
+    @ivar records: how many ADDX records the run holds.
+    @ivar data_bytes: the sum of their payload sizes.
+    @ivar end: the offset just past the last of them.
+    """
+
+    records: int
+    data_bytes: int
+    end: int
+
+
+def skip_adds(buf: bytes | bytearray | memoryview | mmap.mmap, pos: int,
+              end: int | None = None) -> SkippedAdds:
+    """
+    Measure the run of whole ADDX records starting at C{pos}, reading only
+    each opcode and length.
+
+    The run stops before the first record that is not an ADDX, or that is
+    truncated or impossible (block shorter than 16 bytes), or at C{end}
+    (default: the end of C{buf}); L{read_record} then decodes or reports
+    what follows. Neither the payloads nor their times are read.
+    """
+    if end is None:
+        end = len(buf)
+    unpack_size = _I32.unpack_from
+    start = pos
+    count = 0
+    while pos + 21 <= end and buf[pos] == 2:
+        (size,) = unpack_size(buf, pos + 1)
+        nxt = pos + 5 + size
+        if size < 16 or nxt > end:
+            break
+        count += 1
+        pos = nxt
+    return SkippedAdds(count, pos - start - count * ADDX_OVERHEAD, pos)
