@@ -120,6 +120,12 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float) -> tuple[flo
         return elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid)
     finally:
         stop(proc)
+        # (the first get may have rotated the journal: drop every file it left)
+        for leftover in (workdir / "queues").iterdir():
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
         os.replace(workdir / "journal.orig", journal)
 
 
