@@ -146,6 +146,8 @@ class PersistentQueue:
         self.journal_failures = 0
         if hasattr(journal, "on_failure"):
             journal.on_failure = self._journal_failed
+        if hasattr(journal, "on_skipped_adds"):
+            journal.on_skipped_adds = self._count_replayed
         #: Calls a function outside any open write batch (journals without batches: just calls).
         self.call_unbatched: Callable[..., Any] = getattr(journal, "call_unbatched", _call)
         self.expire_to: Callable[[QItem], object] | None = None
@@ -276,7 +278,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply, self._forget_replayed, self._count_replayed)
+            self.journal.replay(self._apply, self._forget_replayed)
         finally:
             self._replaying = False
         for xid in sorted(self._open, reverse=True):
@@ -856,7 +858,7 @@ class PersistentQueue:
         self._xid_counter = 0
         self._replaying = True
         try:
-            self.journal.replay(self._apply, self._forget_replayed, self._count_replayed)
+            self.journal.replay(self._apply, self._forget_replayed)
         finally:
             self._replaying = False
             self.total_items, self.put_items, self.put_bytes = counters

@@ -40,8 +40,7 @@ class MemoryJournal:
         return succeed(None)
 
     def replay(self, apply: Callable[[rec.Record], None],
-               reset: Callable[[], None] | None = None,
-               count_adds: Callable[[int, int], None] | None = None) -> None:
+               reset: Callable[[], None] | None = None) -> None:
         """Replay nothing: a memory journal starts empty."""
 
     def add(self, item: QItem) -> Deferred[None]:

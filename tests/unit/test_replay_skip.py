@@ -83,7 +83,8 @@ def test_adds_in_read_behind_are_counted_not_decoded(tmp_path) -> None:
         if len(applied) == 3:
             journal.start_read_behind()
 
-    journal.replay(apply, None, lambda n, size: counted.append((n, size)))
+    journal.on_skipped_adds = lambda n, size: counted.append((n, size))
+    journal.replay(apply)
     assert [r.data for r in applied[:3]] == items[:3]
     assert applied[3:] == [rec.Remove()]
     assert counted == [(7, 28)]
