@@ -90,3 +90,24 @@ def test_adds_in_read_behind_are_counted_not_decoded(tmp_path) -> None:
     assert counted == [(7, 28)]
     value_closed = journal.close()
     assert value_closed.called
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 80)), max_size=6),
+       st.sampled_from([b"", b"\x01", b"\x02\x20\x00", rec.SaveXid(3).encode()]),
+       st.integers(0, 40))
+def test_skip_adds_over_runs_of_equal_items(runs: list[tuple[int, int]], tail: bytes,
+                                             cut: int) -> None:
+    """Runs of same-sized items (measured many at a time) and what ends them."""
+    records = [rec.Add(b"z" * size, ADD_MS, 0) for size, n in runs for _ in range(n)]
+    buf = b"".join(r.encode() for r in records) + tail
+    buf = buf[:max(0, len(buf) - cut)]
+    decoded = rec.decode_prefix(buf)
+    run = 0
+    for r in decoded.records:
+        if type(r) is not rec.Add:
+            break
+        run += 1
+    got = rec.skip_adds(buf, 0)
+    assert got.records == run
+    assert got.data_bytes == sum(len(r.data) for r in decoded.records[:run])
+    assert got.end == (decoded.offsets[run] if run < len(decoded.offsets) else decoded.end)
