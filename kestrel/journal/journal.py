@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import gc
 import mmap
 import os
 import shutil
@@ -542,6 +543,10 @@ class FileJournal:
             os.unlink(self._path(name))
         if temps:
             self._fsync_dir(self.queue_path)
+        # Replay makes long-lived objects only: the cyclic garbage collector
+        # would walk them again and again for nothing (about 20% of replay).
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             files = self._all_files()
             for index, name in enumerate(files):
@@ -554,6 +559,8 @@ class FileJournal:
                     reset()
         finally:
             self._replay_file = None
+            if collecting:
+                gc.enable()
         self._compute_archived_size()
         self._writer = self._open_writer()
         self.size = self._writer.position
