@@ -1004,9 +1004,11 @@ class PersistentQueue:
         A rewrite or rotation that fails (a full disk, say) leaves the
         journal files as they were; it is logged and tried again later.
         """
-        if self._journal_state is not _OK or self._maintaining:
+        if (self._journal_state is not _OK or self._maintaining
+                or getattr(self.journal, "maintaining", False)):
             # (an acknowledgement fired by a rotation or rewrite in progress
-            # led here: that one finishes first; the next operation checks again)
+            # led here, or a rotation's fsyncs still run in a thread: that
+            # one finishes first; the next operation checks again)
             return
         self._maintaining = True
         try:

@@ -269,6 +269,11 @@ class FileJournal:
         return self._replay_file is not None
 
     @property
+    def maintaining(self) -> bool:
+        """Whether a rotation's fsyncs still run in a thread (no rotation or rewrite starts)."""
+        return self._maintenance is not None
+
+    @property
     def in_read_behind(self) -> bool:
         """Whether the read-behind reader is open."""
         return self._reader is not None
