@@ -602,7 +602,12 @@ class FileJournal:
             self._run_in_thread(job).chainDeferred(d)
 
     def _close_presynced(self, writer: PeriodicSyncFile) -> Callable[[], None]:
-        """Close C{writer}, whose file a thread fsynced after its last write, without an fsync."""
+        """
+        Close C{writer} without an fsync; return the function that fires its
+        pending acknowledgements. The caller makes them true otherwise: a
+        thread fsynced the file after its last write (rotation), or a later
+        fsync of the same file covers what they stand for (in-place rewrite).
+        """
         self._presynced = (writer.fileno(), threading.get_ident())
         try:
             d, fire = writer.close_deferring()
@@ -941,6 +946,7 @@ class FileJournal:
         old.flush()
         rotated = self._unique_rotated_name()
         os.rename(self._path(self.queue_name), self._path(rotated))
+        new = self._open_writer()
         self.size = 0
         self.archived_size += old.position
         fd = old.fileno()
@@ -952,7 +958,7 @@ class FileJournal:
 
         done = self._run_in_thread(sync_both)  # type: ignore[misc]
         self._maintenance = done
-        self._writer = self._open_writer()
+        self._writer = new
         if self._reader_file == self.queue_name:
             self._reader_file = rotated
         if set_checkpoint and self.checkpoint is None:
