@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="restarts to time (median)")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per run")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (journal, config, server log)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kestrel-restart-", dir=args.dir))
     try:
@@ -158,7 +160,9 @@ def main() -> None:
               f"RSS {statistics.median(r[2] for r in results):.0f} MiB "
               f"(load average {os.getloadavg()[0]:.2f})")
     finally:
-        if not os.environ.get("KEEP"):
+        if args.keep:
+            print(f"kept {workdir} (the journal and the last run's kestrel.log)")
+        else:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
