@@ -157,6 +157,7 @@ class PersistentQueue:
         # What each replayed record does to memory (kestrel.journal.events).
         self._replay_apply = event_applier(_Replay(self), self._now_ms)
         journal.on_failure = self._journal_failed
+        journal.on_skipped_adds = self._count_replayed
         #: Calls a function outside any open write batch (see L{IJournal.call_unbatched}).
         self.call_unbatched = journal.call_unbatched
         self.expire_to: Callable[[QItem], object] | None = None
@@ -313,6 +314,14 @@ class PersistentQueue:
         self._items = deque()
         self._open = {}
         self.length = self.bytes = self.memory_bytes = 0
+
+    def _count_replayed(self, items: int, data_bytes: int) -> None:
+        """Count C{items} adds beyond memory that replay skipped (read-behind reads them)."""
+        self.total_items += items
+        self.put_items += items
+        self.put_bytes += data_bytes
+        self.bytes += data_bytes
+        self.length += items
 
     def _replay_add(self, item: QItem) -> None:
         self._store(item)
@@ -985,9 +994,11 @@ class PersistentQueue:
         A rewrite or rotation that fails (a full disk, say) leaves the
         journal files as they were; it is logged and tried again later.
         """
-        if self._journal_state is not _OK or self._maintaining:
+        if (self._journal_state is not _OK or self._maintaining
+                or self.journal.maintaining):
             # (an acknowledgement fired by a rotation or rewrite in progress
-            # led here: that one finishes first; the next operation checks again)
+            # led here, or a rotation's fsyncs still run in a thread: that
+            # one finishes first; the next operation checks again)
             return
         self._maintaining = True
         try:

@@ -41,11 +41,20 @@ class IJournal(Protocol):
     @ivar size: bytes in the current journal file (Kestrel's C{logsize}).
     @ivar archived_size: bytes in the rotated (older) journal files.
     @ivar on_failure: called when a write or fsync fails (set by the queue).
+    @ivar on_skipped_adds: told C{(items, data_bytes)} for runs of adds that
+        replay skipped without decoding them, because they lie beyond memory
+        and read-behind reads them later (set by the queue).
     """
 
     size: int
     archived_size: int
     on_failure: FailureHandler | None
+    on_skipped_adds: Callable[[int, int], None] | None
+
+    @property
+    def maintaining(self) -> bool:
+        """Whether journal maintenance still runs in a thread (no rotation or rewrite starts)."""
+        ...
 
     @property
     def in_read_behind(self) -> bool:

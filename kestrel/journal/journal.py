@@ -21,10 +21,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import gc
 import mmap
 import os
 import shutil
 import struct
+import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -246,6 +248,18 @@ class FileJournal:
         #: Called with C{(kind, error)} when a write or fsync of the current
         #: file fails (C{kind} is C{"write"} or C{"fsync"}); the queue sets it.
         self.on_failure: Callable[[str, OSError], None] | None = None
+        #: Called during replay with C{(items, data_bytes)} for each run of
+        #: ADDX records skipped undecoded in read-behind (see L{replay}).
+        self.on_skipped_adds: Callable[[int, int], None] | None = None
+        # A rotation whose fsyncs run in a thread (see rotate): while it
+        # runs, the fsyncs of the new current file wait in _gated, so that
+        # nothing written after the rotation is acknowledged before the
+        # rotated file and the directory are durable.
+        self._maintenance: Deferred[None] | None = None
+        self._gated: list[tuple[Callable[[], object], Deferred[object]]] = []
+        # The descriptor whose next fsync, on the thread that set it, is
+        # skipped: a file a thread has just fsynced, now being closed.
+        self._presynced: tuple[int, int] | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -253,6 +267,11 @@ class FileJournal:
     def is_replaying(self) -> bool:
         """Whether L{replay} is running."""
         return self._replay_file is not None
+
+    @property
+    def maintaining(self) -> bool:
+        """Whether a rotation's fsyncs still run in a thread (no rotation or rewrite starts)."""
+        return self._maintenance is not None
 
     @property
     def in_read_behind(self) -> bool:
@@ -494,6 +513,12 @@ class FileJournal:
         """
         Call C{apply} with every record of every file, oldest first, then open C{<q>}.
 
+        With L{on_skipped_adds} set, the ADDX records met while the
+        read-behind reader is open (items beyond memory, which the reader
+        reads again when their turn comes) are not decoded: each run of
+        them is only measured and passed on as C{on_skipped_adds(items,
+        data_bytes)}.
+
         C{~~} files are deleted first and the pack rule is applied. A legacy
         ADD is passed on as an L{rec.Add} whose add time is the time of
         replay.
@@ -523,27 +548,87 @@ class FileJournal:
             os.unlink(self._path(name))
         if temps:
             self._fsync_dir(self.queue_path)
+        # Replay makes long-lived objects only: the cyclic garbage collector
+        # would walk them again and again for nothing (about 20% of replay).
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             files = self._all_files()
             for index, name in enumerate(files):
                 damage = self._replay_one(name, apply,
-                                          truncate=reset is None or name == self.queue_name)
+                                          truncate=reset is None or name == self.queue_name,
+                                          count_adds=self.on_skipped_adds)
                 if damage is not None and reset is not None:
                     self._set_aside(files[:index + 1], name, damage)
                     self._stop_reader()
                     reset()
         finally:
             self._replay_file = None
+            if collecting:
+                gc.enable()
         self._compute_archived_size()
         self._writer = self._open_writer()
         self.size = self._writer.position
 
     def _open_writer(self) -> PeriodicSyncFile:
+        run_in_thread = None if self._run_in_thread is None else self._writer_thread
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
-                                fsync=self._fsync, run_in_thread=self._run_in_thread,
+                                fsync=self._writer_fsync, run_in_thread=run_in_thread,
                                 coalescer=self._coalescer, on_fsync=self._on_fsync,
                                 on_error=self._writer_failed, write=self._os_write,
                                 mode=self._file_mode)
+
+    def _writer_fsync(self, fd: int) -> None:
+        """The current files' fsync: C{fsync}, except the one close of a file just fsynced."""
+        presynced = self._presynced
+        if presynced is not None and presynced == (fd, threading.get_ident()):
+            self._presynced = None
+            return
+        self._fsync(fd)
+
+    def _writer_thread(self, job: Callable[[], _T]) -> Deferred[_T]:
+        """The current files' C{run_in_thread}: held back while a rotation's fsyncs run."""
+        assert self._run_in_thread is not None
+        if self._maintenance is None:
+            return self._run_in_thread(job)
+        d: Deferred[_T] = Deferred()
+        self._gated.append((job, d))  # type: ignore[arg-type]
+        return d
+
+    def _release_gated(self) -> None:
+        assert self._run_in_thread is not None
+        gated, self._gated = self._gated, []
+        for job, d in gated:
+            self._run_in_thread(job).chainDeferred(d)
+
+    def _close_presynced(self, writer: PeriodicSyncFile) -> Callable[[], None]:
+        """
+        Close C{writer} without an fsync; return the function that fires its
+        pending acknowledgements. The caller makes them true otherwise: a
+        thread fsynced the file after its last write (rotation), or a later
+        fsync of the same file covers what they stand for (in-place rewrite).
+        """
+        self._presynced = (writer.fileno(), threading.get_ident())
+        try:
+            d, fire = writer.close_deferring()
+        finally:
+            self._presynced = None
+        d.addErrback(_log_failure)
+        if not d.called:
+            self._closing.append(d)
+            d.addBoth(self._closed_one, d)
+        return fire
+
+    def _after_maintenance(self, f: Callable[[], Deferred[_T]]) -> Deferred[_T]:
+        """Call C{f} once the rotation in progress has ended; fire with its result."""
+        assert self._maintenance is not None
+        d: Deferred[_T] = Deferred()
+
+        def run(_: object) -> None:
+            f().chainDeferred(d)
+
+        self._maintenance.addBoth(run)
+        return d
 
     def _writer_failed(self, kind: str, error: OSError) -> None:
         on_failure = self.on_failure
@@ -566,8 +651,11 @@ class FileJournal:
         which promises no durability, nothing is cut). Read-behind stops, a
         checkpoint and a pack in progress are dropped. The journal must then
         be replayed (L{replay}) before it is written again. Raises (fails)
-        with the C{OSError} of a cut-back or fsync that fails.
+        with the C{OSError} of a cut-back or fsync that fails. During a
+        rotation whose fsyncs run in a thread, it starts once they end.
         """
+        if self._maintenance is not None:
+            return self._after_maintenance(lambda: self.recover(kind, error))
         self._epoch += 1
         self._stop_reader()
         self._clear_checkpoint()
@@ -657,7 +745,9 @@ class FileJournal:
             file=damaged, files=list(names), folder=self._path(folder))
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None],
-                    truncate: bool = True) -> tuple[int, str] | None:
+                    truncate: bool = True,
+                    count_adds: Callable[[int, int], None] | None = None
+                    ) -> tuple[int, str] | None:
         """
         Replay one file; return C{(offset, problem)} if it is damaged, else C{None}.
 
@@ -687,7 +777,7 @@ class FileJournal:
         self.size = 0
         started = self._clock.seconds()
         try:
-            end, problem = self._replay_records(buf, length, name, apply)
+            end, problem = self._replay_records(buf, length, name, apply, count_adds)
         finally:
             if isinstance(buf, mmap.mmap):
                 buf.close()
@@ -700,7 +790,9 @@ class FileJournal:
         return None if problem is None or truncate else (end, problem)
 
     def _replay_records(self, buf: mmap.mmap | bytes, end: int, name: str,
-                        apply: Callable[[rec.Record], None]) -> tuple[int, str | None]:
+                        apply: Callable[[rec.Record], None],
+                        count_adds: Callable[[int, int], None] | None = None
+                        ) -> tuple[int, str | None]:
         """Apply every whole record of C{buf}; return where decoding stopped and why."""
         pos = 0
         next_report = PROGRESS_BYTES
@@ -710,6 +802,17 @@ class FileJournal:
         legacy = rec.LegacyAdd
         try:
             while pos < end:
+                if count_adds is not None and self._reader is not None and buf[pos] == 2:
+                    skipped = rec.skip_adds(buf, pos, end)
+                    if skipped.records:
+                        pos = self._replay_pos = skipped.end
+                        count_adds(skipped.records, skipped.data_bytes)
+                        if pos >= next_report:
+                            next_report = pos + PROGRESS_BYTES
+                            self._log.info(
+                                "Replaying {queue} file {file}: {bytes} of {total} bytes",
+                                queue=self.queue_name, file=name, bytes=pos, total=end)
+                        continue
                 if buf[pos] == 2 and pos + 21 <= end:
                     # Inline fast path for ADDX, the record nearly every byte belongs to.
                     size, add_ms, exp_ms = unpack_addx(buf, pos + 1)
@@ -797,7 +900,23 @@ class FileJournal:
         A read-behind reader on C{<q>} follows the renamed file. With
         C{set_checkpoint}, and no checkpoint pending, remember the rotated file
         and C{reserved_items} (the open reads) as the checkpoint.
+
+        With C{run_in_thread}, those two fsyncs run in a thread: the rename
+        happens now and writes go to the new C{<q>} at once, but the writes
+        to the old file are acknowledged, and the new file is fsynced (so
+        its writes are acknowledged), only once both fsyncs have ended.
+        While they run, another rotation or a rewrite is skipped (the queue
+        asks again on a later operation).
         """
+        if self._maintenance is not None:
+            self._log.debug("Journal {queue}: rotation skipped: the last one is still syncing",
+                            queue=self.queue_name)
+            return
+        writer = self._writer
+        if (self._run_in_thread is not None and isinstance(writer, PeriodicSyncFile)
+                and not writer.closed):
+            self._rotate_in_thread(writer, reserved_items, set_checkpoint)
+            return
         old_size = self._writer.position
         acknowledge = self._close_writer_deferring()
         try:
@@ -821,6 +940,46 @@ class FileJournal:
             acknowledge()
         self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
                        file=rotated)
+
+    def _rotate_in_thread(self, old: PeriodicSyncFile, reserved_items: Iterable[QItem],
+                          set_checkpoint: bool) -> None:
+        old.flush()
+        rotated = self._unique_rotated_name()
+        os.rename(self._path(self.queue_name), self._path(rotated))
+        new = self._open_writer()
+        self.size = 0
+        self.archived_size += old.position
+        fd = old.fileno()
+        queue_path = self.queue_path
+
+        def sync_both() -> None:
+            self._fsync(fd)
+            self._fsync_dir(queue_path)
+
+        done = self._run_in_thread(sync_both)  # type: ignore[misc]
+        self._maintenance = done
+        self._writer = new
+        if self._reader_file == self.queue_name:
+            self._reader_file = rotated
+        if set_checkpoint and self.checkpoint is None:
+            self.checkpoint = Checkpoint(rotated, tuple(reserved_items))
+            self._head_ops = array("q")
+        done.addBoth(self._rotation_synced, old, rotated)
+
+    def _rotation_synced(self, result: object, old: PeriodicSyncFile, rotated: str) -> None:
+        """The fsyncs of a rotation ended: acknowledge the old file's writes, let the new sync."""
+        self._maintenance = None
+        if isinstance(result, Failure):
+            self._log.error("Journal {queue}: fsync after rotating to {file} failed: {error}",
+                            queue=self.queue_name, file=rotated, error=result.value)
+            old.abandon(result.value).addErrback(_log_failure)
+            if isinstance(result.value, OSError):
+                self._writer_failed("fsync", result.value)
+        else:
+            self._close_presynced(old)()
+            self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
+                           file=rotated)
+        self._release_gated()
 
     def _clear_checkpoint(self) -> None:
         self.checkpoint = None
@@ -893,7 +1052,30 @@ class FileJournal:
         rotated and the new file goes through the pack rule. The directory is
         fsynced after every rename. Read-behind ends and any checkpoint is
         dropped: the queue must then hold every item in memory.
+
+        With C{run_in_thread}, an empty queue with no open reads and no
+        rotated files or archive is rewritten in place, with no fsync on
+        this thread: C{<q>} is cut to nothing and SAVE_XID(C{xid_counter})
+        written to it; the writes to the old contents are acknowledged once
+        an fsync in a thread has made the cut durable. A crash at any point
+        replays to an empty queue (or, before the cut is durable, to the old
+        contents, as a crash just before the rewrite would). During a
+        rotation whose fsyncs still run, the rewrite is skipped.
         """
+        if self._maintenance is not None:
+            self._log.debug("Journal {queue}: rewrite skipped: a rotation is still syncing",
+                            queue=self.queue_name)
+            return
+        if not isinstance(reserved_items, (list, tuple)):
+            reserved_items = list(reserved_items)
+        if not isinstance(items, (list, tuple)):
+            items = list(items)
+        writer = self._writer
+        if (self._run_in_thread is not None and not reserved_items and not items
+                and isinstance(writer, PeriodicSyncFile) and not writer.closed
+                and self.archive_path is None and not self.archived_files()):
+            self._rewrite_in_place(writer, xid_counter)
+            return
         temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), items))
         self._epoch += 1
         self._stop_reader()
@@ -910,6 +1092,29 @@ class FileJournal:
         self._reopen()
         self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
         acknowledge()
+
+    def _rewrite_in_place(self, old: PeriodicSyncFile, xid_counter: int) -> None:
+        self._epoch += 1
+        self._stop_reader()
+        self._clear_checkpoint()
+        # Whatever the old contents said, the queue is now empty: their
+        # writes are acknowledged when the cut is durable, by the new
+        # writer's fsync of the same file.
+        acknowledge = self._close_presynced(old)
+        try:
+            fd = os.open(self._path(self.queue_name), os.O_WRONLY | os.O_NOFOLLOW)
+            try:
+                os.ftruncate(fd, 0)
+            finally:
+                os.close(fd)
+        finally:
+            self._writer = writer = self._open_writer()
+            writer.sync().addBoth(lambda _: acknowledge())
+        data = rec.SaveXid(xid_counter).encode()
+        writer.write(data).addErrback(_log_failure)
+        self.size = writer.position
+        self._compute_archived_size()
+        self._log.info("Journal {queue}: rewritten in place", queue=self.queue_name)
 
     def _reopen(self) -> None:
         self._writer = self._open_writer()
@@ -1120,6 +1325,12 @@ class FileJournal:
             return succeed(None)
         self.closed = True
         self._stop_reader()
+        if self._maintenance is not None:
+            # The current file's writes are acknowledged after the rotation's fsyncs.
+            return self._after_maintenance(self._close_now)
+        return self._close_now()
+
+    def _close_now(self) -> Deferred[None]:
         self._close_writer()
         pending = [*self._closing, *self._packs]
         if not pending:

@@ -33,6 +33,7 @@ class MemoryJournal:
 
     in_read_behind = False
     is_replaying = False
+    maintaining = False
     size = 0
     archived_size = 0
     checkpoint = None
@@ -43,6 +44,8 @@ class MemoryJournal:
         self.closed = False
         #: Never called: nothing here can fail.
         self.on_failure: FailureHandler | None = None
+        #: Never called: nothing is replayed.
+        self.on_skipped_adds: Callable[[int, int], None] | None = None
 
     def _write(self, record: Callable[[], rec.Record]) -> Deferred[None]:
         if self.keep_records:

@@ -28,6 +28,7 @@ An expiry of 0 means "never expires".
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
@@ -376,3 +377,70 @@ def decode_prefix(buf: bytes | bytearray | memoryview) -> DecodedPrefix:
 def record_size(record: Record) -> int:
     """Return how many bytes C{record} takes in a journal."""
     return len(record.encode())
+
+
+class SkippedAdds(NamedTuple):
+    """
+    A run of whole ADDX records measured without being decoded.
+
+    @ivar records: how many ADDX records the run holds.
+    @ivar data_bytes: the sum of their payload sizes.
+    @ivar end: the offset just past the last of them.
+    """
+
+    records: int
+    data_bytes: int
+    end: int
+
+
+#: The longest run of equal-sized ADDX records L{skip_adds} checks at once.
+_MAX_STRIDE_RUN = 1 << 16
+#: Records L{skip_adds} measures one by one after a run check failed.
+_STRIDE_BACKOFF = 32
+
+
+def skip_adds(buf: bytes | bytearray | memoryview | mmap.mmap, pos: int,
+              end: int | None = None) -> SkippedAdds:
+    """
+    Measure the run of whole ADDX records starting at C{pos}, reading only
+    each opcode and length.
+
+    The run stops before the first record that is not an ADDX, or that is
+    truncated or impossible (block shorter than 16 bytes), or at C{end}
+    (default: the end of C{buf}); L{read_record} then decodes or reports
+    what follows. Neither the payloads nor their times are read.
+
+    Items of one size (the usual journal) are measured many at a time: the
+    opcode and length bytes of the next records are compared, as strided
+    slices, with those of the first; where they differ, records are
+    measured one by one for a while.
+    """
+    if end is None:
+        end = len(buf)
+    unpack_size = _I32.unpack_from
+    start = pos
+    count = 0
+    trial = 16
+    one_by_one = 0
+    while pos + 21 <= end and buf[pos] == 2:
+        (size,) = unpack_size(buf, pos + 1)
+        stride = 5 + size
+        if size < 16 or pos + stride > end:
+            break
+        if one_by_one:
+            one_by_one -= 1
+        else:
+            n = min((end - pos) // stride, trial)
+            if n > 1:
+                stop = pos + n * stride
+                if all(buf[pos + i:stop:stride] == buf[pos + i:pos + i + 1] * n
+                       for i in range(5)):
+                    count += n
+                    pos = stop
+                    trial = min(trial * 2, _MAX_STRIDE_RUN)
+                    continue
+                trial = 16
+                one_by_one = _STRIDE_BACKOFF
+        count += 1
+        pos += stride
+    return SkippedAdds(count, pos - start - count * ADDX_OVERHEAD, pos)

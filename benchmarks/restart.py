@@ -1,0 +1,170 @@
+"""
+Restart benchmark: how long a server takes from start to serving a queue
+whose journal holds many items, and how much memory it then holds.
+
+Run from the repository root:
+
+    python benchmarks/restart.py                       # 1M x 1 KiB items, 3 runs
+    python benchmarks/restart.py --items 20000 --runs 1  # smoke run
+
+It writes one journal file of --items ADDX records of --item-size bytes with
+the project's own encoder (kestrel.journal.records.encode_add), starts
+`python -m twisted kestrel` on it with max_memory_size --memory, and polls
+the memcache port with `get <queue>` until a reply (an item) comes back. It
+prints, per run and as the median: seconds from process start to that first
+reply, the server's CPU seconds (utime + stime from /proc/<pid>/stat) up to
+then, its resident memory (VmRSS from /proc/<pid>/status) right after the
+reply, the size of the journal, and the load average. The journal is read
+from the page cache (a first warm-up `cat` makes sure of that), as in a
+restart of a server whose files are still cached, and it is fsynced first
+(the first get may rotate the journal, which fsyncs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.servers import free_port, stop  # noqa: E402
+from kestrel.journal import records as rec  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def write_journal(path: Path, items: int, item_size: int) -> int:
+    """Write C{items} ADDX records of C{item_size} bytes to C{path}; return its size."""
+    now = int(time.time() * 1000)
+    data = b"x" * item_size
+    record = rec.encode_add(data, now, 0)
+    batch = record * 1024
+    with open(path, "wb", buffering=8 * MIB) as f:
+        full, rest = divmod(items, 1024)
+        for _ in range(full):
+            f.write(batch)
+        f.write(record * rest)
+    return path.stat().st_size
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of C{pid} in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of C{pid} in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Poll C{get queue} on C{port} until an item comes back."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+                s.sendall(f"get {queue}\r\n".encode())
+                got = b""
+                while not got.endswith(b"END\r\n") and b"ERROR" not in got:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+                if got.startswith(b"VALUE"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise SystemExit("no reply before the timeout")
+
+
+def one_run(workdir: Path, queue: str, memory: str, timeout: float) -> tuple[float, float, float]:
+    port = free_port()
+    config = workdir / "kestrel.yaml"
+    config.write_text(
+        f"listen_address: 127.0.0.1\nmemcache_port: {port}\ntext_port: 0\nthrift_port: 0\n"
+        f"admin_port: 0\ndefault:\n  max_memory_size: {memory}\nqueue_path: {workdir / 'queues'}\n"
+        f"status_file: {workdir / 'status'}\n")
+    # A get takes an item: keep a copy of the journal and put it back after the run.
+    journal = workdir / "queues" / queue
+    shutil.copyfile(journal, workdir / "journal.orig")
+    # A journal on disk after a restart is clean: fsync it, and read it once into the cache.
+    with open(journal, "rb") as f:
+        os.fsync(f.fileno())
+    subprocess.run(["cat", str(journal)], stdout=subprocess.DEVNULL, check=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(workdir / "kestrel.log", "wb") as log:
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text",
+                                 "kestrel", "--config", str(config)], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        first_reply(port, queue, proc, timeout)
+        elapsed = time.monotonic() - started
+        return elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid)
+    finally:
+        stop(proc)
+        # (the first get may have rotated the journal: drop every file it left)
+        for leftover in (workdir / "queues").iterdir():
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
+        os.replace(workdir / "journal.orig", journal)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=1_000_000, help="items in the journal")
+    parser.add_argument("--item-size", type=int, default=1024, help="bytes per item")
+    parser.add_argument("--memory", default="128MiB", help="max_memory_size of the queue")
+    parser.add_argument("--runs", type=int, default=3, help="restarts to time (median)")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per run")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (journal, config, server log)")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="kestrel-restart-", dir=args.dir))
+    try:
+        (workdir / "queues").mkdir()
+        queue = "restart"
+        size = write_journal(workdir / "queues" / queue, args.items, args.item_size)
+        print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+        print(f"journal: {args.items} items x {args.item_size} B = {size / MIB:.0f} MiB; "
+              f"max_memory_size {args.memory}")
+        results = []
+        for run in range(args.runs):
+            elapsed, cpu, rss = one_run(workdir, queue, args.memory, args.timeout)
+            results.append((elapsed, cpu, rss))
+            print(f"run {run + 1}: first reply after {elapsed:.2f} s, server CPU {cpu:.2f} s, "
+                  f"RSS {rss:.0f} MiB, load average {os.getloadavg()[0]:.2f}")
+        print(f"median: first reply after {statistics.median(r[0] for r in results):.2f} s, "
+              f"server CPU {statistics.median(r[1] for r in results):.2f} s, "
+              f"RSS {statistics.median(r[2] for r in results):.0f} MiB "
+              f"(load average {os.getloadavg()[0]:.2f})")
+    finally:
+        if args.keep:
+            print(f"kept {workdir} (the journal and the last run's kestrel.log)")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

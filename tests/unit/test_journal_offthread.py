@@ -1,0 +1,178 @@
+"""Rotation and the empty-queue rewrite run no fsync on the calling (reactor) thread."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.task import Clock
+
+from kestrel.config import QueueConfig
+from kestrel.item import QItem
+from kestrel.journal import records as rec
+from kestrel.journal.journal import FileJournal
+from kestrel.queue import PersistentQueue
+from tests.support import ManualThread
+from tests.unit.test_queue import PENDING, datas, value
+
+
+class Fsyncs:
+    """An fsync that counts the calls made outside a thread job, and fsyncs for real."""
+
+    def __init__(self, thread: ThreadFlag) -> None:
+        self.thread = thread
+        self.inline = 0
+        self.in_thread = 0
+
+    def __call__(self, fd: int) -> None:
+        if self.thread.running:
+            self.in_thread += 1
+        else:
+            self.inline += 1
+        os.fsync(fd)
+
+
+class ThreadFlag(ManualThread):
+    """A ManualThread that says when one of its jobs is running."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = False
+
+    def run_next(self) -> None:
+        self.running = True
+        try:
+            super().run_next()
+        finally:
+            self.running = False
+
+
+def open_journal(path, clock: Clock) -> tuple[FileJournal, ThreadFlag, Fsyncs]:
+    thread = ThreadFlag()
+    fsyncs = Fsyncs(thread)
+    journal = FileJournal(str(path), "q", clock, 0.0, fsync=fsyncs, run_in_thread=thread)
+    journal.replay(lambda record: None)
+    return journal, thread, fsyncs
+
+
+def replayed(path, clock: Clock) -> list[rec.Record]:
+    out: list[rec.Record] = []
+    journal = FileJournal(str(path), "q", clock, None)
+    journal.replay(out.append)
+    value(journal.close())
+    return out
+
+
+def item(data: bytes) -> QItem:
+    return QItem(data, 1_767_225_600_000, 0)
+
+
+def test_rotation_fsyncs_in_the_thread_and_holds_back_new_acknowledgements(tmp_path,
+                                                                           clock: Clock) -> None:
+    journal, thread, fsyncs = open_journal(tmp_path, clock)
+    first = journal.add(item(b"one"))
+    thread.run_all()
+    assert value(first) is None
+    old = journal.add(item(b"two"))
+    journal.rotate([], set_checkpoint=False)
+    assert fsyncs.inline == 0
+    new = journal.add(item(b"three"))
+    # The old file's write and the new file's write wait for the thread.
+    assert value(old) is PENDING and value(new) is PENDING
+    # Jobs: the fsync "two" started before the rotation, then the rotation's
+    # fsyncs (old file and directory); the new file's fsync waits for them.
+    thread.run_next()
+    assert value(new) is PENDING
+    thread.run_next()
+    assert value(old) is None
+    assert value(new) is PENDING
+    thread.run_all()
+    assert value(new) is None
+    assert fsyncs.inline == 0 and fsyncs.in_thread >= 4
+    rotated = [n for n in os.listdir(tmp_path) if n.startswith("q.")]
+    assert len(rotated) == 1
+    value(journal.close())
+    assert [r.data for r in replayed(tmp_path, clock) if isinstance(r, rec.Add)] == [
+        b"one", b"two", b"three"]
+
+
+def test_close_during_a_rotation_waits_for_its_fsyncs(tmp_path, clock: Clock) -> None:
+    journal, thread, _ = open_journal(tmp_path, clock)
+    old = journal.add(item(b"one"))
+    journal.rotate([], set_checkpoint=False)
+    new = journal.add(item(b"two"))
+    closed = journal.close()
+    assert value(closed) is PENDING and value(new) is PENDING
+    thread.run_all()
+    assert value(old) is None and value(new) is None and value(closed) is None
+
+
+def test_empty_rewrite_in_place_fsyncs_in_the_thread(tmp_path, clock: Clock) -> None:
+    journal, thread, fsyncs = open_journal(tmp_path, clock)
+    added = journal.add(item(b"one"))
+    removed = journal.remove()
+    journal.rewrite([], [], xid_counter=7)
+    assert fsyncs.inline == 0
+    assert value(added) is PENDING and value(removed) is PENDING
+    assert os.path.getsize(tmp_path / "q") == len(rec.SaveXid(7).encode())
+    after = journal.add(item(b"two"))
+    thread.run_all()
+    assert value(added) is None and value(removed) is None and value(after) is None
+    assert fsyncs.inline == 0
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [rec.SaveXid(7), rec.Add(b"two", 1_767_225_600_000, 0)]
+
+
+def open_queue(path, clock: Clock) -> tuple[PersistentQueue, ThreadFlag, Fsyncs]:
+    thread = ThreadFlag()
+    fsyncs = Fsyncs(thread)
+    journal = FileJournal(str(path), "q", clock, 0.0, fsync=fsyncs, run_in_thread=thread)
+    config = QueueConfig(max_memory_size=200, default_journal_size=150,
+                         max_journal_size=1 << 30, durable_acks=True)
+    q = PersistentQueue("q", config, journal, clock)
+    q.setup()
+    fsyncs.inline = 0
+    return q, thread, fsyncs
+
+
+def test_a_queue_rewriting_its_empty_journal_runs_no_fsync_inline(tmp_path,
+                                                                   clock: Clock) -> None:
+    """Sets and gets through a queue that is empty after every get: rewrites."""
+    q, thread, fsyncs = open_queue(tmp_path, clock)
+    acks: list[Any] = []
+    for i in range(300):
+        data = b"%06d" % i
+        acks.append(q.add(data))
+        assert q.remove().data == data
+        if i % 4 == 0:
+            thread.run_all()
+    thread.run_all()
+    assert fsyncs.inline == 0
+    assert q.journal_rewrites > 10
+    assert all(value(a) is True for a in acks)
+    value(q.close())
+    assert [r for r in replayed(tmp_path, clock) if not isinstance(r, rec.SaveXid)] == []
+
+
+def test_a_queue_rotating_its_journal_runs_no_fsync_inline(tmp_path, clock: Clock) -> None:
+    """Sets past max_memory_size: read-behind and rotations, every fsync in the thread."""
+    q, thread, fsyncs = open_queue(tmp_path, clock)
+    acks: list[Any] = []
+    expected: list[bytes] = []
+    for i in range(300):
+        data = b"%06d" % i
+        acks.append(q.add(data))
+        expected.append(data)
+        if i % 3 == 0:
+            thread.run_all()
+        if i % 10 == 9:
+            # some gets, the queue stays past max_memory_size
+            assert q.remove().data == expected.pop(0)
+    thread.run_all()
+    assert fsyncs.inline == 0
+    assert q.journal_rotations > 10
+    assert all(value(a) is True for a in acks)
+    assert datas(q) == expected
+    thread.run_all()
+    value(q.close())

@@ -1,0 +1,113 @@
+"""Replay skips the adds beyond max_memory_size by size, and the queue comes out the same."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from hypothesis import given
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+
+from kestrel.journal import records as rec
+from kestrel.journal.journal import FileJournal
+from tests.unit.test_queue import datas
+from tests.unit.test_queue_file import open_queue
+
+ADD_MS = 1_767_225_600_123
+DATA = st.binary(max_size=40)
+
+ops_strategy = st.lists(st.one_of(
+    st.builds(lambda d: rec.Add(d, ADD_MS, 0), DATA),
+    st.just(rec.Remove()),
+    st.builds(rec.SaveXid, st.integers(0, 5)),
+    st.builds(lambda d: rec.AddXid(1, d, ADD_MS, 0), DATA),
+), max_size=60)
+
+
+@given(st.lists(st.one_of(st.builds(lambda d: rec.Add(d, ADD_MS, 7), DATA),
+                          st.just(rec.Remove()),
+                          st.builds(rec.SaveXid, st.integers(0, 9))), max_size=20),
+       st.integers(0, 30))
+def test_skip_adds_measures_the_leading_run_of_addx(records: list[rec.Record], cut: int) -> None:
+    buf = b"".join(r.encode() for r in records)
+    buf = buf[:max(0, len(buf) - cut)]
+    decoded = rec.decode_prefix(buf)
+    run = 0
+    for r in decoded.records:
+        if type(r) is not rec.Add:
+            break
+        run += 1
+    got = rec.skip_adds(buf, 0)
+    assert got.records == run
+    assert got.data_bytes == sum(len(r.data) for r in decoded.records[:run])
+    assert got.end == (decoded.offsets[run] if run < len(decoded.offsets) else decoded.end)
+
+
+def test_skip_adds_stops_at_an_impossible_block() -> None:
+    good = rec.encode_add(b"abc", ADD_MS)
+    bad = b"\x02" + (3).to_bytes(4, "little") + bytes(16)
+    assert rec.skip_adds(good + bad + good, 0) == rec.SkippedAdds(1, 3, len(good))
+
+
+def write_journal(folder: str, records: list[rec.Record]) -> None:
+    with open(os.path.join(folder, "q"), "wb") as f:
+        f.write(b"".join(r.encode() for r in records))
+
+
+@given(ops_strategy, st.integers(1, 120))
+def test_replay_into_read_behind_matches_replay_in_memory(records: list[rec.Record],
+                                                          memory: int) -> None:
+    """Whatever the journal, a queue past max_memory_size replays to the same items and counts."""
+    with tempfile.TemporaryDirectory() as small, tempfile.TemporaryDirectory() as big:
+        write_journal(small, records)
+        write_journal(big, records)
+        clock = Clock()
+        skipped = open_queue(small, clock, max_memory_size=memory)
+        whole = open_queue(big, clock, max_memory_size=1 << 30)
+        assert (skipped.length, skipped.bytes) == (whole.length, whole.bytes)
+        assert (skipped.put_items, skipped.put_bytes) == (whole.put_items, whole.put_bytes)
+        assert datas(skipped) == datas(whole)
+
+
+def test_adds_in_read_behind_are_counted_not_decoded(tmp_path) -> None:
+    """Once the reader is open, apply never sees an ADDX: count_adds gets their number and size."""
+    items = [b"%04d" % i for i in range(10)]
+    write_journal(str(tmp_path), [rec.Add(d, ADD_MS, 0) for d in items] + [rec.Remove()])
+    journal = FileJournal(str(tmp_path), "q", Clock(), None)
+    applied: list[rec.Record] = []
+    counted: list[tuple[int, int]] = []
+
+    def apply(record: rec.Record) -> None:
+        applied.append(record)
+        if len(applied) == 3:
+            journal.start_read_behind()
+
+    journal.on_skipped_adds = lambda n, size: counted.append((n, size))
+    journal.replay(apply)
+    assert [r.data for r in applied[:3]] == items[:3]
+    assert applied[3:] == [rec.Remove()]
+    assert counted == [(7, 28)]
+    value_closed = journal.close()
+    assert value_closed.called
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 80)), max_size=6),
+       st.sampled_from([b"", b"\x01", b"\x02\x20\x00", rec.SaveXid(3).encode()]),
+       st.integers(0, 40))
+def test_skip_adds_over_runs_of_equal_items(runs: list[tuple[int, int]], tail: bytes,
+                                             cut: int) -> None:
+    """Runs of same-sized items (measured many at a time) and what ends them."""
+    records = [rec.Add(b"z" * size, ADD_MS, 0) for size, n in runs for _ in range(n)]
+    buf = b"".join(r.encode() for r in records) + tail
+    buf = buf[:max(0, len(buf) - cut)]
+    decoded = rec.decode_prefix(buf)
+    run = 0
+    for r in decoded.records:
+        if type(r) is not rec.Add:
+            break
+        run += 1
+    got = rec.skip_adds(buf, 0)
+    assert got.records == run
+    assert got.data_bytes == sum(len(r.data) for r in decoded.records[:run])
+    assert got.end == (decoded.offsets[run] if run < len(decoded.offsets) else decoded.end)
