@@ -25,6 +25,7 @@ from kestrel.analytics.layout import Plan
 from kestrel.analytics.output import OUTPUT_NAMES, STAGING_PREFIX, Staging
 from kestrel.analytics.replay import MINUTE_MS, NONE
 from kestrel.analytics.scan import ADD_OPS, TRAILER_OP
+from kestrel.journal.events import ABORT_OPCODES, CONFIRM_OPCODES, DEQUEUE_OPCODES, OPEN_OPCODES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -124,10 +125,10 @@ def _flow(events: DataFrame) -> DataFrame:
                  sf.max(sf.when(traffic, sf.col("event_ms"))).alias("last_ms"),
                  count(sf.lit(True)).alias("records"),
                  count(traffic & is_add).alias("enqueued"),
-                 count(traffic & op.isin(1, 6, 8)).alias("dequeued"),
-                 count(traffic & op.isin(3, 9)).alias("opened"),
-                 count(traffic & op.isin(6, 8)).alias("confirmed"),
-                 count(traffic & (op == 5)).alias("aborted"),
+                 count(traffic & op.isin(*DEQUEUE_OPCODES)).alias("dequeued"),
+                 count(traffic & op.isin(*OPEN_OPCODES)).alias("opened"),
+                 count(traffic & op.isin(*CONFIRM_OPCODES)).alias("confirmed"),
+                 count(traffic & op.isin(*ABORT_OPCODES)).alias("aborted"),
                  sf.coalesce(sf.sum(add_size), sf.lit(0)).cast("long").alias("bytes_enqueued"),
                  count(sf.col("snapshot")).alias("snapshot_records"),
                  count(sf.col("snapshot") & is_add & ~sf.col("filler")).alias("reemitted_adds"),

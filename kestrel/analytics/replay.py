@@ -11,14 +11,24 @@ server's replay rules on item positions instead of item data:
   into open read C{xid} and sets the xid counter (an open read with the same
   xid is overwritten and its item lost, as in the server); the legacy
   REMOVE_TENTATIVE (opcode 3, no xid) takes the next free xid after the
-  counter, as txkestrel's replay does (Kestrel used xid 0, a latent bug);
-  SAVE_XID sets the counter;
+  counter (L{kestrel.journal.records.next_xid}), as txkestrel's replay does
+  (Kestrel used xid 0, a latent bug); SAVE_XID sets the counter;
 - UNREMOVE(xid) puts open read C{xid} back at the head; CONFIRM_REMOVE(xid)
   drops it; records about an unknown xid, or a pop of an empty queue, do
   nothing.
 
 What a restart would hold (C{items_left}) is every queued item plus every
 still-open read, which the server puts back at the head.
+
+These are the events of L{kestrel.journal.events.QueueEvents}, and which
+opcode is which event comes from there (its C{*_OPCODES} groups and
+L{kestrel.journal.records.Opcode}). The loop is that table applied to opcode
+columns and item positions rather than L{kestrel.journal.events.event_applier}
+applied to record objects: the scanner never builds a record object (numpy
+reads every field of all records at once), and building one per row, plus a
+method call per event, only to replay positions would cost more than the
+rest of the replay. C{tests/analytics/test_replay.py} checks the loop
+against C{event_applier} on random record streams, so the two cannot drift.
 
 Times: each record's clock is the running maximum of its bracketing lower
 bound (or, failing that, upper bound), so backlog minutes never go backwards.
@@ -37,13 +47,20 @@ from collections import deque
 import attrs
 import numpy as np
 
+from kestrel.journal.events import ADD_OPCODES
+from kestrel.journal.records import Opcode, next_xid
+
+ADD, ADDX, ADD_XID, CONTINUE = (int(Opcode.ADD), int(Opcode.ADDX), int(Opcode.ADD_XID),
+                                int(Opcode.CONTINUE))
+REMOVE, REMOVE_TENTATIVE, REMOVE_TENTATIVE_XID = (int(Opcode.REMOVE), int(Opcode.REMOVE_TENTATIVE),
+                                                  int(Opcode.REMOVE_TENTATIVE_XID))
+SAVE_XID, UNREMOVE, CONFIRM_REMOVE = (int(Opcode.SAVE_XID), int(Opcode.UNREMOVE),
+                                      int(Opcode.CONFIRM_REMOVE))
+
 #: Marks an absent value in the integer columns.
 NONE = np.iinfo(np.int64).min
 
 MINUTE_MS = 60_000
-
-#: Xids are signed 32-bit; the counter wraps to 1 after this.
-MAX_XID = 0x7FFFFFFF
 
 #: The percentiles every summary reports.
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -150,26 +167,27 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     out_o: list[int] = []
     out_b: list[int] = []
     out_i: list[int] = []
+    # The record-to-event table of kestrel.journal.events, over opcode columns
+    # and item positions: see the module docstring for why this is not a
+    # second switch. Opcodes bound to locals: compared as fast as literals.
+    add, addx, add_xid, cont = ADD, ADDX, ADD_XID, CONTINUE
+    remove, open_xid, open_legacy = REMOVE, REMOVE_TENTATIVE_XID, REMOVE_TENTATIVE
+    confirm, unremove, save_xid = CONFIRM_REMOVE, UNREMOVE, SAVE_XID
     for i in range(n):
         o = ops[i]
-        if o == 2 or o == 0 or o == 7:
+        if o == addx or o == add or o == add_xid:  # added
             queue.append(i)
             nbytes += sizes[i]
-        elif o == 1:
+        elif o == remove:  # removed
             if queue:
                 j = queue.popleft()
                 removed_at[j] = i
                 nbytes -= sizes[j]
-        elif o == 9 or o == 3:
-            if o == 9:
+        elif o == open_xid or o == open_legacy:  # opened
+            if o == open_xid:
                 x = counter = xids[i]
             else:
-                x = counter
-                while True:
-                    x = x + 1 if x < MAX_XID else 1
-                    if x not in open_reads:
-                        break
-                counter = x
+                x = counter = next_xid(counter, open_reads)
             if queue:
                 j = queue.popleft()
                 old = open_reads.get(x)
@@ -177,19 +195,19 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
                     lost += 1
                     nbytes -= sizes[old]
                 open_reads[x] = j
-        elif o == 6 or o == 8:
+        elif o == confirm or o == cont:  # confirmed (and added, for CONTINUE)
             j = open_reads.pop(xids[i], -1)
             if j >= 0:
                 removed_at[j] = i
                 nbytes -= sizes[j]
-            if o == 8:
+            if o == cont:
                 queue.append(i)
                 nbytes += sizes[i]
-        elif o == 5:
+        elif o == unremove:  # unremoved
             j = open_reads.pop(xids[i], -1)
             if j >= 0:
                 queue.appendleft(j)
-        elif o == 4:
+        elif o == save_xid:  # xid_saved
             counter = xids[i]
         if emits[i]:
             out_i.append(i)
@@ -198,7 +216,7 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
             out_b.append(nbytes)
 
     removed = np.asarray(removed_at, dtype=np.int64)
-    is_add = np.isin(op, (0, 2, 7, 8))
+    is_add = np.isin(op, ADD_OPCODES)
     real = is_add & ~filler.astype(bool)
     done = real & (removed >= 0) & (add_ms != NONE)
     by = removed[done]

@@ -25,16 +25,17 @@ import numpy as np
 import pyarrow as pa
 
 from kestrel.analytics.layout import JournalFile, local_path
+from kestrel.journal.events import ADD_OPCODES, TIMED_OPCODES, XID_OPCODES
 
 #: The pseudo-opcode of the one trailer row every file contributes.
 TRAILER_OP = -1
 
-#: Opcodes that append an item.
-ADD_OPS = (0, 2, 7, 8)
+#: Opcodes that append an item (defined with the record-to-event table).
+ADD_OPS = ADD_OPCODES
 #: Opcodes whose record carries an add time.
-TIMED_OPS = (2, 7, 8)
+TIMED_OPS = TIMED_OPCODES
 #: Opcodes that carry an xid.
-XID_OPS = (4, 5, 6, 7, 8, 9)
+XID_OPS = XID_OPCODES
 
 _NONE = np.iinfo(np.int64).min
 
@@ -190,7 +191,7 @@ def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
     size = np.zeros(n, np.int32)
     add_ms = np.full(n, _NONE, np.int64)
     exp_ms = np.full(n, _NONE, np.int64)
-    with_xid = np.isin(op, (4, 5, 6, 9, 7, 8))
+    with_xid = np.isin(op, XID_OPS)
     xid[with_xid] = _gather(data, offsets[with_xid] + 1, 4, "<i4")
     addx = op == 2
     o = offsets[addx]

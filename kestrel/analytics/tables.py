@@ -21,6 +21,7 @@ from kestrel.analytics import layout
 from kestrel.analytics.layout import Plan
 from kestrel.analytics.replay import MINUTE_MS, NONE, percentiles, replay_queue
 from kestrel.analytics.scan import ADD_OPS
+from kestrel.journal.events import ABORT_OPCODES, CONFIRM_OPCODES, DEQUEUE_OPCODES, OPEN_OPCODES
 
 ESTIMATE_NOTE = (
     "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
@@ -196,10 +197,10 @@ def flow_table(events: pd.DataFrame) -> pd.DataFrame:
         "t_ms": events["event_ms"].where(traffic),
         "records": 1,
         "enqueued": (traffic & is_add).astype(np.int64),
-        "dequeued": (traffic & np.isin(op, (1, 6, 8))).astype(np.int64),
-        "opened": (traffic & np.isin(op, (3, 9))).astype(np.int64),
-        "confirmed": (traffic & np.isin(op, (6, 8))).astype(np.int64),
-        "aborted": (traffic & (op == 5)).astype(np.int64),
+        "dequeued": (traffic & np.isin(op, DEQUEUE_OPCODES)).astype(np.int64),
+        "opened": (traffic & np.isin(op, OPEN_OPCODES)).astype(np.int64),
+        "confirmed": (traffic & np.isin(op, CONFIRM_OPCODES)).astype(np.int64),
+        "aborted": (traffic & np.isin(op, ABORT_OPCODES)).astype(np.int64),
         "bytes_enqueued": np.where(traffic & is_add, events["size"].fillna(0), 0).astype(
             np.int64),
         "snapshot_records": snap.astype(np.int64),

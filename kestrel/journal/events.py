@@ -7,7 +7,9 @@ counter saved. Whoever replays a journal (the queue at startup, the
 C{qdump} and C{qpack} tools) subclasses L{QueueEvents}, overriding the
 events it cares about, and feeds records to L{event_applier}; what each
 record type means, and how a Kestrel 1.x ADD becomes an item
-(L{legacy_item}), is written here once.
+(L{legacy_item}), is written here once. Readers that decode a journal into
+columns of opcodes instead of record objects (the analytics scanner) take
+the same table by opcode from the C{*_OPCODES} groups at the end.
 """
 
 from __future__ import annotations
@@ -122,3 +124,29 @@ def event_applier(events: QueueEvents,
             raise TypeError(f"not a journal record: {record!r}")
 
     return apply
+
+
+# The same record-to-event table, by opcode, for readers that decode a journal
+# into columns (the analytics scanner and its replay) rather than into record
+# objects; plain ints so that numpy and Spark take them as they are.
+_O = rec.Opcode
+
+#: Opcodes whose record adds an item (L{QueueEvents.added}, or the add of
+#: L{QueueEvents.continued}).
+ADD_OPCODES: tuple[int, ...] = tuple(map(int, (_O.ADD, _O.ADDX, _O.ADD_XID, _O.CONTINUE)))
+#: Opcodes whose record carries its item's add time (all adds but Kestrel 1.x ADD).
+TIMED_OPCODES: tuple[int, ...] = tuple(map(int, (_O.ADDX, _O.ADD_XID, _O.CONTINUE)))
+#: Opcodes whose record carries an xid.
+XID_OPCODES: tuple[int, ...] = tuple(map(int, (
+    _O.SAVE_XID, _O.UNREMOVE, _O.CONFIRM_REMOVE, _O.ADD_XID, _O.CONTINUE,
+    _O.REMOVE_TENTATIVE_XID)))
+#: Opcodes whose record opens a read (L{QueueEvents.opened}).
+OPEN_OPCODES: tuple[int, ...] = tuple(map(int, (_O.REMOVE_TENTATIVE, _O.REMOVE_TENTATIVE_XID)))
+#: Opcodes whose record confirms an open read (L{QueueEvents.confirmed}, or
+#: the confirm of L{QueueEvents.continued}).
+CONFIRM_OPCODES: tuple[int, ...] = tuple(map(int, (_O.CONFIRM_REMOVE, _O.CONTINUE)))
+#: Opcodes whose record takes an item away for good: a REMOVE or a confirm.
+DEQUEUE_OPCODES: tuple[int, ...] = (int(_O.REMOVE), *CONFIRM_OPCODES)
+#: Opcodes whose record aborts an open read (L{QueueEvents.unremoved}).
+ABORT_OPCODES: tuple[int, ...] = (int(_O.UNREMOVE),)
+del _O

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 from hypothesis import given
@@ -13,7 +14,7 @@ pytest.importorskip("pyarrow")
 
 from kestrel.analytics.replay import nearest_rank, replay_queue  # noqa: E402
 from kestrel.analytics.scan import scan_buffer, time_bounds  # noqa: E402
-from kestrel.journal import records  # noqa: E402
+from kestrel.journal import events, records  # noqa: E402
 from tests.analytics.journals import QueueWriter  # noqa: E402
 
 
@@ -105,3 +106,134 @@ def test_nearest_rank() -> None:
     assert [nearest_rank(v, p) for p in (0.5, 0.9, 0.99)] == [50, 90, 99]
     assert nearest_rank(np.array([7]), 0.99) == 7
     assert nearest_rank(np.array([], dtype=np.int64), 0.5) is None
+
+
+class _FifoModel(events.QueueEvents):
+    """The replay rules of docs/analytics.md as queue events: what C{event_applier} drives."""
+
+    __slots__ = ("queue", "open", "counter", "lost")
+
+    def __init__(self) -> None:
+        self.queue: deque[int] = deque()
+        self.open: dict[int, int] = {}
+        self.counter = 0
+        self.lost = 0
+
+    def added(self, item: object, xid: int) -> None:
+        self.queue.append(len(item.data))  # type: ignore[attr-defined]
+
+    def removed(self) -> None:
+        if self.queue:
+            self.queue.popleft()
+
+    def opened(self, xid: int | None) -> None:
+        if xid is None:
+            xid = records.next_xid(self.counter, self.open)
+        self.counter = xid
+        if self.queue:
+            if xid in self.open:
+                self.lost += 1
+            self.open[xid] = self.queue.popleft()
+
+    def unremoved(self, xid: int) -> None:
+        if xid in self.open:
+            self.queue.appendleft(self.open.pop(xid))
+
+    def confirmed(self, xid: int) -> None:
+        self.open.pop(xid, None)
+
+    def xid_saved(self, xid: int) -> None:
+        self.counter = xid
+
+
+_XIDS = st.integers(1, 6)
+_DATA = st.binary(max_size=24)
+_TIMES = st.integers(1, 10**12)
+_ANY_RECORD = st.one_of(
+    st.builds(records.Add, _DATA, _TIMES),
+    st.builds(records.LegacyAdd, _DATA, st.integers(0, 10**9)),
+    st.builds(records.AddXid, _XIDS, _DATA, _TIMES),
+    st.builds(records.Continue, _XIDS, _DATA, _TIMES),
+    st.just(records.Remove()),
+    st.just(records.RemoveTentative()),
+    st.builds(records.RemoveTentativeXid, _XIDS),
+    st.builds(records.SaveXid, _XIDS),
+    st.builds(records.Unremove, _XIDS),
+    st.builds(records.ConfirmRemove, _XIDS),
+)
+
+
+@given(st.lists(_ANY_RECORD, max_size=80))
+def test_column_replay_agrees_with_the_journal_event_table(recs: list) -> None:
+    """
+    The opcode-column replay means by each opcode what kestrel.journal.events
+    means by its record: any stream of every record type (legacy ones too,
+    xids colliding) leaves the same queue as the events applied to a model.
+    """
+    buf = b"".join(records.encode(r) for r in recs)
+    model = _FifoModel()
+    apply = events.event_applier(model, lambda: 0)
+    for _, r in records.iter_records(buf):
+        apply(r)
+    got = _replay(buf)
+    assert got.queued == len(model.queue)
+    assert got.open_reads == len(model.open)
+    assert got.bytes_left == sum(model.queue) + sum(model.open.values())
+    assert got.lost_open_reads == model.lost
+
+
+def test_opcode_groups_match_the_record_event_table() -> None:
+    """Each C{*_OPCODES} group holds exactly the opcodes whose record fires that event."""
+    samples = {records.Opcode.ADD: records.LegacyAdd(b"x"),
+               records.Opcode.REMOVE: records.Remove(),
+               records.Opcode.ADDX: records.Add(b"x", 1),
+               records.Opcode.REMOVE_TENTATIVE: records.RemoveTentative(),
+               records.Opcode.SAVE_XID: records.SaveXid(1),
+               records.Opcode.UNREMOVE: records.Unremove(1),
+               records.Opcode.CONFIRM_REMOVE: records.ConfirmRemove(1),
+               records.Opcode.ADD_XID: records.AddXid(1, b"x", 1),
+               records.Opcode.CONTINUE: records.Continue(1, b"x", 1),
+               records.Opcode.REMOVE_TENTATIVE_XID: records.RemoveTentativeXid(1)}
+    assert set(samples) == set(records.Opcode)
+
+    class Fired(events.QueueEvents):
+        __slots__ = ("names",)
+
+        def __init__(self) -> None:
+            self.names: set[str] = set()
+
+        def added(self, item: object, xid: int) -> None:
+            self.names.add("added")
+
+        def removed(self) -> None:
+            self.names.add("removed")
+
+        def opened(self, xid: int | None) -> None:
+            self.names.add("opened")
+
+        def unremoved(self, xid: int) -> None:
+            self.names.add("unremoved")
+
+        def confirmed(self, xid: int) -> None:
+            self.names.add("confirmed")
+
+        def xid_saved(self, xid: int) -> None:
+            self.names.add("xid_saved")
+
+    fired = {}
+    for op, r in samples.items():
+        f = Fired()
+        events.event_applier(f, lambda: 0)(r)
+        fired[int(op)] = f.names
+        assert records.encode(r)[0] == op
+    by = {name: {op for op, names in fired.items() if name in names}
+          for name in ("added", "opened", "confirmed", "unremoved")}
+    assert set(events.ADD_OPCODES) == by["added"]
+    assert set(events.OPEN_OPCODES) == by["opened"]
+    assert set(events.CONFIRM_OPCODES) == by["confirmed"]
+    assert set(events.ABORT_OPCODES) == by["unremoved"]
+    assert set(events.DEQUEUE_OPCODES) == by["confirmed"] | {op for op, names in fired.items()
+                                                               if "removed" in names}
+    timed = {op for op, r in samples.items() if hasattr(r, "add_time_ms")}
+    assert set(events.TIMED_OPCODES) == timed
+    assert set(events.XID_OPCODES) == {op for op, r in samples.items() if hasattr(r, "xid")}
