@@ -7,6 +7,13 @@ finds where records start, then numpy reads every field of all records at once, 
 turns them into one Arrow record batch, the shape both the Spark data source
 and the single-process benchmark consume.
 
+This is the columnar counterpart of L{kestrel.journal.records.decode_prefix}
+(the tests hold it to the same records), not a second codec or a second
+switch over record types: opcode names come from
+L{kestrel.journal.records.Opcode} and what each opcode means from the groups
+of L{kestrel.journal.events}. It works on opcode columns rather than record
+objects because building one object per record would be most of its cost.
+
 Time bracketing: only add records (ADDX, ADD_XID, CONTINUE) carry a time.
 For them C{time_lb_ms == time_ub_ms == add_ms}. Any other record was written
 after the latest add time seen before it in the file (or the file's
@@ -26,6 +33,11 @@ import pyarrow as pa
 
 from kestrel.analytics.layout import JournalFile, local_path
 from kestrel.journal.events import ADD_OPCODES, TIMED_OPCODES, XID_OPCODES
+from kestrel.journal.records import Opcode
+
+_ADD, _ADDX, _ADD_XID, _CONTINUE = (int(Opcode.ADD), int(Opcode.ADDX), int(Opcode.ADD_XID),
+                                    int(Opcode.CONTINUE))
+_SAVE_XID, _REMOVE_TENTATIVE_XID = int(Opcode.SAVE_XID), int(Opcode.REMOVE_TENTATIVE_XID)
 
 #: The pseudo-opcode of the one trailer row every file contributes.
 TRAILER_OP = -1
@@ -104,7 +116,8 @@ class Scan:
 
 
 _I32 = struct.Struct("<i").unpack_from
-_FIXED = {1: 1, 3: 1, 4: 5, 5: 5, 6: 5, 9: 5}
+#: Record length of the opcodes without a payload: the opcode, plus an xid if any.
+_FIXED = {int(o): 5 if o in XID_OPCODES else 1 for o in Opcode if o not in ADD_OPCODES}
 
 
 def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int, str | None]:
@@ -123,6 +136,7 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
     offsets = array("q")
     add = offsets.append
     fixed = _FIXED.get
+    add_op, addx, add_xid, cont = _ADD, _ADDX, _ADD_XID, _CONTINUE
     i32 = _I32
     pos = 0
     problem: str | None = None
@@ -136,14 +150,14 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
             add(pos)
             pos += step
             continue
-        if op == 2 or op == 0:
+        if op == addx or op == add_op:
             if pos + 5 > end:
                 problem = "truncated record"
                 break
             (size,) = i32(mv, pos + 1)
-            minimum = 16 if op == 2 else 4
+            minimum = 16 if op == addx else 4
             head = 5
-        elif op == 7 or op == 8:
+        elif op == add_xid or op == cont:
             if pos + 9 > end:
                 problem = "truncated record"
                 break
@@ -193,17 +207,17 @@ def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
     exp_ms = np.full(n, _NONE, np.int64)
     with_xid = np.isin(op, XID_OPS)
     xid[with_xid] = _gather(data, offsets[with_xid] + 1, 4, "<i4")
-    addx = op == 2
+    addx = op == _ADDX
     o = offsets[addx]
     size[addx] = _gather(data, o + 1, 4, "<i4") - 16
     add_ms[addx] = _gather(data, o + 5, 8, "<i8")
     exp_ms[addx] = _gather(data, o + 13, 8, "<i8")
-    blocks = (op == 7) | (op == 8)
+    blocks = (op == _ADD_XID) | (op == _CONTINUE)
     o = offsets[blocks]
     size[blocks] = _gather(data, o + 5, 4, "<i4") - 16
     add_ms[blocks] = _gather(data, o + 9, 8, "<i8")
     exp_ms[blocks] = _gather(data, o + 17, 8, "<i8")
-    legacy = op == 0
+    legacy = op == _ADD
     o = offsets[legacy]
     size[legacy] = _gather(data, o + 1, 4, "<i4") - 4
     exp_s = _gather(data, o + 5, 4, "<i4").astype(np.int64)
@@ -257,19 +271,19 @@ def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np
     n = len(op)
     snap = np.zeros(n, bool)
     filler = np.zeros(n, bool)
-    if n == 0 or op[0] != 4:
+    if n == 0 or op[0] != _SAVE_XID:
         return snap, filler
     counter = int(xid[0])
     i = 1
     seen: set[int] = set()
-    while i + 1 < n and op[i] == 2 and op[i + 1] == 9:
+    while i + 1 < n and op[i] == _ADDX and op[i + 1] == _REMOVE_TENTATIVE_XID:
         x = int(xid[i + 1])
         if x > counter or x in seen:
             break
         seen.add(x)
         i += 2
     rest_op = op[i:]
-    is_addx = rest_op == 2
+    is_addx = rest_op == _ADDX
     if bound_ms is None:
         inside = is_addx
         fill = np.zeros(len(rest_op), bool)
