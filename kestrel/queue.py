@@ -35,7 +35,7 @@ from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
 
 if TYPE_CHECKING:
-    from kestrel.journal.journal import Checkpoint
+    from kestrel.journal.pack import Checkpoint
 
 #: Seconds between attempts to write a failed journal again (see docs/journal.md).
 JOURNAL_RETRY_SECONDS = 1.0
