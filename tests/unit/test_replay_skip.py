@@ -197,3 +197,18 @@ def test_queue_in_read_behind_matches_a_memory_model(ops: list[tuple[str, object
         assert (q.length, q.bytes) == (len(model), sum(len(d) for d in model))
         assert datas(q) == list(model)
         value(q.close())
+
+
+def test_read_behind_reads_legacy_adds_as_replay_does(tmp_path) -> None:
+    """A Kestrel 1.x ADD read by the read-behind reader: stamped now, expiry seconds to ms."""
+    write_journal(str(tmp_path), [rec.Add(b"new", ADD_MS, 0), rec.LegacyAdd(b"old", 1_767_300_000),
+                                  rec.LegacyAdd(b"older", 0)])
+    clock = Clock()
+    clock.advance(1_767_225_700.0)
+    q = open_queue(tmp_path, clock, max_memory_size=0)
+    assert q.in_read_behind
+    assert (q.length, q.bytes) == (3, 11)
+    got = [q.remove() for _ in range(3)]
+    now_ms = 1_767_225_700_000
+    assert [(i.data, i.add_time_ms, i.expiry_ms) for i in got] == [
+        (b"new", ADD_MS, 0), (b"old", now_ms, 1_767_300_000_000), (b"older", now_ms, 0)]
