@@ -35,7 +35,7 @@ from kestrel.journal.records import next_xid
 from kestrel.waiters import ReadWaiters
 
 if TYPE_CHECKING:
-    from kestrel.journal.journal import Checkpoint
+    from kestrel.journal.pack import Checkpoint
 
 #: Seconds between attempts to write a failed journal again (see docs/journal.md).
 JOURNAL_RETRY_SECONDS = 1.0
@@ -392,7 +392,9 @@ class PersistentQueue:
         journal = self.journal
         if cfg.keep_journal:
             self._check_rotate_journal()
-            if not journal.in_read_behind and self.bytes >= cfg.max_memory_size:
+            # Never with an empty memory: the head must stay readable (max_memory_size 0).
+            if (not journal.in_read_behind and self.bytes >= cfg.max_memory_size
+                    and self._items):
                 self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
                                queue=self.name, bytes=self.bytes)
                 journal.start_read_behind()
@@ -929,14 +931,21 @@ class PersistentQueue:
                           queue=self.name)
 
     def _fill_read_behind(self) -> None:
-        """Read items back from the journal until memory is full or the reader catches up."""
+        """
+        Read items back from the journal until memory is full or the reader catches up.
+
+        Memory always gets at least one item (the head), even when
+        C{max_memory_size} is 0 or smaller than the head item: a queue in
+        read-behind with an empty memory could not hand anything out.
+        """
         journal = self.journal
         limit = self._config.max_memory_size
-        if not journal.in_read_behind or self.memory_bytes >= limit:
+        items = self._items
+        if not journal.in_read_behind or (self.memory_bytes >= limit and items):
             return
         observer = self.observer
         started = self._clock.seconds() if observer is not None else 0.0
-        while journal.in_read_behind and self.memory_bytes < limit:
+        while journal.in_read_behind and (self.memory_bytes < limit or not items):
             journal.fill_read_behind(self._got_item, self._got_checkpoint)
             if not journal.in_read_behind:
                 self._log.info("Coming out of read-behind for {queue}", queue=self.name)

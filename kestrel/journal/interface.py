@@ -19,7 +19,7 @@ from kestrel.item import QItem
 from kestrel.journal import records as rec
 
 if TYPE_CHECKING:
-    from kestrel.journal.journal import Checkpoint
+    from kestrel.journal.pack import Checkpoint
 
 _T = TypeVar("_T")
 

@@ -18,27 +18,36 @@ C{archive_path} when one is set.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import gc
 import mmap
 import os
-import shutil
 import struct
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
-import attrs
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.item import QItem
+from kestrel.journal import naming
 from kestrel.journal import records as rec
+from kestrel.journal.events import legacy_item
+from kestrel.journal.naming import PACK_SUFFIX, TEMP_INFIX, journal_queue_name
+from kestrel.journal.pack import (
+    OP_CLOSE,
+    OP_OPEN,
+    OP_REMOVE,
+    OP_UNREMOVE,
+    Checkpoint,
+    dump_records,
+    pack_layout,
+)
 from kestrel.journal.syncfile import (
     FsyncObserver,
     PeriodicSyncFile,
@@ -48,6 +57,8 @@ from kestrel.journal.syncfile import (
 
 _T = TypeVar("_T")
 
+__all__ = ["Checkpoint", "FileJournal", "JournalNotOpenError", "journal_queue_name"]
+
 #: Replay logs its progress every time it has read this many more bytes of a file.
 PROGRESS_BYTES = 64 * 1024 * 1024
 
@@ -55,27 +66,6 @@ PROGRESS_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 256 * 1024
 
 _ADDX_BODY = struct.Struct("<iqq")
-
-# Head operations journaled since the checkpoint, packed as xid * 4 + op.
-_OP_REMOVE = 0
-_OP_OPEN = 1
-_OP_UNREMOVE = 2
-_OP_CLOSE = 3
-_TEMP_INFIX = "~~"
-_PACK_SUFFIX = ".pack"
-
-
-@attrs.frozen(eq=False)
-class Checkpoint:
-    """
-    A rotated file and the open reads at the moment it was rotated.
-
-    When the read-behind reader has read past C{filename}, every file up to
-    it can be packed into one (L{FileJournal.start_pack}).
-    """
-
-    filename: str
-    reserved_items: tuple[QItem, ...]
 
 
 class JournalNotOpenError(RuntimeError):
@@ -129,54 +119,6 @@ class _Reader:
 
     def close(self) -> None:
         os.close(self._fd)
-
-
-def _pack_layout(head_ops: array[int], reserved: Sequence[QItem], open_items: list[QItem],
-                 memory: list[QItem]) -> tuple[list[QItem | None], list[QItem]]:
-    """
-    Work out what a pack must hold so that the files after the checkpoint replay onto it.
-
-    The queue at the checkpoint is unknown, but the files after it take its
-    head items in a known order: C{head_ops} (REMOVE, open, UNREMOVE, and
-    confirm or continue, with their xids) says which taken item went where.
-    Running them on placeholders tells, for each item taken from the old
-    head, whether it is still open now (its data is in C{open_items}), back
-    in the queue (its data is in C{memory}, whose first items are the ones
-    put back), or gone (an empty item stands for it). What was not taken is
-    the rest of C{memory}.
-
-    @return: the taken items in order (C{None} for gone ones), and the rest.
-    """
-    put_back: collections.deque[int] = collections.deque()
-    taken = 0
-    # xid -> placeholder: >= 0 for the n-th item taken, < 0 for a reserved read.
-    where = {item.xid: -1 - i for i, item in enumerate(reserved)}
-    for value in head_ops:
-        op = value & 3
-        xid = value >> 2
-        if op == _OP_REMOVE or op == _OP_OPEN:
-            if put_back:
-                placeholder = put_back.popleft()
-            else:
-                placeholder = taken
-                taken += 1
-            if op == _OP_OPEN:
-                where[xid] = placeholder
-        elif op == _OP_UNREMOVE:
-            placeholder = where.pop(xid, None)
-            if placeholder is not None:
-                put_back.appendleft(placeholder)
-        else:
-            where.pop(xid, None)
-    slots: list[QItem | None] = [None] * taken
-    now_open = {item.xid: item for item in open_items}
-    for xid, placeholder in where.items():
-        if placeholder >= 0 and xid in now_open:
-            slots[placeholder] = now_open[xid]
-    for index, placeholder in enumerate(put_back):
-        if placeholder >= 0 and index < len(memory):
-            slots[placeholder] = memory[index]
-    return slots, memory[len(put_back):]
 
 
 def _no_op() -> None:
@@ -296,7 +238,7 @@ class FileJournal:
         """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""
         ops = self._head_ops
         if ops is not None:
-            ops.append(xid * 4 + _OP_CLOSE)
+            ops.append(xid * 4 + OP_CLOSE)
         data = rec.Continue(xid, item.data, item.add_time_ms, item.expiry_ms).encode()
         self.size += len(data)
         return self._writer.write(data)
@@ -305,7 +247,7 @@ class FileJournal:
         """Journal a remove of the head item (REMOVE)."""
         ops = self._head_ops
         if ops is not None:
-            ops.append(_OP_REMOVE)
+            ops.append(OP_REMOVE)
         self.size += 1
         return self._writer.write(rec.REMOVE_BYTES)
 
@@ -313,7 +255,7 @@ class FileJournal:
         """Journal an open read of the head item under C{xid} (REMOVE_TENTATIVE_XID)."""
         ops = self._head_ops
         if ops is not None:
-            ops.append(xid * 4 + _OP_OPEN)
+            ops.append(xid * 4 + OP_OPEN)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, xid))
 
@@ -321,7 +263,7 @@ class FileJournal:
         """Journal an aborted open read C{xid} (UNREMOVE)."""
         ops = self._head_ops
         if ops is not None:
-            ops.append(xid * 4 + _OP_UNREMOVE)
+            ops.append(xid * 4 + OP_UNREMOVE)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.UNREMOVE, xid))
 
@@ -329,7 +271,7 @@ class FileJournal:
         """Journal a confirmed open read C{xid} (CONFIRM_REMOVE)."""
         ops = self._head_ops
         if ops is not None:
-            ops.append(xid * 4 + _OP_CLOSE)
+            ops.append(xid * 4 + OP_CLOSE)
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
 
@@ -346,26 +288,11 @@ class FileJournal:
     # -- file listing and the pack rule ------------------------------------
 
     def _list(self) -> list[str]:
-        try:
-            return os.listdir(self.queue_path)
-        except FileNotFoundError:
-            return []
+        return naming.list_names(self.queue_path)
 
     def _timed_files(self, names: Iterable[str]) -> list[tuple[int, bool, str]]:
         """Return C{(timestamp, is_pack, name)} of this queue's rotated and pack files, sorted."""
-        prefix = self.queue_name + "."
-        out = []
-        for name in names:
-            if not name.startswith(prefix):
-                continue
-            rest = name[len(prefix):]
-            is_pack = rest.endswith(_PACK_SUFFIX)
-            if is_pack:
-                rest = rest[:-len(_PACK_SUFFIX)]
-            if rest.isdigit() and rest.isascii():
-                out.append((int(rest), is_pack, name))
-        out.sort()
-        return out
+        return naming.timed_files(self.queue_name, names)
 
     def archived_files(self) -> list[str]:
         """
@@ -385,7 +312,7 @@ class FileJournal:
             self._log.info("Journal {queue}: pack {file} replaces {doomed}",
                            queue=self.queue_name, file=pack_name, doomed=doomed)
             self._dispose(doomed)
-            os.rename(self._path(pack_name), self._path(pack_name[:-len(_PACK_SUFFIX)]))
+            os.rename(self._path(pack_name), self._path(pack_name[:-len(PACK_SUFFIX)]))
             self._fsync_dir(self.queue_path)
 
     def _all_files(self) -> list[str]:
@@ -407,30 +334,10 @@ class FileJournal:
                 pass
         self.archived_size = total
 
-    def _unique_timestamp(self, directory: str, prefix: str) -> int:
-        """Return a timestamp from the clock, above every timestamp already used in C{directory}."""
-        ts = self._now_ms()
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            names = []
-        for name in names:
-            if name.startswith(prefix):
-                rest = name[len(prefix):].split(".", 1)[0].split("~", 1)[0]
-                if rest.isdigit() and rest.isascii():
-                    ts = max(ts, int(rest) + 1)
-        return ts
-
     def _unique_rotated_name(self, suffix: str = "") -> str:
         """Return a new C{<q>.<ms><suffix>} whose timestamp sorts after every existing file."""
-        ts = max(self._unique_timestamp(self.queue_path, self.queue_name + "."),
-                 self._unique_timestamp(self.queue_path, self.queue_name + _TEMP_INFIX))
-        while True:
-            name = f"{self.queue_name}.{ts}"
-            if not (os.path.lexists(self._path(name))
-                    or os.path.lexists(self._path(name + _PACK_SUFFIX))):
-                return name + suffix
-            ts += 1
+        return naming.unique_rotated_name(self.queue_path, self.queue_name, self._now_ms(),
+                                          suffix)
 
     # -- directories, disposal, archive ------------------------------------
 
@@ -463,48 +370,14 @@ class FileJournal:
                 self._archive(name)
 
     def _archive(self, name: str) -> None:
-        """
-        Move file C{name} into the archive without ever losing it.
-
-        The current file C{<q>} is archived as C{<q>.<ms>}. A name that is
-        taken in the archive gets the next free timestamp. Same filesystem:
-        rename, then fsync both directories. Another filesystem: copy to a
-        C{~~} file, fsync it, rename it, fsync the archive, then delete the
-        original and fsync the queue directory.
-        """
+        """Move file C{name} into the archive without ever losing it (L{naming.archive_file})."""
         archive = self.archive_path
         assert archive is not None
-        os.makedirs(archive, exist_ok=True)
-        src = self._path(name)
-        prefix = self.queue_name + "."
-        if name.startswith(prefix):
-            ts = int(name[len(prefix):].split(".", 1)[0])
-        else:
-            ts = self._unique_timestamp(archive, prefix)
-        while os.path.lexists(os.path.join(archive, f"{prefix}{ts}")):
-            ts += 1
-        target = os.path.join(archive, f"{prefix}{ts}")
-        try:
-            os.rename(src, target)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-            temp = target + _TEMP_INFIX + "copy"
-            with open(src, "rb") as fin, open(temp, "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1024 * 1024)
-                fout.flush()
-                self._fsync(fout.fileno())
-            os.rename(temp, target)
-            self._fsync_dir(archive)
-            os.unlink(src)
-            self._fsync_dir(self.queue_path)
-        else:
-            self._fsync_dir(archive)
-            self._fsync_dir(self.queue_path)
-        self._log.info("Journal {queue}: archived {file} as {target}", queue=self.queue_name,
-                       file=name, target=target)
+        target = naming.archive_file(self.queue_path, self.queue_name, name, archive,
+                                     self._now_ms(), self._fsync, self._fsync_dir)
+        if target is not None:
+            self._log.info("Journal {queue}: archived {file} as {target}",
+                           queue=self.queue_name, file=name, target=target)
 
     # -- replay ------------------------------------------------------------
 
@@ -541,7 +414,7 @@ class FileJournal:
         on with the next file.
         """
         os.makedirs(self.queue_path, exist_ok=True)
-        temps = [n for n in self._list() if n.startswith(self.queue_name + _TEMP_INFIX)]
+        temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
         for name in temps:
             self._log.info("Journal {queue}: deleting unfinished {file}",
                            queue=self.queue_name, file=name)
@@ -830,7 +703,8 @@ class FileJournal:
                         return pos, "truncated record"
                     record, nxt = got
                     if type(record) is legacy:
-                        record = add(record.data, self._now_ms(), record.expiry_s * 1000)
+                        item = legacy_item(record, self._now_ms())  # type: ignore[arg-type]
+                        record = add(item.data, item.add_time_ms, item.expiry_ms)
                 self._replay_pos = nxt
                 apply(record)
                 pos = nxt
@@ -987,37 +861,14 @@ class FileJournal:
 
     def _dump(self, xid_counter: int, reserved_items: Iterable[QItem],
               middle: Sequence[QItem | None], items: Iterable[QItem]) -> Iterator[bytes]:
-        """
-        Return the records of a compact journal as an iterator of bytes.
-
-        SAVE_XID(C{xid_counter}); ADDX + REMOVE_TENTATIVE_XID per open read
-        in C{reserved_items}; ADDX per C{middle} item (an empty one for
-        C{None}); ADDX per C{items} item. All but C{items} is encoded now,
-        so that the rest may be consumed on another thread while the queue
-        goes on changing the open items' xids.
-        """
-        encode_add = rec.encode_add
-        head = [rec.SaveXid(xid_counter).encode()]
-        for item in reserved_items:
-            head.append(encode_add(item.data, item.add_time_ms, item.expiry_ms))
-            head.append(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, item.xid))
-        dummy = encode_add(b"", self._now_ms(), 0)
-        for slot in middle:
-            head.append(dummy if slot is None
-                        else encode_add(slot.data, slot.add_time_ms, slot.expiry_ms))
-
-        def body() -> Iterator[bytes]:
-            yield from head
-            for item in items:
-                yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
-
-        return body()
+        """The records of a compact journal (L{pack.dump_records}), empty items stamped now."""
+        return dump_records(xid_counter, reserved_items, middle, items, self._now_ms())
 
     def _write_temp(self, parts: Iterable[bytes]) -> tuple[str, int]:
         """Write C{parts} to a new C{<q>~~<ms>} file and fsync it; return its name and size."""
         ts = self._now_ms()
         while True:
-            name = f"{self.queue_name}{_TEMP_INFIX}{ts}"
+            name = f"{self.queue_name}{TEMP_INFIX}{ts}"
             try:
                 f = open(self._path(name), "xb", buffering=1024 * 1024, opener=self._opener)
             except FileExistsError:
@@ -1131,7 +982,7 @@ class FileJournal:
         if os.path.lexists(current):
             os.rename(current, self._path(self._unique_rotated_name()))
             self._fsync_dir(self.queue_path)
-        pack = self._unique_rotated_name(_PACK_SUFFIX)
+        pack = self._unique_rotated_name(PACK_SUFFIX)
         os.rename(self._path(temp), self._path(pack))
         self._fsync_dir(self.queue_path)
         files = self.archived_files()
@@ -1164,8 +1015,8 @@ class FileJournal:
             if self.checkpoint is checkpoint:
                 self._clear_checkpoint()
             return
-        slots, rest = _pack_layout(self._head_ops or array("q"), checkpoint.reserved_items,
-                                   list(open_items), list(queue_items))
+        slots, rest = pack_layout(self._head_ops or array("q"), checkpoint.reserved_items,
+                                  list(open_items), list(queue_items))
         self._log.info("Journal {queue}: packing files up to {file}", queue=self.queue_name,
                        file=checkpoint.filename)
         parts = self._dump(xid_counter, checkpoint.reserved_items, slots, rest)
@@ -1204,7 +1055,7 @@ class FileJournal:
         if (self._run_in_thread is None and isinstance(writer, PeriodicSyncFile)
                 and not writer.closed):
             self._fsync(writer.fileno())
-        os.rename(self._path(name), self._path(checkpoint.filename + _PACK_SUFFIX))
+        os.rename(self._path(name), self._path(checkpoint.filename + PACK_SUFFIX))
         self._fsync_dir(self.queue_path)
         self._compute_archived_size()
         if self.checkpoint is checkpoint:
@@ -1216,7 +1067,7 @@ class FileJournal:
         self._log.failure("Journal {queue}: packing up to {file} failed", failure=failure,
                           queue=self.queue_name, file=checkpoint.filename)
         for name in self._list():
-            if name.startswith(self.queue_name + _TEMP_INFIX):
+            if name.startswith(self.queue_name + TEMP_INFIX):
                 try:
                     os.unlink(self._path(name))
                 except OSError:
@@ -1284,7 +1135,7 @@ class FileJournal:
         if isinstance(record, (rec.Add, rec.AddXid, rec.Continue)):
             got_item(QItem(record.data, record.add_time_ms, record.expiry_ms))
         elif isinstance(record, rec.LegacyAdd):
-            got_item(QItem(record.data, self._now_ms(), record.expiry_s * 1000))
+            got_item(legacy_item(record, self._now_ms()))
 
     def _read_one(self, reader: _Reader, name: str | None) -> rec.Record | None:
         try:
@@ -1342,7 +1193,7 @@ class FileJournal:
         self._epoch += 1
         self.close()
         names = self._list()
-        temps = [n for n in names if n.startswith(self.queue_name + _TEMP_INFIX)]
+        temps = [n for n in names if n.startswith(self.queue_name + TEMP_INFIX)]
         for name in temps:
             os.unlink(self._path(name))
         files = [name for _, _, name in self._timed_files(names)]
@@ -1377,7 +1228,7 @@ class FileJournal:
                 FileJournal._log.warn("Ignoring symbolic link {file!r} in queue directory {path}: "
                                       "journals are never followed out of it", file=name, path=path)
                 continue
-            if _TEMP_INFIX in name or not entry.is_file():
+            if TEMP_INFIX in name or not entry.is_file():
                 continue
             queue = journal_queue_name(name)
             if queue is None:
@@ -1387,23 +1238,3 @@ class FileJournal:
             else:
                 names.add(queue)
         return names
-
-
-def journal_queue_name(filename: str) -> str | None:
-    """
-    Return the queue that a journal file named C{filename} belongs to, or C{None}.
-
-    C{<q>}, C{<q>.<digits>} and C{<q>.<digits>.pack} belong to C{<q>} (the
-    same names replay reads); any other name, an empty C{<q>} included,
-    belongs to no queue. C{~~} files are not considered here.
-    """
-    queue, dot, rest = filename.partition(".")
-    if not queue:
-        return None
-    if not dot:
-        return queue
-    if rest.endswith(_PACK_SUFFIX):
-        rest = rest[:-len(_PACK_SUFFIX)]
-    if rest.isdigit() and rest.isascii():
-        return queue
-    return None

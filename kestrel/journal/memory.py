@@ -18,7 +18,7 @@ from kestrel.journal import records as rec
 from kestrel.journal.interface import FailureHandler
 
 if TYPE_CHECKING:
-    from kestrel.journal.journal import Checkpoint
+    from kestrel.journal.pack import Checkpoint
 
 _T = TypeVar("_T")
 

@@ -1,0 +1,135 @@
+"""
+The names of a queue's journal files, and moving dead files into an archive.
+
+Files in the queue directory (see docs/journal.md): C{<q>} (current),
+C{<q>.<ms>} (rotated, replayed in ascending timestamp order before C{<q>}),
+C{<q>~~<ms>} (being written by a rewrite or pack) and C{<q>.<ms>.pack} (a
+finished pack). Everything here is a pure function of names, a directory and
+a clock reading, except L{archive_file}, which moves one file durably.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable, Iterable
+
+#: Marks a file being written (a rewrite or a pack): C{<q>~~<ms>}; deleted at replay.
+TEMP_INFIX = "~~"
+#: Ends a finished pack: C{<q>.<ms>.pack}.
+PACK_SUFFIX = ".pack"
+
+
+def list_names(path: str) -> list[str]:
+    """Return the names in directory C{path}; a missing directory has none."""
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
+def timed_files(queue_name: str, names: Iterable[str]) -> list[tuple[int, bool, str]]:
+    """Return C{(timestamp, is_pack, name)} of C{queue_name}'s rotated and pack files, sorted."""
+    prefix = queue_name + "."
+    out = []
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix):]
+        is_pack = rest.endswith(PACK_SUFFIX)
+        if is_pack:
+            rest = rest[:-len(PACK_SUFFIX)]
+        if rest.isdigit() and rest.isascii():
+            out.append((int(rest), is_pack, name))
+    out.sort()
+    return out
+
+
+def unique_timestamp(now_ms: int, directory: str, prefix: str) -> int:
+    """Return C{now_ms} or more: above every timestamp used after C{prefix} in C{directory}."""
+    ts = now_ms
+    for name in list_names(directory):
+        if name.startswith(prefix):
+            rest = name[len(prefix):].split(".", 1)[0].split("~", 1)[0]
+            if rest.isdigit() and rest.isascii():
+                ts = max(ts, int(rest) + 1)
+    return ts
+
+
+def unique_rotated_name(queue_path: str, queue_name: str, now_ms: int, suffix: str = "") -> str:
+    """Return a new C{<q>.<ms><suffix>} whose timestamp sorts after every existing file."""
+    ts = max(unique_timestamp(now_ms, queue_path, queue_name + "."),
+             unique_timestamp(now_ms, queue_path, queue_name + TEMP_INFIX))
+    while True:
+        name = f"{queue_name}.{ts}"
+        path = os.path.join(queue_path, name)
+        if not (os.path.lexists(path) or os.path.lexists(path + PACK_SUFFIX)):
+            return name + suffix
+        ts += 1
+
+
+def journal_queue_name(filename: str) -> str | None:
+    """
+    Return the queue that a journal file named C{filename} belongs to, or C{None}.
+
+    C{<q>}, C{<q>.<digits>} and C{<q>.<digits>.pack} belong to C{<q>} (the
+    same names replay reads); any other name, an empty C{<q>} included,
+    belongs to no queue. C{~~} files are not considered here.
+    """
+    queue, dot, rest = filename.partition(".")
+    if not queue:
+        return None
+    if not dot:
+        return queue
+    if rest.endswith(PACK_SUFFIX):
+        rest = rest[:-len(PACK_SUFFIX)]
+    if rest.isdigit() and rest.isascii():
+        return queue
+    return None
+
+
+def archive_file(queue_path: str, queue_name: str, name: str, archive: str, now_ms: int,
+                 fsync: Callable[[int], None],
+                 fsync_dir: Callable[[str], None]) -> str | None:
+    """
+    Move journal file C{name} of C{queue_name} into C{archive} without ever losing it.
+
+    The current file C{<q>} is archived as C{<q>.<ms>}. A name that is
+    taken in the archive gets the next free timestamp. Same filesystem:
+    rename, then fsync both directories. Another filesystem: copy to a
+    C{~~} file, fsync it, rename it, fsync the archive, then delete the
+    original and fsync the queue directory.
+
+    @return: the archived file's path, or C{None} if C{name} was already gone.
+    """
+    os.makedirs(archive, exist_ok=True)
+    src = os.path.join(queue_path, name)
+    prefix = queue_name + "."
+    if name.startswith(prefix):
+        ts = int(name[len(prefix):].split(".", 1)[0])
+    else:
+        ts = unique_timestamp(now_ms, archive, prefix)
+    while os.path.lexists(os.path.join(archive, f"{prefix}{ts}")):
+        ts += 1
+    target = os.path.join(archive, f"{prefix}{ts}")
+    try:
+        os.rename(src, target)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        temp = target + TEMP_INFIX + "copy"
+        with open(src, "rb") as fin, open(temp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1024 * 1024)
+            fout.flush()
+            fsync(fout.fileno())
+        os.rename(temp, target)
+        fsync_dir(archive)
+        os.unlink(src)
+        fsync_dir(queue_path)
+    else:
+        fsync_dir(archive)
+        fsync_dir(queue_path)
+    return target
