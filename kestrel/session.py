@@ -582,7 +582,7 @@ class ClientSession:
         return QueueInfo(items=queue.length, bytes=queue.bytes,
                          journal_bytes=queue.logsize, age=queue.age,
                          waiters=queue.waiter_count,
-                         open_transactions=queue.open_transaction_count)
+                         open_transactions=queue.open_read_count)
 
     # -- writes ------------------------------------------------------------
 

@@ -677,6 +677,6 @@ def test_thrift_get_without_auto_abort_confirms_what_it_replies(server: KestrelS
     add(server, "q", b"b")
     assert [(i, item.data) for i, item in result_of(d)] == [(0, b"a"), (0, b"b")]
     queue = server.collection.queue("q")
-    assert queue.open_transaction_count == 0 and queue.length == 0
+    assert queue.open_read_count == 0 and queue.length == 0
     s.finish()
     assert contents(server, "q") == []
