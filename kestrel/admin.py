@@ -123,7 +123,7 @@ class KestrelCollector:
     """
     A C{prometheus_client} collector reading one server's live objects at scrape time.
 
-    Per queue (label C{queue}): items, bytes, open transactions, waiters,
+    Per queue (label C{queue}): items, bytes, open reads, waiters,
     journal bytes, and the adds, removes (items handed to readers) and
     expirations counters. Server-wide: connections, items, bytes, uptime,
     status, every global counter, and every global latency metric (fsync

@@ -412,14 +412,14 @@ class QueueCollection(Service):
             self.stats.total_items += 1
         return accepted
 
-    def remove(self, name: str, deadline: float | None = None, transaction: bool = False,
+    def remove(self, name: str, deadline: float | None = None, open_read: bool = False,
                peek: bool = False) -> Deferred[QItem | None]:
         """
         Take (or, with C{peek}, look at) the head of queue C{name}, waiting until
         C{deadline} (clock seconds; C{None}: no wait) for one to arrive.
 
         An alias reads as an empty queue and creates nothing. With
-        C{transaction} the item is an open read (its C{xid} set). Cancelling the
+        C{open_read} the item is an open read (its C{xid} set). Cancelling the
         Deferred withdraws the wait. Counts C{get_hits} / C{get_misses}.
         """
         self._check_running()
@@ -428,7 +428,7 @@ class QueueCollection(Service):
         queue = self._queues.get(name)
         if queue is None:
             queue = self._create_queue(name)
-        d = queue.wait_peek(deadline) if peek else queue.wait_remove(deadline, transaction)
+        d = queue.wait_peek(deadline) if peek else queue.wait_remove(deadline, open_read)
         if d.called and not d.paused:
             # Answered at once (the usual case): count now, no callback chain.
             result = d.result

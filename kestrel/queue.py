@@ -101,7 +101,7 @@ class PersistentQueue:
     C{transactions}, C{canceled_transactions}, C{total_flushes},
     C{journal_rewrites}, C{journal_rotations}, C{put_items}, C{put_bytes},
     C{get_items_hit}, C{get_items_miss}, C{create_time} (clock seconds);
-    C{memory_length}, C{waiter_count}, C{open_transaction_count} and C{age}
+    C{memory_length}, C{waiter_count}, C{open_read_count} and C{age}
     are cheap properties.
 
     @ivar expire_to: called with every item that expires, when the
@@ -128,8 +128,8 @@ class PersistentQueue:
         self._clock = clock
         self._config = config
         self._items: deque[QItem] = deque()
-        self._open: dict[int, QItem] = {}
-        #: open xid -> clock seconds when it was opened, in opening order
+        self._open_reads: dict[int, QItem] = {}
+        #: open xid -> clock seconds when it was opened, in the order they were opened
         self._open_since: dict[int, float] = {}
         self._xid_counter = 0
         self._waiters = ReadWaiters(clock)
@@ -138,7 +138,7 @@ class PersistentQueue:
         self._allow_rewrites = True
         self._maintaining = False
         self._rewrite_timer: IDelayedCall | None = None
-        self._txn_timer: IDelayedCall | None = None
+        self._open_read_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
         # After a failed journal write or fsync: _FAILED until memory is
         # rebuilt from the journal, then _READ_ONLY until a probe succeeds.
@@ -190,7 +190,7 @@ class PersistentQueue:
     @config.setter
     def config(self, config: QueueConfig) -> None:
         self._config = config
-        self._schedule_txn_timer(reschedule=True)
+        self._schedule_open_read_timer(reschedule=True)
 
     @property
     def memory_length(self) -> int:
@@ -203,9 +203,9 @@ class PersistentQueue:
         return len(self._waiters)
 
     @property
-    def open_transaction_count(self) -> int:
+    def open_read_count(self) -> int:
         """How many reads are open (removed tentatively, not yet confirmed or aborted)."""
-        return len(self._open)
+        return len(self._open_reads)
 
     @property
     def age(self) -> int:
@@ -247,7 +247,7 @@ class PersistentQueue:
 
     def open_items(self) -> list[QItem]:
         """Return the open reads' items, most recently opened xid first (descending xid)."""
-        return [self._open[x] for x in sorted(self._open, reverse=True)]
+        return [self._open_reads[x] for x in sorted(self._open_reads, reverse=True)]
 
     def dump_stats(self) -> list[tuple[str, str]]:
         """Return the per-queue stats in the order of Kestrel's C{STATS} (without C{children})."""
@@ -262,7 +262,7 @@ class PersistentQueue:
             ("age", str(self.age)),
             ("discarded", str(self.discarded)),
             ("waiters", str(len(self._waiters))),
-            ("open_transactions", str(len(self._open))),
+            ("open_transactions", str(len(self._open_reads))),
             ("transactions", str(self.transactions)),
             ("canceled_transactions", str(self.canceled_transactions)),
             ("total_flushes", str(self.total_flushes)),
@@ -302,7 +302,7 @@ class PersistentQueue:
             self.journal.replay(self._replay_apply, self._forget_replayed)
         finally:
             self._replaying = False
-        for xid in sorted(self._open, reverse=True):
+        for xid in sorted(self._open_reads, reverse=True):
             self._journal_write(self.journal.unremove, xid)
             self._return_to_head(xid)
         self._log.info(
@@ -312,7 +312,7 @@ class PersistentQueue:
     def _forget_replayed(self) -> None:
         """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
         self._items = deque()
-        self._open = {}
+        self._open_reads = {}
         self.length = self.bytes = self.memory_bytes = 0
 
     def _count_replayed(self, items: int, data_bytes: int) -> None:
@@ -337,7 +337,7 @@ class PersistentQueue:
                            queue=self.name, xid=xid)
             return
         item.xid = xid
-        self._open[xid] = item
+        self._open_reads[xid] = item
 
     # ----- adding
 
@@ -413,7 +413,7 @@ class PersistentQueue:
             self._log.warn("Journal write failed for {queue}; item refused: {error}",
                            error=failure.value, queue=self.name)
             return fail(JournalUnavailable(self.name, _reason(failure.value)))
-        if xid is not None and self._open.pop(xid, None) is not None:
+        if xid is not None and self._open_reads.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
             self._open_reads_changed()
         self._store(item)
@@ -456,12 +456,12 @@ class PersistentQueue:
         self._sweep(None)
         return self._items[0] if self._items else None
 
-    def remove(self, transaction: bool = False) -> QItem | None:
+    def remove(self, open_read: bool = False) -> QItem | None:
         """
         Remove and return the head item, or C{None} when there is none.
 
         Expired head items are discarded first, so the item returned is
-        live. With C{transaction}, the item is opened under a fresh xid
+        live. With C{open_read}, the item is opened under a fresh xid
         (C{item.xid}) and stays owed to the queue until L{confirm_remove} or
         L{unremove}. Open reads older than C{open_transaction_timeout} are
         aborted before the item is chosen.
@@ -470,7 +470,7 @@ class PersistentQueue:
             return None
         if self._journal_state is _FAILED:
             raise JournalUnavailable(self.name, self._journal_reason)
-        if transaction:
+        if open_read:
             self.transactions += 1
         if self._open_since and self._config.open_transaction_timeout is not None:
             self._time_out_open_reads()
@@ -480,13 +480,13 @@ class PersistentQueue:
             return None
         self._last_wait_ms = max(0, self._now_ms() - item.add_time_ms)
         journal = self.journal
-        if transaction:
+        if open_read:
             xid = self._next_xid()
             item.xid = xid
-            self._open[xid] = item
+            self._open_reads[xid] = item
             self._open_since[xid] = self._clock.seconds()
-            if self._txn_timer is None and self._config.open_transaction_timeout is not None:
-                self._schedule_txn_timer()
+            if self._open_read_timer is None and self._config.open_transaction_timeout is not None:
+                self._schedule_open_read_timer()
             self._journal_write(journal.remove_tentative, xid)
         else:
             self._journal_write(journal.remove)
@@ -501,7 +501,7 @@ class PersistentQueue:
         observer = self.observer
         if observer is not None:
             observer.item_removed(len(self._items))
-            if transaction:
+            if open_read:
                 self._open_reads_changed()
         return item
 
@@ -519,11 +519,11 @@ class PersistentQueue:
         return item
 
     def _next_xid(self) -> int:
-        self._xid_counter = xid = next_xid(self._xid_counter, self._open)
+        self._xid_counter = xid = next_xid(self._xid_counter, self._open_reads)
         return xid
 
     def wait_remove(self, deadline: float | None,
-                    transaction: bool = False) -> Deferred[QItem | None]:
+                    open_read: bool = False) -> Deferred[QItem | None]:
         """
         Remove the head item, waiting for one until C{deadline} if the queue is empty.
 
@@ -533,12 +533,12 @@ class PersistentQueue:
             served first come, first served, one item each. Cancelling the
             Deferred leaves the line; no item is taken for it.
         """
-        item = self.remove(transaction)
+        item = self.remove(open_read)
         if item is not None:
             # The usual case: no closure, no pending read.
             self.get_items_hit += 1
             return succeed(item)
-        return self._wait(lambda: self.remove(transaction), deadline, False, item)
+        return self._wait(lambda: self.remove(open_read), deadline, False, item)
 
     def wait_peek(self, deadline: float | None) -> Deferred[QItem | None]:
         """
@@ -578,7 +578,7 @@ class PersistentQueue:
         if self._journal_state is _FAILED:
             self._closes_while_failed.append((xid, False))
             return
-        if xid in self._open:
+        if xid in self._open_reads:
             self._return_to_head(xid)
             self._open_since.pop(xid, None)
             self._remember_close(xid, False)
@@ -597,7 +597,7 @@ class PersistentQueue:
             closes.popitem(last=False)
 
     def _return_to_head(self, xid: int) -> None:
-        opened = self._open.pop(xid, None)
+        opened = self._open_reads.pop(xid, None)
         if opened is None:
             return
         # A fresh object: whoever held the aborted read keeps a stale copy, never a live one.
@@ -615,7 +615,7 @@ class PersistentQueue:
         if self._journal_state is _FAILED:
             self._closes_while_failed.append((xid, True))
             return
-        if self._open.pop(xid, None) is not None:
+        if self._open_reads.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
             self._remember_close(xid, True)
             self._journal_write(self.journal.confirm_remove, xid)
@@ -628,7 +628,7 @@ class PersistentQueue:
         """Tell the observer (if any) the size of the open-read table and of its timed part."""
         observer = self.observer
         if observer is not None:
-            count = len(self._open)
+            count = len(self._open_reads)
             timed = count if self._config.open_transaction_timeout is not None else 0
             observer.open_reads_changed(count, timed)
 
@@ -648,26 +648,26 @@ class PersistentQueue:
                            queue=self.name, xid=xid)
             self.unremove(xid)
 
-    def _schedule_txn_timer(self, reschedule: bool = False) -> None:
-        if self._txn_timer is not None:
+    def _schedule_open_read_timer(self, reschedule: bool = False) -> None:
+        if self._open_read_timer is not None:
             if not reschedule:
                 return
-            if self._txn_timer.active():
-                self._txn_timer.cancel()
-            self._txn_timer = None
+            if self._open_read_timer.active():
+                self._open_read_timer.cancel()
+            self._open_read_timer = None
         timeout = self._config.open_transaction_timeout
         if timeout is None or not self._open_since or self._closed:
             return
         oldest = next(iter(self._open_since.values()))
         delay = oldest + timeout - self._clock.seconds()
-        self._txn_timer = self._clock.callLater(max(0.0, delay), self._txn_timer_fired)
+        self._open_read_timer = self._clock.callLater(max(0.0, delay), self._open_read_timer_fired)
 
-    def _txn_timer_fired(self) -> None:
-        self._txn_timer = None
+    def _open_read_timer_fired(self) -> None:
+        self._open_read_timer = None
         if self._closed:
             return
         self._time_out_open_reads()
-        self._schedule_txn_timer()
+        self._schedule_open_read_timer()
 
     # ----- expiry
 
@@ -747,10 +747,10 @@ class PersistentQueue:
             self._log.info("Rewriting journal of {queue} at graceful shutdown", queue=self.name)
             self._rewrite_journal()
         self._closed = True
-        for timer in (self._rewrite_timer, self._txn_timer, self._recovery_call):
+        for timer in (self._rewrite_timer, self._open_read_timer, self._recovery_call):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._rewrite_timer = self._txn_timer = self._recovery_call = None
+        self._rewrite_timer = self._open_read_timer = self._recovery_call = None
         self._waiters.trigger_all()
         return self.journal.close()
 
@@ -834,18 +834,18 @@ class PersistentQueue:
         self._journal_state = _READ_ONLY
         self._log.warn("Journal of {queue} reloaded after a failure: {items} items, {open} open "
                        "reads; adds are refused until the journal can be written",
-                       queue=self.name, items=self.length, open=len(self._open))
+                       queue=self.name, items=self.length, open=len(self._open_reads))
         self._waiters.trigger()
         self._recovery_call = self._clock.callLater(JOURNAL_RETRY_SECONDS, self._probe)
 
     def _reload(self) -> None:
         """Rebuild the items and open reads from the journal, keeping counters and waiters."""
-        before_open = self._open
+        before_open = self._open_reads
         before_since = self._open_since
         xid_before = self._xid_counter
         counters = (self.total_items, self.put_items, self.put_bytes)
         self._items = deque()
-        self._open = {}
+        self._open_reads = {}
         self.length = self.bytes = self.memory_bytes = 0
         self._xid_counter = 0
         self._replaying = True
@@ -857,17 +857,17 @@ class PersistentQueue:
         # Never hand out an xid twice: a client may hold one the journal lost.
         self._xid_counter = max(self._xid_counter, xid_before)
         now = self._clock.seconds()
-        self._open_since = {x: before_since.get(x, now) for x in self._open}
+        self._open_since = {x: before_since.get(x, now) for x in self._open_reads}
         # Open in the journal, closed in memory since (the close was cut off
         # with the failed records): closed again as it was (a confirm may have
         # been acknowledged); put back when unknown, never lost.
-        gone = sorted((x for x in self._open if x not in before_open), reverse=True)
+        gone = sorted((x for x in self._open_reads if x not in before_open), reverse=True)
         closes, self._closes_while_failed = self._closes_while_failed, []
         self._journal_state = _READ_ONLY
         for xid in gone:
             self._open_since.pop(xid, None)
             if self._recent_closes.get(xid, False):
-                self._open.pop(xid, None)
+                self._open_reads.pop(xid, None)
                 self._journal_write(self.journal.confirm_remove, xid)
             else:
                 self._journal_write(self.journal.unremove, xid)
@@ -878,7 +878,7 @@ class PersistentQueue:
             else:
                 self.unremove(xid)
         self._open_reads_changed()
-        self._schedule_txn_timer(reschedule=True)
+        self._schedule_open_read_timer(reschedule=True)
 
     def _probe(self) -> None:
         """While read-only, try a harmless journal write; on success the queue is writable."""
@@ -958,7 +958,7 @@ class PersistentQueue:
 
     def _got_checkpoint(self, checkpoint: Checkpoint) -> None:
         self._log.info("Packing journal of {queue} from checkpoint", queue=self.name)
-        self.journal.start_pack(checkpoint, list(self._open.values()), list(self._items),
+        self.journal.start_pack(checkpoint, list(self._open_reads.values()), list(self._items),
                                 xid_counter=self._xid_counter)
 
     def _rewrite_journal(self) -> None:
@@ -1159,7 +1159,7 @@ class _Replay(QueueEvents):
 
     def confirmed(self, xid: int) -> None:
         """Forget open read C{xid}."""
-        self._queue._open.pop(xid, None)
+        self._queue._open_reads.pop(xid, None)
 
     def xid_saved(self, xid: int) -> None:
         """Set the xid counter."""

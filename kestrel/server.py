@@ -246,7 +246,7 @@ class KestrelServer:
                 journal_bytes=queue.journal_bytes,
                 mem_items=queue.memory_length, mem_bytes=queue.memory_bytes,
                 age_ms=queue.age, waiters=queue.waiter_count,
-                open_transactions=queue.open_transaction_count,
+                open_transactions=queue.open_read_count,
                 create_time=queue.create_time,
                 counters={counter: getattr(queue, counter) for counter in QUEUE_COUNTERS},
             ))

@@ -218,7 +218,7 @@ class ClientSession:
 
     # -- open reads --------------------------------------------------------
 
-    def count_pending_reads(self, name: str) -> int:
+    def count_open_reads(self, name: str) -> int:
         """Open reads this session holds on queue C{name} (thrift ones included)."""
         fifo = self._open_reads.get(name)
         return (len(fifo) if fifo else 0) + self._external_counts.get(name, 0)
@@ -325,12 +325,12 @@ class ClientSession:
 
     # -- reads -------------------------------------------------------------
 
-    def get_item(self, name: str, deadline: float | None, opening: bool,
+    def get_item(self, name: str, deadline: float | None, open_read: bool,
                  peeking: bool) -> Deferred[QItem | None]:
         """
         Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}.
 
-        With C{opening} the item becomes an open read of this session. Raises
+        With C{open_read} the item becomes an open read of this session. Raises
         L{AvailabilityError} when reads are blocked and L{TooManyOpenReads}
         when this session already holds C{max_open_transactions} open reads on
         the queue. Counts C{cmd_get} or C{cmd_peek}.
@@ -341,7 +341,7 @@ class ClientSession:
         C{get_timeout_msec}.
         """
         self._check_reads("getItem")
-        if opening and self.count_pending_reads(name) >= self._max_open:
+        if open_read and self.count_open_reads(name) >= self._max_open:
             self._log.warn("Too many open reads on {queue} (session {sid})",
                            queue=name, sid=self.session_id)
             raise TooManyOpenReads(name)
@@ -352,7 +352,7 @@ class ClientSession:
         if self.input_closed or self.finished:
             deadline = None
         started = self._clock.seconds()
-        d = self._collection.remove(name, deadline, opening, peeking)
+        d = self._collection.remove(name, deadline, open_read, peeking)
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)
@@ -367,7 +367,7 @@ class ClientSession:
             elif result.__class__ is QItem:
                 self._metrics.record_hit(name, (now - started) * 1e6,
                                          None if peeking else now * 1000 - result.add_time_ms)
-        if opening:
+        if open_read:
             d.addCallback(self._got_open_item, name)
         return d
 
@@ -408,25 +408,25 @@ class ClientSession:
             failure.raiseException()
         return None
 
-    def monitor_until(self, name: str, deadline: float | None, max_items: int, opening: bool,
+    def monitor_until(self, name: str, deadline: float | None, max_items: int, open_read: bool,
                       got_item: Callable[[QItem], None]) -> Deferred[None]:
         """
         Hand items of C{name} to C{got_item} until C{max_items} were given, the
         deadline passes, the queue stays empty, or this session holds
         C{max_open_transactions} open reads on it; then fire.
 
-        With C{opening} every item is an open read. Raises L{AvailabilityError}
+        With C{open_read} every item is an open read. Raises L{AvailabilityError}
         if reads are blocked now; if they become blocked mid-stream the stream
         just ends. Cancelled by L{finish}, it fires with C{None} too; it fails
         if the queue fails or C{got_item} raises (the item stays an open read).
         """
         self._check_reads("monitorUntil")
         self._stats.cmd_monitor += 1
-        record = self._add_open_read if opening else None
-        return self._monitor(name, deadline, max_items, opening,
+        record = self._add_open_read if open_read else None
+        return self._monitor(name, deadline, max_items, open_read,
                              lambda item, _external: got_item(item), record)
 
-    def _monitor(self, name: str, deadline: float | None, max_items: int, opening: bool,
+    def _monitor(self, name: str, deadline: float | None, max_items: int, open_read: bool,
                  got_item: Callable[[QItem, int], None],
                  record: Callable[[str, int], int | None] | None) -> Deferred[None]:
         done: Deferred[None] = Deferred()
@@ -436,7 +436,7 @@ class ClientSession:
             while True:
                 if (self._status.blocks_reads or remaining == 0
                         or (deadline is not None and deadline <= clock.seconds())
-                        or self.count_pending_reads(name) >= self._max_open):
+                        or self.count_open_reads(name) >= self._max_open):
                     done.callback(None)
                     return
                 self._stats.cmd_monitor_get += 1
@@ -444,7 +444,7 @@ class ClientSession:
                 started = clock.seconds()
                 wait_until = None if self.input_closed or self.finished else deadline
                 try:
-                    d = self._collection.remove(name, wait_until, opening, False)
+                    d = self._collection.remove(name, wait_until, open_read, False)
                 except KestrelError:
                     # (the queue's journal failed): the stream ends with the error.
                     done.errback(Failure())
@@ -505,18 +505,18 @@ class ClientSession:
         if max_items == 0:
             return succeed([])
         self._stats.cmd_monitor += 1
-        opening = auto_abort_ms > 0
+        open_read = auto_abort_ms > 0
         # A get that removes for good and may wait holds what it collects as
         # open reads until it replies: if the client goes away meanwhile,
         # they go back to the head instead of into a reply nobody reads.
-        holding = not opening and deadline is not None and max_items > 1
+        holding = not open_read and deadline is not None and max_items > 1
         items: list[tuple[int, QItem]] = []
-        d = self._monitor(name, deadline, max_items, opening or holding,
+        d = self._monitor(name, deadline, max_items, open_read or holding,
                           lambda item, external: items.append((external, item)),
-                          self._add_external_read if opening else None)
+                          self._add_external_read if open_read else None)
 
         def finished(_: object) -> list[tuple[int, QItem]]:
-            if opening:
+            if open_read:
                 table = self.server.external_reads
                 for external, _item in items:
                     table.set_timer(external, auto_abort_ms / 1000.0)
@@ -582,7 +582,7 @@ class ClientSession:
         return QueueInfo(items=queue.length, bytes=queue.bytes,
                          journal_bytes=queue.logsize, age=queue.age,
                          waiters=queue.waiter_count,
-                         open_transactions=queue.open_transaction_count)
+                         open_transactions=queue.open_read_count)
 
     # -- writes ------------------------------------------------------------
 

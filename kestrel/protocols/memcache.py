@@ -526,13 +526,13 @@ class MemcacheProtocol(SessionProtocol):
             return _END
         if req.closing:
             session.close_read(name)
-            if not req.opening:
+            if not req.open_read:
                 return _END
-        elif not req.opening and not req.peeking and session.count_pending_reads(name) > 0:
+        elif not req.open_read and not req.peeking and session.count_open_reads(name) > 0:
             return b"ERROR a read is open on this queue: use /close, /open or /abort\r\n"
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
-        d = session.get_item(name, deadline, req.opening, req.peeking)
+        d = session.get_item(name, deadline, req.open_read, req.peeking)
         item = _fired(d)
         if item is not _PENDING:
             return value_reply(item, req.key)

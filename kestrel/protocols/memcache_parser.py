@@ -71,21 +71,21 @@ class GetRequest:
     C{timeout_ms} is None without C{t=}.
     """
 
-    __slots__ = ("aborting", "closing", "key", "name", "opening", "peeking", "timeout_ms")
+    __slots__ = ("aborting", "closing", "key", "name", "open_read", "peeking", "timeout_ms")
 
-    def __init__(self, key: bytes, timeout_ms: int | None = None, opening: bool = False,
+    def __init__(self, key: bytes, timeout_ms: int | None = None, open_read: bool = False,
                  closing: bool = False, aborting: bool = False, peeking: bool = False,
                  name: bytes | None = None) -> None:
         self.key = key
         self.name = (key if name is None else name).decode("latin-1")
         self.timeout_ms = timeout_ms
-        self.opening = opening
+        self.open_read = open_read
         self.closing = closing
         self.aborting = aborting
         self.peeking = peeking
 
     def __repr__(self) -> str:
-        return (f"GetRequest({self.key!r}, timeout_ms={self.timeout_ms}, open={self.opening}, "
+        return (f"GetRequest({self.key!r}, timeout_ms={self.timeout_ms}, open={self.open_read}, "
                 f"close={self.closing}, abort={self.aborting}, peek={self.peeking})")
 
 
@@ -227,12 +227,12 @@ def parse_get(token: bytes) -> GetRequest:
         return GetRequest(token)
     parts = token.split(b"/")
     timeout_ms = None
-    opening = closing = aborting = peeking = False
+    open_read = closing = aborting = peeking = False
     for opt in parts[1:]:
         if opt.startswith(b"t="):
             timeout_ms = parse_int(opt[2:], "timeout")
         elif opt == b"open":
-            opening = True
+            open_read = True
         elif opt == b"close":
             closing = True
         elif opt == b"abort":
@@ -242,11 +242,11 @@ def parse_get(token: bytes) -> GetRequest:
     key = parts[0]
     if not key:
         raise MemcacheParseError("empty queue name", False)
-    if (peeking or aborting) and (opening or closing):
+    if (peeking or aborting) and (open_read or closing):
         raise MemcacheParseError("peek and abort cannot be combined with open or close", False)
     if peeking and aborting:
         raise MemcacheParseError("peek and abort cannot be combined", False)
-    return GetRequest(token, timeout_ms, opening, closing, aborting, peeking, key)
+    return GetRequest(token, timeout_ms, open_read, closing, aborting, peeking, key)
 
 
 def parse_set(tokens: list[bytes]) -> SetRequest:

@@ -585,7 +585,7 @@ def many_clients(args: argparse.Namespace, out: Output) -> int:
     """One slow producer, many consumers racing with C{/t=1000} gets; every item arrives once."""
     queue, count = args.queue, args.items
     data = FILLER.encode()
-    transactional = args.transactions or args.kill > 0
+    open_reads = args.open_reads or args.kill > 0
     out(f"many-clients: {count} items to {args.host} using {args.clients} clients, "
         f"kill rate {args.kill}%, at {args.sleep} msec/item")
     flush_first(args, [queue], out)
@@ -599,7 +599,7 @@ def many_clients(args: argparse.Namespace, out: Output) -> int:
         h = Histogram()
         get_times.append(h)
         rng = random.Random()
-        request = mc_get(queue, 1000, "/close/open" if transactional else "")
+        request = mc_get(queue, 1000, "/close/open" if open_reads else "")
         conn: Connection | None = None
         while got[0] < count:
             if conn is None:
@@ -615,7 +615,7 @@ def many_clients(args: argparse.Namespace, out: Output) -> int:
                 with lock:
                     got[0] += 1
         if conn is not None:
-            if transactional:
+            if open_reads:
                 conn.send(mc_get(queue, None, "/close"))
                 conn.expect(END, got[0])
             conn.close()
@@ -1042,8 +1042,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", dest="kill", type=int, default=0, metavar="PERCENT",
                    help="kill PERCENT %% of clients before they can read the response "
                         "(default: 0; implies -x)")
-    p.add_argument("-x", dest="transactions", action="store_true",
-                   help="use transactional gets")
+    p.add_argument("-x", dest="open_reads", action="store_true",
+                   help="use open reads (get /close/open)")
     _common(p, thrift=False)
     p.set_defaults(run=many_clients, thrift=False)
 

@@ -56,7 +56,7 @@ class QueueDumper:
         self.operations = 0
         self.current_xid = 0
         self.queue: deque[bytes] = deque()
-        self.open_transactions: dict[int, bytes | None] = {}
+        self.open_reads: dict[int, bytes | None] = {}
         self._apply = event_applier(_Describer(self), lambda: self.now_ms)
 
     def _verbose(self, text: str) -> None:
@@ -100,9 +100,9 @@ class QueueDumper:
             self.err.write(b"\r" + b" " * 30 + b"\r")
         if not self.dump_raw:
             self.out.write(b"\r" + b" " * 30 + b"\n")
-            total_items = len(self.queue) + len(self.open_transactions)
+            total_items = len(self.queue) + len(self.open_reads)
             total_bytes = (sum(len(d) for d in self.queue)
-                           + sum(len(d) for d in self.open_transactions.values() if d))
+                           + sum(len(d) for d in self.open_reads.values() if d))
             self.out.write(f"Journal size: {self.offset} bytes, with {self.operations} "
                            f"operations.\n".encode())
             self.out.write(f"{total_items} items totalling {total_bytes} bytes.\n".encode())
@@ -152,8 +152,8 @@ class _Describer(QueueEvents):
         """RSV line; the head is held under the xid."""
         d = self.d
         if not xid:
-            d.current_xid = xid = rec.next_xid(d.current_xid, d.open_transactions)
-        d.open_transactions[xid] = d.queue.popleft() if d.queue else None
+            d.current_xid = xid = rec.next_xid(d.current_xid, d.open_reads)
+        d.open_reads[xid] = d.queue.popleft() if d.queue else None
         d._verbose(f"RSV {xid}\n")
 
     def xid_saved(self, xid: int) -> None:
@@ -164,7 +164,7 @@ class _Describer(QueueEvents):
     def unremoved(self, xid: int) -> None:
         """CAN line; the held item goes back to the head."""
         d = self.d
-        data = d.open_transactions.pop(xid, None)
+        data = d.open_reads.pop(xid, None)
         if data is not None:
             d.queue.appendleft(data)
         d._verbose(f"CAN {xid}\n")
@@ -172,13 +172,13 @@ class _Describer(QueueEvents):
     def confirmed(self, xid: int) -> None:
         """ACK line."""
         self.d._verbose(f"ACK {xid}\n")
-        self.d.open_transactions.pop(xid, None)
+        self.d.open_reads.pop(xid, None)
 
     def continued(self, xid: int, item: QItem) -> None:
         """CON line: the held item goes, the new one joins the tail."""
         d = self.d
         d._describe_add("CON", item.data, item.expiry_ms, 0)
-        d.open_transactions.pop(xid, None)
+        d.open_reads.pop(xid, None)
         d.queue.append(item.data)
 
 

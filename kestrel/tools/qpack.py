@@ -7,10 +7,10 @@ C{--help} and C{--version}; missing C{-f} or files is a usage error (status 1).
 The given files are replayed in order with two cursors (Kestrel's
 C{JournalPacker}): a remover that walks every operation and an adder that
 yields the added items only when a removal or the final write needs them, so
-memory holds only open transactions and unremoved items, never the queue.
+memory holds only open reads and unremoved items, never the queue.
 
 The new journal holds C{SAVE_XID} first, then C{ADDX} + C{REMOVE_TENTATIVE_XID}
-for each transaction still open (ascending xid), then C{ADDX} for every item
+for each read still open (ascending xid), then C{ADDX} for every item
 still queued, in queue order. Unlike Kestrel's tool, C{CONTINUE} records are
 understood. The file is written beside the target under a C{~~} name, fsynced
 and renamed into place, so an interrupted run never leaves half a journal.
@@ -97,7 +97,7 @@ class JournalPacker:
         self._adder = _Cursor(self.paths)
         self._adder_stack: deque[PackItem] = deque()
         self._last_adder_update = 0
-        self.open_transactions: dict[int, PackItem] = {}
+        self.open_reads: dict[int, PackItem] = {}
         self.current_xid = 0
         self.highest_xid = 0
         self._remover_offset = 0
@@ -157,8 +157,8 @@ class JournalPacker:
                     size += len(chunk)
 
                 write(rec.SaveXid(max(self.current_xid, self.highest_xid)).encode())
-                for xid in sorted(self.open_transactions):
-                    data, add_ms, exp_ms = self.open_transactions[xid]
+                for xid in sorted(self.open_reads):
+                    data, add_ms, exp_ms = self.open_reads[xid]
                     write(rec.encode_add(data, add_ms, exp_ms))
                     write(rec.RemoveTentativeXid(xid).encode())
                 while (item := self._advance_adder()) is not None:
@@ -191,9 +191,9 @@ class _Remover(QueueEvents):
         """The head item is held under the xid (numbered by the counter if none)."""
         p = self.p
         if not xid:
-            p.current_xid = xid = rec.next_xid(p.current_xid, p.open_transactions)
+            p.current_xid = xid = rec.next_xid(p.current_xid, p.open_reads)
         p.highest_xid = max(p.highest_xid, xid)
-        p.open_transactions[xid] = p._take(f"REMOVE_TENTATIVE {xid}")
+        p.open_reads[xid] = p._take(f"REMOVE_TENTATIVE {xid}")
 
     def xid_saved(self, xid: int) -> None:
         """The counter stood at C{xid}."""
@@ -203,18 +203,18 @@ class _Remover(QueueEvents):
 
     def unremoved(self, xid: int) -> None:
         """The held item goes back to the head; an unknown xid is an inconsistent journal."""
-        item = self.p.open_transactions.pop(xid, None)
+        item = self.p.open_reads.pop(xid, None)
         if item is None:
             raise PackError(f"Inconsistent journal: UNREMOVE of unknown xid {xid}")
         self.p._adder_stack.appendleft(item)
 
     def confirmed(self, xid: int) -> None:
         """The held item is gone."""
-        self.p.open_transactions.pop(xid, None)
+        self.p.open_reads.pop(xid, None)
 
     def continued(self, xid: int, item: QItem) -> None:
         """The held item is gone; the new item reaches the queue through the adder's pass."""
-        self.p.open_transactions.pop(xid, None)
+        self.p.open_reads.pop(xid, None)
 
 
 def _fsync_directory(path: str, fsync: Callable[[int], None]) -> None:
@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None, stdout: BinaryIO | None = None,
     err = stderr if stderr is not None else sys.stderr.buffer
     parser = ToolParser("kestrel-qpack",
                         "Pack one or more Kestrel journal files, in order, into a single new "
-                        "one holding only the open transactions and the items still queued.",
+                        "one holding only the open reads and the items still queued.",
                         out, err)
     parser.add_argument("-f", dest="new_file", required=True, metavar="FILE",
                         help="the new packed journal file (written under a temporary name, "

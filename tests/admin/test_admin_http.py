@@ -301,7 +301,7 @@ def test_report_records_agree_with_dump_stats(live_server: Any) -> None:
     collection = live_server.collection
     for data in (b"one", b"three"):
         collection.add("jobs", data)
-    collection.queue("jobs").remove(transaction=True)
+    collection.queue("jobs").remove(open_read=True)
     live_server.reload()  # no config file: the config is kept
     (queue,) = live_server.queue_reports()
     assert isinstance(queue, QueueReport)

@@ -77,7 +77,7 @@ def build_journal(path: Path) -> tuple[set[bytes], set[bytes]]:
             item = q.remove()
             consumed.add(item.data)
         elif i % 4 == 2:
-            held.append(q.remove(transaction=True))
+            held.append(q.remove(open_read=True))
         elif i % 4 == 3 and held:
             item = held.pop(0)
             if i % 8 == 3:

@@ -169,7 +169,7 @@ class Net:
     def items(self, name: str, queue: str) -> int:
         """Items on C{queue} at C{name}, including open (reserved) ones."""
         q = self.queue(name, queue)
-        return q.memory_length + q.open_transaction_count
+        return q.memory_length + q.open_read_count
 
     def close(self) -> None:
         for server in self.servers.values():

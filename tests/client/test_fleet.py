@@ -108,14 +108,14 @@ def test_confirm_and_abort_go_to_the_connection_that_opened_the_read(net: Net) -
     assert sorted(h.data for h in handles) == sorted(s.encode() for s in (A, B, C))
     for h in handles:
         assert h.data == h.server.encode()
-        assert net.queue(h.server, "q").open_transaction_count == 1
+        assert net.queue(h.server, "q").open_read_count == 1
     first, second, third = handles
     settle(net, first.confirm())
     settle(net, second.abort())
     assert net.items(first.server, "q") == 0
     assert net.queue(second.server, "q").memory_length == 1
-    assert net.queue(second.server, "q").open_transaction_count == 0
-    assert net.queue(third.server, "q").open_transaction_count == 1
+    assert net.queue(second.server, "q").open_read_count == 0
+    assert net.queue(third.server, "q").open_read_count == 1
     with pytest.raises(HandleClosed):
         resolved(first.confirm())
 
@@ -170,7 +170,7 @@ def test_empty_fleet_waits_on_every_server_and_takes_the_first_item(net: Net) ->
     net.run(0.01)
     for s in (A, C):  # the losers' waiters are gone with their connections
         assert net.queue(s, "q").waiter_count == 0
-        assert net.queue(s, "q").open_transaction_count == 0
+        assert net.queue(s, "q").open_read_count == 0
     net.servers[A].collection.add("q", b"for someone else")
     net.run(0.1)
     assert net.queue(A, "q").memory_length == 1  # no lost waiter took it
@@ -188,9 +188,9 @@ def test_a_loser_that_received_an_item_aborts_it_at_once(net: Net) -> None:
     handle: ReadHandle = resolved(d)
     loser = B if handle.server == A else A
     net.run(0.01)
-    assert net.queue(loser, "q").open_transaction_count == 0
+    assert net.queue(loser, "q").open_read_count == 0
     assert net.queue(loser, "q").memory_length == 1
-    assert net.queue(handle.server, "q").open_transaction_count == 1
+    assert net.queue(handle.server, "q").open_read_count == 1
     other = settle(net, client.read("q"))
     assert other.server == loser
     settle(net, handle.confirm())

@@ -40,9 +40,9 @@ def test_put_read_confirm_over_thrift(net: Net) -> None:
     assert len(servers) == 3
     handle = settle(net, client.read("q"))
     assert handle.xid > 0 and handle.data in (b"1", b"2", b"3")
-    assert net.queue(handle.server, "q").open_transaction_count == 1
+    assert net.queue(handle.server, "q").open_read_count == 1
     settle(net, handle.confirm())
-    assert net.queue(handle.server, "q").open_transaction_count == 0
+    assert net.queue(handle.server, "q").open_read_count == 0
     assert settle(net, client.get("q")) is not None
 
 
@@ -69,7 +69,7 @@ def test_thrift_race_loser_is_aborted_on_arrival(net: Net) -> None:
     net.servers[B].collection.add("q", b"from B")
     net.pump()
     # ... and the item it caught is given back at once.
-    assert net.queue(B, "q").open_transaction_count == 0
+    assert net.queue(B, "q").open_read_count == 0
     assert net.queue(B, "q").memory_length == 1
     settle(net, handle.confirm())
 

@@ -151,10 +151,10 @@ def test_queue_writes_kestrels_bytes(tmp_path: Path, clock: Clock) -> None:
     assert int(clock.seconds() * 1000) == T1
     q.add(b"hello kitty")
     q.add(b"x", expiry_ms=T2)
-    first = q.remove(transaction=True)
+    first = q.remove(open_read=True)
     assert first is not None and first.xid == 1
     q.unremove(1)
-    again = q.remove(transaction=True)
+    again = q.remove(open_read=True)
     assert again is not None and again.xid == 2
     q.confirm_remove(2)
     last = q.remove()

@@ -159,10 +159,10 @@ def test_transactional_remove_unremove_and_confirm(started) -> None:
     c = started()
     c.add("q", b"a")
     c.add("q", b"b")
-    item = result_of(c.remove("q", transaction=True))
+    item = result_of(c.remove("q", open_read=True))
     assert item.data == b"a" and item.xid != 0
     c.unremove("q", item.xid)
-    item = result_of(c.remove("q", transaction=True))
+    item = result_of(c.remove("q", open_read=True))
     assert item.data == b"a"
     c.confirm_remove("q", item.xid)
     assert drain(c, "q") == [b"b"]
@@ -186,7 +186,7 @@ def test_replay_across_restart(started, tmp_path: Path, clock: Clock) -> None:
     for data in (b"a", b"b", b"c"):
         c.add("jobs", data)
     c.add("other", b"z")
-    open_item = result_of(c.remove("jobs", transaction=True))
+    open_item = result_of(c.remove("jobs", open_read=True))
     assert open_item.data == b"a"
     result_of(c.stopService())
 
@@ -392,7 +392,7 @@ def test_flush_empties_but_keeps_open_reads(started) -> None:
     c = started()
     for data in (b"a", b"b", b"c"):
         c.add("q", data)
-    item = result_of(c.remove("q", transaction=True))
+    item = result_of(c.remove("q", open_read=True))
     c.flush("q")
     assert c.current_items() == 0
     c.unremove("q", item.xid)

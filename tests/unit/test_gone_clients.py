@@ -50,4 +50,4 @@ def test_gone_reader_takes_no_item(server: KestrelServer, clock: Clock, tmp_path
     assert queue.waiter_count == 0
     assert value(server.collection.add("q", b"x")) is True
     clock.advance(61)
-    assert queue.length == 1 and queue.open_transaction_count == 0
+    assert queue.length == 1 and queue.open_read_count == 0

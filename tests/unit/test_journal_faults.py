@@ -102,9 +102,9 @@ def test_remove_whose_write_fails_is_not_removed(tmp_path, clock: Clock) -> None
     value(q.add(b"a"))
     disk.write_fails = True
     with pytest.raises(JournalUnavailable):
-        q.remove(transaction=True)
+        q.remove(open_read=True)
     clock.advance(0)
-    assert q.length == 1 and q.open_transaction_count == 0
+    assert q.length == 1 and q.open_read_count == 0
     heal(q, disk, clock)
     q = reopen(q, tmp_path, clock)
     assert datas(q) == [b"a"]
@@ -116,14 +116,14 @@ def test_open_reads_survive_the_reload_and_confirms_wait_for_it(tmp_path, clock:
     q = open_queue(tmp_path, clock, disk)
     value(q.add(b"a"))
     value(q.add(b"b"))
-    item = q.remove(transaction=True)
+    item = q.remove(open_read=True)
     disk.write_fails = True
     with pytest.raises(JournalUnavailable):
         value(q.add(b"c"))
     q.confirm_remove(item.xid)
     disk.write_fails = False
     clock.advance(0)
-    assert q.open_transaction_count == 0 and q.length == 1
+    assert q.open_read_count == 0 and q.length == 1
     clock.advance(JOURNAL_RETRY_SECONDS)
     assert q.journal_state == "ok"
     q = reopen(q, tmp_path, clock)
@@ -141,15 +141,15 @@ def test_fsync_failure_cuts_what_it_covered_and_never_reuses_an_xid(tmp_path,
     d = q.add(b"a")
     clock.advance(0.5)
     assert value(d) is True
-    first = q.remove(transaction=True)
+    first = q.remove(open_read=True)
     disk.fsync_fails = True
     d = q.add(b"b")
     clock.advance(0.5)
     with pytest.raises(JournalUnavailable, match="Input/output error"):
         value(d)
     heal(q, disk, clock)
-    assert q.length == 1 and q.open_transaction_count == 0
-    again = q.remove(transaction=True)
+    assert q.length == 1 and q.open_read_count == 0
+    again = q.remove(open_read=True)
     assert again.data == b"a" and again.xid > first.xid
     q.confirm_remove(again.xid)
     clock.advance(0.5)
@@ -199,13 +199,13 @@ def test_acknowledged_confirm_whose_record_is_cut_is_applied_again(tmp_path,
     q = open_queue(tmp_path, clock, disk)
     value(q.add(b"a"))
     value(q.add(b"b"))
-    item = q.remove(transaction=True)
+    item = q.remove(open_read=True)
     disk.write_fails = True
     q.confirm_remove(item.xid)  # the client is told: confirmed
     clock.advance(0)
     assert q.journal_state == "failed"
     heal(q, disk, clock)
-    assert q.open_transaction_count == 0 and q.length == 1
+    assert q.open_read_count == 0 and q.length == 1
     q = reopen(q, tmp_path, clock)
     assert datas(q) == [b"b"]
 

@@ -46,7 +46,7 @@ def test_add_set_off_by_an_acknowledgement_during_a_rewrite_survives(tmp_path,
     acks: list[Deferred[bool]] = []
     d1 = q.add(b"Y1")
     d1.addCallback(lambda ok: acks.append(q.add(b"Y2")) or ok)
-    opened = q.remove(transaction=True)
+    opened = q.remove(open_read=True)
     assert opened.data == b"Y1"
     assert value(d1) is True and len(acks) == 1
     clock.advance(0.2)
@@ -88,7 +88,7 @@ def test_rewrite_is_not_started_inside_another(tmp_path, clock: Clock) -> None:
     q.journal.rewrite = rewrite
     d1 = q.add(b"Y1")
     d1.addCallback(lambda ok: (q.remove(), q.add(b"Y2")) and ok)
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     clock.advance(0.2)
     assert q.journal_rewrites >= 1
     assert deepest[0] == 1, "a rewrite started inside a rewrite"
@@ -108,7 +108,7 @@ def test_pack_in_a_thread_with_writes_and_open_reads_in_flight(tmp_path, clock: 
         assert value(q.add(data)) is True
         live.append(data)
         if i % 3 == 0:
-            item = q.remove(transaction=True)
+            item = q.remove(open_read=True)
             if i % 2:
                 q.confirm_remove(item.xid)
                 live.remove(item.data)

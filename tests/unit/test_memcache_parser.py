@@ -38,7 +38,7 @@ def test_plain_get() -> None:
     req = parse_line(b"get q")
     assert isinstance(req, GetRequest)
     assert (req.key, req.name, req.timeout_ms) == (b"q", "q", None)
-    assert not (req.opening or req.closing or req.aborting or req.peeking)
+    assert not (req.open_read or req.closing or req.aborting or req.peeking)
 
 
 def test_gets_any_case_and_extra_spaces() -> None:
@@ -53,7 +53,7 @@ def test_get_options_any_order() -> None:
     req = parse_line(b"get work/open/t=500/bogus/close/t=20")
     assert isinstance(req, GetRequest)
     assert req.name == "work"
-    assert req.opening and req.closing and not req.peeking and not req.aborting
+    assert req.open_read and req.closing and not req.peeking and not req.aborting
     assert req.timeout_ms == 20
 
 
@@ -203,8 +203,8 @@ def test_get_roundtrip(name: bytes, opts: list[bytes], sep1: bytes, trail: bytes
     token = b"/".join([name, *opts])
     line = b"get" + sep1 + token + trail
     peek, abort = b"peek" in opts, b"abort" in opts
-    opening, closing = b"open" in opts, b"close" in opts
-    invalid = (peek or abort) and (opening or closing) or (peek and abort)
+    open_read, closing = b"open" in opts, b"close" in opts
+    invalid = (peek or abort) and (open_read or closing) or (peek and abort)
     if invalid:
         with pytest.raises(MemcacheParseError):
             parse_line(line)
@@ -213,7 +213,8 @@ def test_get_roundtrip(name: bytes, opts: list[bytes], sep1: bytes, trail: bytes
     assert isinstance(req, GetRequest)
     assert req.key == token
     assert req.name == name.decode("latin-1")
-    assert (req.peeking, req.aborting, req.opening, req.closing) == (peek, abort, opening, closing)
+    assert (req.peeking, req.aborting, req.open_read, req.closing) == (
+        peek, abort, open_read, closing)
     timeouts = [int(o[2:]) for o in opts if o.startswith(b"t=")]
     assert req.timeout_ms == (timeouts[-1] if timeouts else None)
 

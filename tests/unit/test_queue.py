@@ -194,9 +194,9 @@ def test_add_with_xid_continues(clock: Clock) -> None:
     """add with an xid confirms that open read and appends, in one CONTINUE record."""
     q = make(clock)
     value(q.add(b"a"))
-    item = q.remove(transaction=True)
+    item = q.remove(open_read=True)
     value(q.add(b"b", xid=item.xid))
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     assert q.journal.records[-1] == rec.Continue(item.xid, b"b", ms(clock), 0)
     assert datas(q) == [b"b"]
 
@@ -350,11 +350,11 @@ def test_open_confirm(clock: Clock) -> None:
     """An open read takes the item out with an xid; confirming it drops it for good."""
     q = make(clock)
     value(q.add(b"a"))
-    item = q.remove(transaction=True)
+    item = q.remove(open_read=True)
     assert item.xid == 1
-    assert (q.length, q.open_transaction_count, q.transactions) == (0, 1, 1)
+    assert (q.length, q.open_read_count, q.transactions) == (0, 1, 1)
     q.confirm_remove(item.xid)
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     assert q.journal.records[1:] == [rec.RemoveTentativeXid(1), rec.ConfirmRemove(1)]
     assert q.remove() is None
 
@@ -364,7 +364,7 @@ def test_abort_returns_to_head(clock: Clock) -> None:
     q = make(clock)
     value(q.add(b"a"))
     value(q.add(b"b"))
-    item = q.remove(transaction=True)
+    item = q.remove(open_read=True)
     q.unremove(item.xid)
     assert q.canceled_transactions == 1
     assert q.journal.records[-1] == rec.Unremove(item.xid)
@@ -375,9 +375,9 @@ def test_aborted_read_holder_keeps_stale_copy(clock: Clock) -> None:
     """An item handed out before an abort is not the object handed out on redelivery."""
     q = make(clock)
     value(q.add(b"a"))
-    first = q.remove(transaction=True)
+    first = q.remove(open_read=True)
     q.unremove(first.xid)
-    second = q.remove(transaction=True)
+    second = q.remove(open_read=True)
     assert first is not second
     assert (first.xid, second.xid, second.data) == (1, 2, b"a")
 
@@ -415,7 +415,7 @@ def test_xids_increase_and_skip_zero(clock: Clock) -> None:
     q = make(clock, ReplayJournal([rec.SaveXid(MAX_XID - 1)]))
     for data in (b"a", b"b", b"c"):
         value(q.add(data))
-    assert [q.remove(transaction=True).xid for _ in range(3)] == [MAX_XID, 1, 2]
+    assert [q.remove(open_read=True).xid for _ in range(3)] == [MAX_XID, 1, 2]
 
 
 def test_xids_skip_open_ones(clock: Clock) -> None:
@@ -423,19 +423,19 @@ def test_xids_skip_open_ones(clock: Clock) -> None:
     q = make(clock)
     for data in (b"a", b"b", b"c"):
         value(q.add(data))
-    first = q.remove(transaction=True)
-    second = q.remove(transaction=True)
+    first = q.remove(open_read=True)
+    second = q.remove(open_read=True)
     q._xid_counter = 0  # as after wrapping around
-    assert q.remove(transaction=True).xid == 3
+    assert q.remove(open_read=True).xid == 3
     assert (first.xid, second.xid) == (1, 2)
 
 
 def test_transactions_counts_attempts_on_non_empty_queue(clock: Clock) -> None:
     """The transactions stat counts open-read attempts made while the queue has items."""
     q = make(clock)
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     value(q.add(b"a"))
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     assert q.transactions == 1
 
 
@@ -443,14 +443,14 @@ def test_open_transaction_timeout_timer(clock: Clock) -> None:
     """An open read older than open_transaction_timeout is aborted by a timer, even when idle."""
     q = make(clock, open_transaction_timeout=5.0)
     value(q.add(b"a"))
-    xid = q.remove(transaction=True).xid
+    xid = q.remove(open_read=True).xid
     clock.advance(4.9)
-    assert q.open_transaction_count == 1
+    assert q.open_read_count == 1
     clock.advance(0.1)
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     assert q.canceled_transactions == 1
     assert q.journal.records[-1] == rec.Unremove(xid)
-    again = q.remove(transaction=True)
+    again = q.remove(open_read=True)
     assert again.data == b"a" and again.xid != xid
     assert clock.getDelayedCalls() != []
 
@@ -460,14 +460,14 @@ def test_open_transaction_timeout_follows_each_read(clock: Clock) -> None:
     q = make(clock, open_transaction_timeout=5.0)
     for data in (b"a", b"b", b"c"):
         value(q.add(data))
-    a = q.remove(transaction=True)
+    a = q.remove(open_read=True)
     clock.advance(2)
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     q.confirm_remove(a.xid)
     clock.advance(3)
-    assert q.open_transaction_count == 1
+    assert q.open_read_count == 1
     clock.advance(2)
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     assert datas(q) == [b"b", b"c"]
     assert clock.getDelayedCalls() == []
 
@@ -477,8 +477,8 @@ def test_timed_out_reads_return_oldest_first(clock: Clock) -> None:
     q = make(clock, open_transaction_timeout=1.0)
     for data in (b"a", b"b", b"c"):
         value(q.add(data))
-    q.remove(transaction=True)
-    q.remove(transaction=True)
+    q.remove(open_read=True)
+    q.remove(open_read=True)
     clock.advance(1)
     assert datas(q) == [b"a", b"b", b"c"]
 
@@ -487,23 +487,23 @@ def test_open_transaction_timeout_follows_config(clock: Clock) -> None:
     """Setting open_transaction_timeout on a live queue times out reads already open."""
     q = make(clock)
     value(q.add(b"a"))
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     clock.advance(10)
-    assert q.open_transaction_count == 1
+    assert q.open_read_count == 1
     q.config = attrs.evolve(q.config, open_transaction_timeout=5.0)
     clock.advance(0)
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     q.config = attrs.evolve(q.config, open_transaction_timeout=None)
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     clock.advance(100)
-    assert q.open_transaction_count == 1
+    assert q.open_read_count == 1
 
 
 def test_open_transaction_timeout_wakes_waiter(clock: Clock) -> None:
     """A timed-out read wakes a blocked reader, which receives the returned item."""
     q = make(clock, open_transaction_timeout=2.0)
     value(q.add(b"a"))
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     d = q.wait_remove(clock.seconds() + 10)
     assert value(d) is PENDING
     clock.advance(2)
@@ -566,14 +566,14 @@ def test_cancelled_waiter_takes_nothing(clock: Clock) -> None:
 def test_aborted_handoff_reaches_next_waiter(clock: Clock) -> None:
     """A reader that gets an item and aborts it at once passes it on to the next reader."""
     q = make(clock)
-    first = q.wait_remove(clock.seconds() + 10, transaction=True)
-    second = q.wait_remove(clock.seconds() + 10, transaction=True)
+    first = q.wait_remove(clock.seconds() + 10, open_read=True)
+    second = q.wait_remove(clock.seconds() + 10, open_read=True)
     first.addCallback(lambda item: q.unremove(item.xid))  # its client is gone
     value(q.add(b"a"))
     item = value(second)
-    assert item.data == b"a" and q.open_transaction_count == 1
+    assert item.data == b"a" and q.open_read_count == 1
     q.confirm_remove(item.xid)
-    assert q.length == 0 and q.open_transaction_count == 0
+    assert q.length == 0 and q.open_read_count == 0
 
 
 def test_wait_peek_passes_wake_on(clock: Clock) -> None:
@@ -624,9 +624,9 @@ def test_flush_leaves_open_reads(clock: Clock) -> None:
     q = make(clock)
     for data in (b"a", b"b", b"c"):
         value(q.add(data))
-    opened = q.remove(transaction=True)
+    opened = q.remove(open_read=True)
     q.flush()
-    assert (q.length, q.total_flushes, q.open_transaction_count) == (0, 1, 1)
+    assert (q.length, q.total_flushes, q.open_read_count) == (0, 1, 1)
     q.unremove(opened.xid)
     assert datas(q) == [b"a"]
 
@@ -651,7 +651,7 @@ def test_dump_stats_order_and_values(clock: Clock) -> None:
     q = make(clock)
     value(q.add(b"abc"))
     value(q.add(b"de"))
-    item = q.remove(transaction=True)
+    item = q.remove(open_read=True)
     q.wait_remove(clock.seconds() + 5)  # queue not empty: answered at once
     q.unremove(item.xid)
     assert q.dump_stats() == [
@@ -710,10 +710,10 @@ def test_replay_returns_open_reads_to_head_in_xid_order(clock: Clock) -> None:
     ])
     q = make(clock, journal)
     assert journal.records == [rec.Unremove(7), rec.Unremove(5)]
-    assert q.open_transaction_count == 0 and q.canceled_transactions == 0
+    assert q.open_read_count == 0 and q.canceled_transactions == 0
     assert q.xid_counter == 7
     value(q.add(b"e"))
-    again = q.remove(transaction=True)
+    again = q.remove(open_read=True)
     assert (again.data, again.xid) == (b"a", 8)
     assert datas(q) == [b"c", b"d", b"e"]
 
@@ -741,7 +741,7 @@ def test_replay_unremove_continue_save_xid(clock: Clock) -> None:
     q = make(clock, journal)
     assert journal.records == []
     assert q.xid_counter == 40
-    assert q.remove(transaction=True).xid == 41
+    assert q.remove(open_read=True).xid == 41
     assert datas(q) == [b"c"]
 
 
@@ -760,7 +760,7 @@ def test_replayed_open_never_lowers_xid_counter(clock: Clock) -> None:
     ])
     q = make(clock, journal)
     assert q.xid_counter == 60
-    assert q.remove(transaction=True).xid == 61
+    assert q.remove(open_read=True).xid == 61
 
 
 def test_legacy_remove_tentative_gets_counter_xid(clock: Clock) -> None:

@@ -63,14 +63,14 @@ def test_open_reads_return_to_head_after_restart(tmp_path, clock: Clock) -> None
     q = open_queue(tmp_path, clock)
     for data in (b"a", b"b", b"c", b"d"):
         value(q.add(data))
-    a = q.remove(transaction=True)
-    b = q.remove(transaction=True)
-    q.confirm_remove(q.remove(transaction=True).xid)  # c is gone for good
+    a = q.remove(open_read=True)
+    b = q.remove(open_read=True)
+    q.confirm_remove(q.remove(open_read=True).xid)  # c is gone for good
     assert (a.xid, b.xid) == (1, 2)
     q = restart(q, tmp_path, clock)
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     assert journal_records(tmp_path)[-2:] == [rec.Unremove(2), rec.Unremove(1)]
-    assert q.remove(transaction=True).xid == 4
+    assert q.remove(open_read=True).xid == 4
     assert datas(q) == [b"b", b"d"]
     q = restart(q, tmp_path, clock)
     assert datas(q) == [b"a"]
@@ -100,7 +100,7 @@ def test_read_behind_across_restart(tmp_path, clock: Clock) -> None:
         value(q.add(b"%09d" % i))
     for _ in range(3):
         q.remove()
-    opened = q.remove(transaction=True)
+    opened = q.remove(open_read=True)
     q = restart(q, tmp_path, clock, max_memory_size=40)
     assert q.in_read_behind
     # memory holds max_memory_size plus one item, plus the open read returned to the head
@@ -136,7 +136,7 @@ def test_rewrite_when_empty(tmp_path, clock: Clock) -> None:
     q = open_queue(tmp_path, clock, default_journal_size=200)
     for i in range(10):
         value(q.add(b"%019d" % i))  # 41-byte records
-    opened = q.remove(transaction=True)
+    opened = q.remove(open_read=True)
     assert q.journal_rewrites == 0
     q.flush()  # the last remove leaves the queue empty: rewrite
     assert q.journal_rewrites == 1
@@ -195,7 +195,7 @@ def test_graceful_close_rewrites_empty_queue(tmp_path, clock: Clock) -> None:
     q = open_queue(tmp_path, clock)
     for data in (b"a", b"b"):
         value(q.add(data))
-    opened = q.remove(transaction=True)
+    opened = q.remove(open_read=True)
     q.remove()
     value(q.close(graceful=True))
     assert journal_records(tmp_path) == [
@@ -320,7 +320,7 @@ def churn_in_read_behind(q: PersistentQueue, clock: Clock, cycles: int) -> tuple
             clock.advance(0.01)
         for k in range(8):
             if k == 0 and cycle % 3 == 0:
-                item = q.remove(transaction=True)
+                item = q.remove(open_read=True)
                 opened.append(item.data)
             else:
                 item = q.remove()
@@ -379,11 +379,11 @@ def test_continue_survives_restart(tmp_path, clock: Clock) -> None:
     q = open_queue(tmp_path, clock)
     value(q.add(b"a"))
     value(q.add(b"b"))
-    opened = q.remove(transaction=True)
+    opened = q.remove(open_read=True)
     value(q.add(b"c", xid=opened.xid))
     assert journal_records(tmp_path)[-1] == rec.Continue(opened.xid, b"c", opened.add_time_ms, 0)
     q = restart(q, tmp_path, clock)
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     assert datas(q) == [b"b", b"c"]
 
 
@@ -407,7 +407,7 @@ def test_non_aggressive_rewrite_backs_off_when_open_reads_keep_journal_large(
     for i in range(5):
         value(q.add(b"%019d" % i))  # 40-byte records
     for _ in range(5):
-        q.remove(transaction=True)  # the queue is empty, the journal 225 bytes
+        q.remove(open_read=True)  # the queue is empty, the journal 225 bytes
     value(q.add(b"x"))
     assert q.journal_rewrites == 1
     assert q.journal.size >= 100  # SAVE_XID + five open reads

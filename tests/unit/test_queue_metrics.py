@@ -173,11 +173,11 @@ def test_open_read_table_sizes() -> None:
     q = PersistentQueue("q", QueueConfig(), MemoryJournal(), clock, observer=metrics)
     for data in (b"a", b"b", b"c"):
         value(q.add(data))
-    a = q.remove(transaction=True)
-    b = q.remove(transaction=True)
+    a = q.remove(open_read=True)
+    b = q.remove(open_read=True)
     q.confirm_remove(a.xid)  # 1 left
     q.unremove(b.xid)  # 0 left
-    c = q.remove(transaction=True)  # 1
+    c = q.remove(open_read=True)  # 1
     value(q.add(b"next", xid=c.xid))  # continue: 0
     tx = metrics.tx_map_size
     assert (tx.count, tx.total, tx.maximum) == (6, 1 + 2 + 1 + 0 + 1 + 0, 2)
@@ -187,9 +187,9 @@ def test_open_read_table_sizes() -> None:
     q = PersistentQueue("t", QueueConfig(open_transaction_timeout=5.0), MemoryJournal(), clock,
                         observer=timed)
     value(q.add(b"a"))
-    q.remove(transaction=True)
+    q.remove(open_read=True)
     clock.advance(6)  # timed out: aborted
-    assert q.open_transaction_count == 0
+    assert q.open_read_count == 0
     expiring = timed.tx_expire_list_size
     assert (expiring.count, expiring.total) == (2, 1)
 

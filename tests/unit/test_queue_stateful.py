@@ -82,7 +82,7 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule()
     def open_read(self) -> None:
-        item = self.queue.remove(transaction=True)
+        item = self.queue.remove(open_read=True)
         if self.items:
             assert item is not None and item.data == self.items.pop(0)
             assert item.xid not in self.opened and item.xid != 0
@@ -104,16 +104,16 @@ class QueueModel(RuleBasedStateMachine):
         self.queue.unremove(xid)
         self.items.insert(0, self.opened.pop(xid))
 
-    @rule(transaction=st.booleans())
-    def wait_then_add(self, transaction: bool) -> None:
+    @rule(open_read=st.booleans())
+    def wait_then_add(self, open_read: bool) -> None:
         """A blocked read is served by the next add (or at once when items are queued)."""
-        d = self.queue.wait_remove(self.clock.seconds() + 1.0, transaction)
+        d = self.queue.wait_remove(self.clock.seconds() + 1.0, open_read)
         if not self.items:
             assert value(d) is PENDING
             self.add(3)
         item = value(d)
         assert item.data == self.items.pop(0)
-        if transaction:
+        if open_read:
             self.opened[item.xid] = item.data
 
     @rule()
@@ -146,7 +146,7 @@ class QueueModel(RuleBasedStateMachine):
         q = self.queue
         assert q.length == len(self.items)
         assert q.bytes == sum(map(len, self.items))
-        assert q.open_transaction_count == len(self.opened)
+        assert q.open_read_count == len(self.opened)
         assert q.memory_length <= q.length
         assert q.waiter_count == 0
 
@@ -189,10 +189,10 @@ class WaiterRaces(RuleBasedStateMachine):
         self.pending: list[Deferred] = []
         self.handed_back = 0
 
-    def _got(self, item: QItem | None, transaction: bool, hand_back: bool) -> None:
+    def _got(self, item: QItem | None, open_read: bool, hand_back: bool) -> None:
         if item is None:
             return
-        if not transaction:
+        if not open_read:
             self.consumed.append(item.data)
         elif hand_back:
             self.handed_back += 1
@@ -201,11 +201,11 @@ class WaiterRaces(RuleBasedStateMachine):
             assert item.xid not in self.opened
             self.opened[item.xid] = item.data
 
-    @rule(timeout=st.sampled_from([0.1, 0.5, 2.0]), transaction=st.booleans(),
+    @rule(timeout=st.sampled_from([0.1, 0.5, 2.0]), open_read=st.booleans(),
           hand_back=st.booleans())
-    def wait(self, timeout: float, transaction: bool, hand_back: bool) -> None:
-        d = self.queue.wait_remove(self.clock.seconds() + timeout, transaction)
-        d.addCallback(self._got, transaction, hand_back and transaction)
+    def wait(self, timeout: float, open_read: bool, hand_back: bool) -> None:
+        d = self.queue.wait_remove(self.clock.seconds() + timeout, open_read)
+        d.addCallback(self._got, open_read, hand_back and open_read)
         d.addErrback(lambda f: f.trap(CancelledError))
         self.pending.append(d)
 

@@ -172,7 +172,7 @@ def test_queue_in_read_behind_matches_a_memory_model(ops: list[tuple[str, object
                 assert value(q.add(arg)) is True
                 model.append(arg)
             elif op in ("get", "open"):
-                item = q.remove(transaction=op == "open")
+                item = q.remove(open_read=op == "open")
                 expected = model.popleft() if model else None
                 assert (item.data if item is not None else None) == expected
                 if op == "open" and item is not None:

@@ -72,10 +72,10 @@ def contents(server: KestrelServer, name: str) -> list[bytes]:
     return out
 
 
-def get(session: ClientSession, name: str, opening: bool = False,
+def get(session: ClientSession, name: str, open_read: bool = False,
         peeking: bool = False) -> bytes | None:
     """A non-blocking get through the session."""
-    item = result_of(session.get_item(name, None, opening, peeking))
+    item = result_of(session.get_item(name, None, open_read, peeking))
     assert item is None or isinstance(item, QItem)
     return None if item is None else item.data
 
@@ -87,11 +87,11 @@ def test_open_reads_close_and_abort_oldest_first(server: KestrelServer) -> None:
     """close and abort act on the oldest open read of the queue."""
     add(server, "q", b"a", b"b", b"c")
     s = server.new_session("memcache")
-    assert [get(s, "q", opening=True) for _ in range(3)] == [b"a", b"b", b"c"]
-    assert s.count_pending_reads("q") == 3
+    assert [get(s, "q", open_read=True) for _ in range(3)] == [b"a", b"b", b"c"]
+    assert s.count_open_reads("q") == 3
     assert s.abort_read("q") is True   # a goes back
     assert s.close_read("q") is True   # b confirmed
-    assert s.count_pending_reads("q") == 1
+    assert s.count_open_reads("q") == 1
     assert contents(server, "q") == [b"a"]
     assert s.close_all_reads("q") == 1  # c confirmed
     s.finish()
@@ -110,11 +110,11 @@ def test_close_reads_is_all_or_nothing(server: KestrelServer) -> None:
     """close_reads(n) confirms the n oldest only if n are open."""
     add(server, "q", b"a", b"b")
     s = server.new_session("memcache")
-    get(s, "q", opening=True)
-    get(s, "q", opening=True)
+    get(s, "q", open_read=True)
+    get(s, "q", open_read=True)
     assert s.close_reads("q", 3) is False
     assert s.close_reads("q", 0) is False
-    assert s.count_pending_reads("q") == 2
+    assert s.count_open_reads("q") == 2
     assert s.close_reads("q", 1) is True
     s.finish()
     assert contents(server, "q") == [b"b"]
@@ -126,10 +126,10 @@ def test_too_many_open_reads(make_server) -> None:
     add(server, "q", b"a", b"b")
     add(server, "r", b"c")
     s = server.new_session("memcache")
-    assert get(s, "q", opening=True) == b"a"
+    assert get(s, "q", open_read=True) == b"a"
     with pytest.raises(TooManyOpenReads):
         s.get_item("q", None, True, False)
-    assert get(s, "r", opening=True) == b"c"
+    assert get(s, "r", open_read=True) == b"c"
     assert get(s, "q", peeking=True) == b"b"  # peeks are not limited
 
 
@@ -139,8 +139,8 @@ def test_disconnect_returns_open_reads_in_order(server: KestrelServer) -> None:
     add(server, "r", b"x")
     s = server.new_session("memcache")
     for _ in range(3):
-        get(s, "q", opening=True)
-    get(s, "r", opening=True)
+        get(s, "q", open_read=True)
+    get(s, "r", open_read=True)
     s.finish()
     assert contents(server, "q") == [b"a", b"b", b"c", b"d"]
     assert contents(server, "r") == [b"x"]
@@ -154,9 +154,9 @@ def test_item_handed_to_finished_session_goes_back(server: KestrelServer) -> Non
     add(server, "q", b"a")
     s = server.new_session("memcache")
     s.finish()
-    assert get(s, "q", opening=True) == b"a"
+    assert get(s, "q", open_read=True) == b"a"
     assert server.stats.finished_but_add == 1
-    assert s.count_pending_reads("q") == 0
+    assert s.count_open_reads("q") == 0
     assert contents(server, "q") == [b"a"]
 
 
@@ -164,7 +164,7 @@ def test_open_reads_on_deleted_queue_are_noops(server: KestrelServer) -> None:
     """Closing or aborting a read of a deleted queue does nothing and creates nothing."""
     add(server, "q", b"a")
     s = server.new_session("memcache")
-    get(s, "q", opening=True)
+    get(s, "q", open_read=True)
     s.delete("q")
     assert s.close_read("q") is True
     assert "q" not in server.collection.queue_names()
@@ -180,7 +180,7 @@ def test_blocking_get_is_served_by_a_later_add(server: KestrelServer, clock: Clo
     assert not d.called
     add(server, "q", b"late")
     assert result_of(d).data == b"late"
-    assert s.count_pending_reads("q") == 1
+    assert s.count_open_reads("q") == 1
 
 
 def test_blocking_get_times_out(server: KestrelServer, clock: Clock) -> None:
@@ -230,7 +230,7 @@ def test_monitor_streams_up_to_max_items(server: KestrelServer, clock: Clock) ->
     d = s.monitor_until("q", clock.seconds() + 10, 2, True, lambda item: got.append(item.data))
     assert result_of(d) is None
     assert got == [b"a", b"b"]
-    assert s.count_pending_reads("q") == 2
+    assert s.count_open_reads("q") == 2
     assert server.stats.cmd_monitor == 1
     stats = server.stats  # each monitor fetch is a get: cmd_get = get_hits + get_misses
     assert (stats.cmd_monitor_get, stats.cmd_get, stats.get_hits, stats.get_misses) == (2, 2, 2, 0)
@@ -285,10 +285,10 @@ def test_thrift_ids_are_process_wide_and_closable_anywhere(server: KestrelServer
     assert [(i, item.data) for i, item in got1] == [(1, b"a"), (2, b"b")]
     assert [(i, item.data) for i, item in got2] == [(3, b"c")]
     assert s2.confirm_ids("q", {1, 99}) == 1
-    assert s1.count_pending_reads("q") == 1
+    assert s1.count_open_reads("q") == 1
     assert s1.abort_ids("q", {2, 3}) == 2
-    assert s1.count_pending_reads("q") == 0
-    assert s2.count_pending_reads("q") == 0
+    assert s1.count_open_reads("q") == 0
+    assert s2.count_open_reads("q") == 0
     assert contents(server, "q") == [b"b", b"c"]  # first handed out, first again
 
 
@@ -336,7 +336,7 @@ def test_thrift_get_without_auto_abort_removes(server: KestrelServer) -> None:
     assert result_of(s.get_items("q", 0, None, 0)) == []
     got = result_of(s.get_items("q", 5, None, 0))
     assert [(i, item.data) for i, item in got] == [(0, b"a"), (0, b"b")]
-    assert s.count_pending_reads("q") == 0
+    assert s.count_open_reads("q") == 0
 
 
 def test_thrift_get_waits_until_deadline(server: KestrelServer, clock: Clock) -> None:
@@ -364,7 +364,7 @@ def test_quiescent_blocks_reads_and_writes(server: KestrelServer) -> None:
     """Quiescent refuses reads and writes; confirm and abort still work."""
     add(server, "q", b"a", b"b")
     s = server.new_session("memcache")
-    get(s, "q", opening=True)
+    get(s, "q", open_read=True)
     s.set_status("quiescent")
     assert s.current_status() is Status.QUIESCENT
     with pytest.raises(AvailabilityError):
@@ -388,7 +388,7 @@ def test_queue_info_reports_counters_without_side_effects(make_server, clock: Cl
     session = server.new_session()
     add(server, "q", b"aaa", b"bb", b"c")
     clock.advance(2)
-    assert get(session, "q", opening=True) == b"aaa"
+    assert get(session, "q", open_read=True) == b"aaa"
     waiting = ClientSession(server).get_item("w", clock.seconds() + 10, False, False)
     info = session.queue_info("q")
     assert info is not None
@@ -527,7 +527,7 @@ def test_open_reads_match_the_model(tmp_path: Path, ops: list[tuple[str, object]
                     session.get_item("q", None, True, False)
                 continue
             expected = queue.popleft() if queue else None
-            assert get(session, "q", opening=True) == expected
+            assert get(session, "q", open_read=True) == expected
             if expected is not None:
                 fifo.append(expected)
         elif op == "close":
@@ -549,7 +549,7 @@ def test_open_reads_match_the_model(tmp_path: Path, ops: list[tuple[str, object]
             queue.extendleft(reversed(fifo))
             fifo.clear()
             session = server.new_session("memcache")
-        assert session.count_pending_reads("q") == len(fifo)
+        assert session.count_open_reads("q") == len(fifo)
     session.finish()
     queue.extendleft(reversed(fifo))
     assert contents(server, "q") == list(queue)
@@ -578,7 +578,7 @@ def test_monitor_consumer_error_fails_the_stream(server: KestrelServer, clock: C
 
     failure = result_of(s.monitor_until("q", None, 5, True, broken))
     assert failure.check(RuntimeError)
-    assert s.count_pending_reads("q") == 1
+    assert s.count_open_reads("q") == 1
     s.finish()
     assert contents(server, "q") == [b"a", b"b"]
 
@@ -636,7 +636,7 @@ def test_after_end_waits_reads_do_not_wait(server: KestrelServer, clock: Clock) 
     s.end_waits()
     assert result_of(s.get_item("q", clock.seconds() + 60, True, False)) is None
     add(server, "q", b"a")
-    assert get(s, "q", opening=True) == b"a"
+    assert get(s, "q", open_read=True) == b"a"
     s.finish()
     assert contents(server, "q") == [b"a"]
 
@@ -677,6 +677,6 @@ def test_thrift_get_without_auto_abort_confirms_what_it_replies(server: KestrelS
     add(server, "q", b"b")
     assert [(i, item.data) for i, item in result_of(d)] == [(0, b"a"), (0, b"b")]
     queue = server.collection.queue("q")
-    assert queue.open_transaction_count == 0 and queue.length == 0
+    assert queue.open_read_count == 0 and queue.length == 0
     s.finish()
     assert contents(server, "q") == []
