@@ -1003,8 +1003,14 @@ class PersistentQueue:
         A rewrite or rotation that fails (a full disk, say) leaves the
         journal files as they were; it is logged and tried again later.
         """
+        journal = self.journal
+        cfg = self._config
+        size = journal.size
+        if (size < cfg.default_journal_size and size <= cfg.max_memory_size
+                and size + journal.archived_size <= cfg.max_journal_size):
+            return  # nothing to do (the common case, checked first: it runs per operation)
         if (self._journal_state is not _OK or self._maintaining
-                or self.journal.maintaining):
+                or journal.maintaining):
             # (an acknowledgement fired by a rotation or rewrite in progress
             # led here, or a rotation's fsyncs still run in a thread: that
             # one finishes first; the next operation checks again)

@@ -84,6 +84,9 @@ _BINARY_UNKNOWN_COMMAND = 0x0081
 _LEADING_DIGITS = re.compile(r"\d+")
 _BINARY_MESSAGE = b"Unknown command: binary protocol not supported, use the text protocol"
 _OUT_OF_MEMORY = b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n"
+#: A read this small, on a connection holding no input, is not counted against
+#: max_client_memory before it is served (see dataReceived).
+_UNCOUNTED_READ = 16 * 1024
 #: Commands refused when control is kept to the admin port (a status change too).
 _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
@@ -265,7 +268,12 @@ class MemcacheProtocol(SessionProtocol):
         else:
             self._buf = data
             self._have = len(data)
-        if self._have > self._input_held and not self.hold_input(max(self._have, self._need)):
+        # A small read with nothing held before is served before this call
+        # returns, so it is not counted; what it leaves buffered is counted
+        # after serving (below, in _process_batch), and a request that
+        # declares more data is counted when its line is parsed.
+        if ((self._input_held or self._have > _UNCOUNTED_READ) and self._have > self._input_held
+                and not self.hold_input(max(self._have, self._need))):
             self._fail(_OUT_OF_MEMORY)
             return
         if self._waiting:
@@ -386,7 +394,7 @@ class MemcacheProtocol(SessionProtocol):
             self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
             self._flush()
-            if not self._closing:
+            if not self._closing and (self._input_held or self._have or need):
                 self.hold_input(max(self._have, need))
         if self._read_closed and not self._waiting and not self._closing:
             self.close_connection()
