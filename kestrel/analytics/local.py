@@ -116,7 +116,7 @@ def analyse_queue(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
         if c in tables.REPLAY_FLAGS:
             cols[c] = col.to_numpy(zero_copy_only=False).astype(bool)
         else:
-            fill = tables.NONE if c in ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms") else 0
+            fill = tables.NONE if c in tables.REPLAY_TIMES else 0
             cols[c] = pc.fill_null(col, fill).to_numpy().astype(np.int64)
     if len(servers):
         change = np.flatnonzero((servers[1:] != servers[:-1]) | (queues[1:] != queues[:-1])) + 1

@@ -57,6 +57,8 @@ REPLAY_INPUT = ["file_seq", "offset", "op", "xid", "size", "add_ms", "expiry_ms"
                 "time_lb_ms", "time_ub_ms", "filler", "snapshot"]
 #: The boolean columns of L{REPLAY_INPUT}.
 REPLAY_FLAGS = ("filler", "snapshot")
+#: The time columns of L{REPLAY_INPUT}: absent values are L{NONE}, not 0.
+REPLAY_TIMES = ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms")
 
 FLOW_DDL = ("server string, queue string, minute_ms long, first_ms long, last_ms long, "
             "records long, enqueued long, dequeued long, opened long, confirmed long, "
@@ -154,27 +156,6 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
         if c not in out:
             out[c] = None
     return out[cols].astype({c: "Int64" for c in cols[3:]})
-
-
-def replay_input(raw: pd.DataFrame) -> pd.DataFrame:
-    """Return the live rows of C{raw} (trailers too) with absent values as L{NONE}."""
-    live = raw[~raw["archive"]]
-    out = live[["server", "queue"]].copy()
-    for c in REPLAY_INPUT:
-        if c in REPLAY_FLAGS:
-            out[c] = live[c].to_numpy(dtype=bool)
-        elif c in ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms"):
-            out[c] = live[c].fillna(NONE).astype("int64")
-        else:
-            out[c] = live[c].fillna(0).astype("int64")
-    return out
-
-
-def _nearest_rank_sorted(values: np.ndarray, p: float) -> int | None:
-    n = len(values)
-    if n == 0:
-        return None
-    return int(values[max(1, int(np.ceil(p * n))) - 1])
 
 
 def flow_table(events: pd.DataFrame) -> pd.DataFrame:
