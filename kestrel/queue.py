@@ -1025,12 +1025,10 @@ class PersistentQueue:
             self._maintaining = False
 
     def _check_rotate_journal_now(self) -> None:
+        """The journal has outgrown a limit (L{_check_rotate_journal} checked): act on it."""
         cfg = self._config
         journal = self.journal
         size = journal.size
-        if (size < cfg.default_journal_size and size <= cfg.max_memory_size
-                and size + journal.archived_size <= cfg.max_journal_size):
-            return
         # Kestrel has two policies: the aggressive one (the default) and the
         # one of disable_aggressive_rewrites, which takes a break after
         # rewriting an empty queue that stays large (KEST-366) and rewrites
