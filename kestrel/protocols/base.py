@@ -18,7 +18,6 @@ round trip (see its docstring).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from twisted.internet import tcp
@@ -259,25 +258,31 @@ class SessionProtocol(Protocol):
 
     # -- write batches -------------------------------------------------------
 
-    def in_write_batch(self, serve: Callable[[], None]) -> None:
+    def begin_write_batch(self) -> None:
         """
-        Run C{serve} (one pass over the connection's buffered input) inside
-        one write batch: the journal writes of the requests it serves are held
-        back and reach each file in one C{os.write}.
+        Open a write batch for the rest of one pass over the connection's
+        buffered input: the journal writes of the requests served from now on
+        are held back and reach each file in one C{os.write}.
 
-        This is the only place a batch is opened and closed. Inside it, the
-        protocol calls C{session.flush_writes()} before it sends replies, and
-        drops them if that returns false (a held-back write of this batch
-        failed). Nothing below the session opens batches; the queue only sets
-        one aside (C{call_unbatched}) to hand an item to another connection.
+        A protocol opens one only when a pass serves a second request (the
+        first one's writes went to the OS at once, so a lone request costs no
+        batch), and closes it with L{end_write_batch} at the end of the pass.
+        Inside it, the protocol calls C{session.flush_writes()} before it
+        sends replies, and drops them if that returns false (a held-back write
+        of this batch failed). These two methods are the only place a batch
+        is opened and closed; nothing below the session opens batches, and
+        the queue only sets one aside (C{call_unbatched}) to hand an item to
+        another connection.
         """
         session = self.session
         assert session is not None
         session.hold_writes()
-        try:
-            serve()
-        finally:
-            session.release_writes()
+
+    def end_write_batch(self) -> None:
+        """Close the batch L{begin_write_batch} opened (its held writes reach the OS)."""
+        session = self.session
+        assert session is not None
+        session.release_writes()
 
     def session_started(self) -> None:
         """Called once the session is open; the default does nothing."""

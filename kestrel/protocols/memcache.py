@@ -192,6 +192,8 @@ class MemcacheProtocol(SessionProtocol):
         self._pending_set: SetRequest | None = None
         self._waiting = False
         self._in_process = False
+        # Whether this pass over the input opened a write batch (its second request did).
+        self._batch_open = False
         self._closing = False
         self._paused = False
         self._idle_call: IDelayedCall | None = None
@@ -300,13 +302,11 @@ class MemcacheProtocol(SessionProtocol):
         """
         Serve buffered requests until the buffer runs dry or one must wait.
 
-        Their journal writes are held back in one write batch, and reach the
-        OS (one write per journal file) before their replies are written.
+        The first request's journal writes reach the OS at once; from the
+        second on, they are held back in one write batch and reach the OS
+        (one write per journal file) before the replies are written. Only a
+        held-back write of this batch failing drops this batch's replies.
         """
-        # Only a held-back write of this batch failing drops this batch's replies.
-        self.in_write_batch(self._process_batch)
-
-    def _process_batch(self) -> None:
         self._in_process = True
         if self._parts:
             self._buf = b"".join([self._buf, *self._parts])
@@ -318,6 +318,7 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
+        served = 0
         try:
             while not self._waiting and not self._closing and not self.output_blocked:
                 if out:
@@ -340,6 +341,10 @@ class MemcacheProtocol(SessionProtocol):
                     data = buf[pos:end]
                     pos = end + 2
                     self._pending_set = None
+                    if served == 1:
+                        self._batch_open = True
+                        self.begin_write_batch()
+                    served += 1
                     self._serve(pending, data)
                     continue
                 if pos < size and buf[pos] == BINARY_REQUEST_MAGIC:
@@ -386,6 +391,10 @@ class MemcacheProtocol(SessionProtocol):
                         break
                     self._pending_set = request
                     continue
+                if served == 1:
+                    self._batch_open = True
+                    self.begin_write_batch()
+                served += 1
                 self._serve(request, None)
         finally:
             self._buf = buf[pos:] if pos else buf
@@ -393,7 +402,12 @@ class MemcacheProtocol(SessionProtocol):
             self._need = need
             self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
-            self._flush()
+            try:
+                self._flush()
+            finally:
+                if self._batch_open:
+                    self._batch_open = False
+                    self.end_write_batch()
             if not self._closing and (self._input_held or self._have or need):
                 self.hold_input(max(self._have, need))
         if self._read_closed and not self._waiting and not self._closing:
@@ -462,7 +476,7 @@ class MemcacheProtocol(SessionProtocol):
         out = self._out
         if out:
             session = self.session
-            if session is not None and not session.flush_writes():
+            if self._batch_open and session is not None and not session.flush_writes():
                 out.clear()
                 self._closing = True
                 self._log.error("Replies dropped: a journal write failed")

@@ -729,7 +729,8 @@ def test_refused_journal_write_drops_the_replies(
     """
     When the OS refuses a batch's journal bytes (a full device), its
     replies are not sent: the client gets SERVER_ERROR and is disconnected,
-    and the server goes on serving.
+    and the server goes on serving. (A batch opens at a pass's second
+    request: here the set, after a get that writes nothing.)
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -737,7 +738,7 @@ def test_refused_journal_write_drops_the_replies(
     kept = journal._writer
     journal._writer = PeriodicSyncFile("/dev/full", clock, None,
                                        coalescer=server.collection.write_coalescer)
-    reply = conn.send(b"set q 0 0 1\r\nb\r\nget q\r\n")
+    reply = conn.send(b"get none\r\nset q 0 0 1\r\nb\r\nget q\r\n")
     assert reply == b"SERVER_ERROR journal write failed\r\n"
     assert not conn.connected
     journal._writer.close()
