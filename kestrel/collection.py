@@ -368,15 +368,18 @@ class QueueCollection(Service):
         Kestrel); for an alias, true only if every destination accepted.
         C{total_items} counts every accepted add, children's included.
         """
-        self._check_running()
-        alias = self._aliases.get(name)
-        if alias is not None:
+        if self._stopping:
+            self._check_running()
+        if name in self._aliases:
+            alias = self._aliases[name]
             alias.put_items += 1
             alias.put_bytes += len(data)
             return DeferredList([self._add_to_destination(dest, data, expiry_ms)
                                  for dest in alias.destinations],
                                 consumeErrors=True).addCallback(_all_true)
-        return self._add_with_fanouts(name, data, expiry_ms)
+        if name in self._fanouts:
+            return self._add_with_fanouts(name, data, expiry_ms)
+        return self._add_one(name, data, expiry_ms)
 
     def _add_to_destination(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         try:
@@ -422,7 +425,8 @@ class QueueCollection(Service):
         C{open_read} the item is an open read (its C{xid} set). Cancelling the
         Deferred withdraws the wait. Counts C{get_hits} / C{get_misses}.
         """
-        self._check_running()
+        if self._stopping:
+            self._check_running()
         if name in self._aliases:
             return succeed(None)
         queue = self._queues.get(name)

@@ -384,9 +384,12 @@ class MemcacheProtocol(SessionProtocol):
                                    % (request.length, self.max_request_size))
                         break
                     # Held input counts from the start of buf: reserve the
-                    # declared data before it is read, unless it is here already.
+                    # declared data before it is read, unless it is here already
+                    # (then it is counted with the read that brought it, or is
+                    # a small read served before it is counted at all).
                     reserve = pos + request.length + 2
-                    if reserve > self._input_held and not self.hold_input(reserve):
+                    if (reserve > size and reserve > self._input_held
+                            and not self.hold_input(reserve)):
                         self._fail(_OUT_OF_MEMORY)
                         break
                     self._pending_set = request
