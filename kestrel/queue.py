@@ -370,7 +370,8 @@ class PersistentQueue:
             return succeed(True)
         if self._journal_state is not _OK:
             return fail(JournalUnavailable(self.name, self._journal_reason))
-        if self._items:
+        items = self._items
+        if items and (items[0].expiry_ms or cfg.max_age is not None):
             self._sweep(None)
         max_items = cfg.max_items
         max_size = cfg.max_size
@@ -383,7 +384,7 @@ class PersistentQueue:
             self._journal_write(self.journal.remove)
             self._fill_read_behind()
             self._sweep(None)
-        now_ms = self._now_ms()
+        now_ms = int(self._clock.seconds() * 1000)
         if cfg.max_age is not None:
             cap = now_ms + int(cfg.max_age * 1000)
             if not expiry_ms or cap < expiry_ms:
@@ -419,7 +420,7 @@ class PersistentQueue:
         self._store(item)
         observer = self.observer
         if observer is not None:
-            observer.item_added(size, len(self._items))
+            observer.item_added(size, len(items))
         self._waiters.trigger()
         if cfg.durable_acks or cfg.sync_journal == 0.0:
             # The journal's Deferred is this write's own: chain on it directly.
@@ -474,11 +475,14 @@ class PersistentQueue:
             self.transactions += 1
         if self._open_since and self._config.open_transaction_timeout is not None:
             self._time_out_open_reads()
-        self._sweep(None)
+        items = self._items
+        if items and (items[0].expiry_ms or self._config.max_age is not None):
+            self._sweep(None)
         item = self._pop_head()
         if item is None:
             return None
-        self._last_wait_ms = max(0, self._now_ms() - item.add_time_ms)
+        wait_ms = int(self._clock.seconds() * 1000) - item.add_time_ms
+        self._last_wait_ms = wait_ms if wait_ms > 0 else 0
         journal = self.journal
         if open_read:
             xid = self._next_xid()

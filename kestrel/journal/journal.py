@@ -150,6 +150,10 @@ class FileJournal:
 
     _log = Logger()
 
+    #: Whether the read-behind reader is open: kept in step with it (a plain
+    #: attribute, since the hot path reads it per operation).
+    in_read_behind = False
+
     def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
@@ -215,10 +219,6 @@ class FileJournal:
         """Whether a rotation's fsyncs still run in a thread (no rotation or rewrite starts)."""
         return self._maintenance is not None
 
-    @property
-    def in_read_behind(self) -> bool:
-        """Whether the read-behind reader is open."""
-        return self._reader is not None
 
     def _path(self, name: str) -> str:
         return os.path.join(self.queue_path, name)
@@ -1093,6 +1093,7 @@ class FileJournal:
             name, pos = self.queue_name, self._writer.position
         self._stop_reader()
         self._reader = _Reader(self._path(name), pos)
+        self.in_read_behind = self._reader is not None
         self._reader_file = name
         self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
                         queue=self.queue_name, file=name, offset=pos)
@@ -1101,6 +1102,7 @@ class FileJournal:
         if self._reader is not None:
             self._reader.close()
         self._reader = None
+        self.in_read_behind = self._reader is not None
         self._reader_file = None
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
@@ -1160,6 +1162,7 @@ class FileJournal:
             return
         self._stop_reader()
         self._reader = _Reader(self._path(following), 0)
+        self.in_read_behind = self._reader is not None
         self._reader_file = following
         self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
                        queue=self.queue_name, old=old, file=following)

@@ -94,21 +94,6 @@ _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 Reply = bytes | Deferred[bytes]
 
 
-_PENDING = object()
-
-
-def _fired(d: Deferred[Any]) -> Any:
-    """
-    The successful result of C{d} if it has fired already, else C{_PENDING}.
-
-    The hot path uses this to skip chaining callbacks on Deferreds that fired
-    synchronously; a failure stays in C{d} for the caller's errback.
-    """
-    if d.called and not d.paused:
-        result = d.result
-        if not isinstance(result, Failure):
-            return result
-    return _PENDING
 
 
 def _encode(text: str) -> bytes:
@@ -558,9 +543,10 @@ class MemcacheProtocol(SessionProtocol):
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         d = session.get_item(name, deadline, req.open_read, req.peeking)
-        item = _fired(d)
-        if item is not _PENDING:
-            return value_reply(item, req.key)
+        if d.called and not d.paused:
+            item = d.result
+            if not isinstance(item, Failure):
+                return value_reply(item, req.key)
         return d.addCallback(value_reply, req.key)
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
@@ -572,9 +558,10 @@ class MemcacheProtocol(SessionProtocol):
         if req.exptime:
             expiry_ms = memcache_expiry_ms(req.exptime, int(self.clock.seconds() * 1000))
         d = session.set_item(req.name, data, expiry_ms)
-        stored = _fired(d)
-        if stored is not _PENDING:
-            return b"" if req.noreply else _STORED if stored else _NOT_STORED
+        if d.called and not d.paused:
+            stored = d.result
+            if not isinstance(stored, Failure):
+                return b"" if req.noreply else _STORED if stored else _NOT_STORED
         if req.noreply:
             return d.addCallback(lambda _: b"")
         return d.addCallback(lambda ok: _STORED if ok else _NOT_STORED)
