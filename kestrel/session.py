@@ -693,8 +693,9 @@ class ClientSession:
         Open a write batch: journal writes are held back until L{release_writes}
         (or L{flush_writes}) and then reach each file in one write.
 
-        Only the protocol base opens batches, around one pass over a
-        connection's input (L{kestrel.protocols.base.SessionProtocol.in_write_batch}).
+        Only the protocol base opens batches, for the rest of one pass over a
+        connection's input once it reaches a second request
+        (L{kestrel.protocols.base.SessionProtocol.begin_write_batch}).
         The caller must call L{flush_writes} before it sends any reply that
         depends on those writes, and L{release_writes} when the batch ends.
         """
