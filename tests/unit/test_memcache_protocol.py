@@ -690,6 +690,46 @@ def test_pipelined_writes_are_in_the_journal_before_replies(
     assert [r.data for r in records if hasattr(r, "data")] == [b"a", b"b", b"c"]
 
 
+def test_a_pass_writes_its_first_request_at_once_and_batches_the_rest(
+        server: KestrelServer, factory: MemcacheFactory) -> None:
+    """
+    One request at a time, each request's record reaches the journal file in
+    a write of its own, with no batch; a pipelined pass writes its first
+    request's record at once and the records of the rest in one more write.
+    """
+    conn = Conn(factory)
+    assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
+    writer = server.collection.queue("q").journal._writer
+    writes: list[bytes] = []
+    real_write = writer._os_write
+
+    def counting_write(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return real_write(fd, data)
+
+    writer._os_write = counting_write
+    coalescer = server.collection.write_coalescer
+    session = conn.protocol.session
+    opened: list[int] = []
+    real_hold = session.hold_writes
+
+    def counting_hold() -> None:
+        opened.append(1)
+        real_hold()
+
+    session.hold_writes = counting_hold
+    assert conn.send(b"set q 0 0 1\r\nb\r\n") == b"STORED\r\n"
+    assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
+    assert len(writes) == 2 and not opened
+    writes.clear()
+    reply = conn.send(b"set q 0 0 1\r\nc\r\nset q 0 0 1\r\nd\r\nget q\r\nget q\r\n")
+    assert reply == (b"STORED\r\nSTORED\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
+                     b"VALUE q 0 1\r\nc\r\nEND\r\n")
+    assert len(opened) == 1 and not coalescer.active
+    assert len(writes) == 2  # the first set at once; the other three records in one write
+    assert [type(r).__name__ for _, r in iter_records(writes[1])] == ["Add", "Remove", "Remove"]
+
+
 def test_reply_after_crash_loses_nothing(clock: Clock, tmp_path: Path) -> None:
     """
     A server that dies right after replying (its journals never closed)
