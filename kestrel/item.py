@@ -20,7 +20,7 @@ class QItem:
     same millisecond, a journal's items at replay): an item whose add time
     equals the last item's keeps that item's C{int} object rather than its
     own, which saves 32 bytes of each such item held in memory. Only the
-    object is shared; the value is the one given.
+    object is shared: the add time kept equals the one given.
 
     @ivar expiry_ms: absolute epoch ms, or 0 for "never expires".
     """
@@ -29,8 +29,9 @@ class QItem:
 
     def __init__(self, data: bytes, add_time_ms: int, expiry_ms: int = 0, xid: int = 0) -> None:
         global _last_add_time_ms
-        if add_time_ms == _last_add_time_ms:
-            add_time_ms = _last_add_time_ms
+        last = _last_add_time_ms  # (read once: the value kept is the one compared)
+        if add_time_ms == last:
+            add_time_ms = last
         elif type(add_time_ms) is int:
             _last_add_time_ms = add_time_ms
         self.data = data

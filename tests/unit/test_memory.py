@@ -124,3 +124,4 @@ def test_items_keep_their_values(fields: list[tuple[bytes, int, int, int]]) -> N
         assert type(item.add_time_ms) is int
         assert item == QItem(data, add_time_ms, expiry_ms, xid)
         assert repr(item) == repr(QItem(data, add_time_ms, expiry_ms, xid))
+
