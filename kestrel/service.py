@@ -10,7 +10,8 @@ waits for them, finishes the live sessions (their open reads go back to the
 queues), and only then stops the collection, which waits for pending fsyncs
 and closes the journals. The listeners are C{StreamServerEndpointService}
 children of the L{KestrelService} C{MultiService}, built once in
-L{make_kestrel_service} (every protocol module imported here, statically);
+L{make_kestrel_service} (the thrift and admin modules, and thriftpy2,
+twisted.web and prometheus_client with them, only when their port is set);
 C{MultiService} alone would start them before the replay and stop the
 queues without waiting for them, which is why start and stop spell out the
 order.
@@ -37,12 +38,10 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from kestrel.admin import make_admin_site
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, KestrelError
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.protocols.text import TextFactory
-from kestrel.protocols.thrift import ThriftFactory
 from kestrel.server import KestrelServer
 from kestrel.serverset import ServerSetPublisher
 
@@ -117,14 +116,26 @@ def _listeners(config: ServerConfig, server: KestrelServer,
     for name, port, make in [
         ("memcache", config.memcache_port, MemcacheFactory),
         ("text", config.text_port, TextFactory),
-        ("thrift", config.thrift_port, ThriftFactory),
-        ("admin", config.admin_port, make_admin_site),
+        ("thrift", config.thrift_port, _thrift_factory),
+        ("admin", config.admin_port, _admin_site),
     ]:
         if port:
             address = config.admin_address if name == "admin" else config.listen_address
             endpoint = TCP4ServerEndpoint(reactor, port, interface=address)
             listeners.append(ListenerService(name, endpoint, make(server)))
     return listeners
+
+
+def _thrift_factory(server: KestrelServer) -> Any:
+    """The thrift factory; thriftpy2 and its IDL are imported only when a thrift port is set."""
+    from kestrel.protocols.thrift import ThriftFactory
+    return ThriftFactory(server)
+
+
+def _admin_site(server: KestrelServer) -> Any:
+    """The admin site; twisted.web and prometheus_client are imported only with an admin port."""
+    from kestrel.admin import make_admin_site
+    return make_admin_site(server)
 
 
 def _advertised(listeners: Sequence[ListenerService],
