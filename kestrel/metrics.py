@@ -1,11 +1,11 @@
 """
 Latency and size distributions ("metrics" in Ostrich's terms), cheap enough for the hot path.
 
-A L{Histogram} records an integer in O(1) with no allocation: one bucket
-index computed from the value's bit length, four additions. Buckets are
-log-linear (8 per power of two, exact below 16), so any percentile is
-within about 6% of the true value. Reports compute percentiles by walking
-the 500 buckets, which only the admin endpoints do.
+A L{Histogram} records a value with one list append; the values are
+counted into buckets in bulk, once per distinct value, when enough wait or
+anything is read. Buckets are log-linear (8 per power of two, exact below
+16), so any percentile is within about 6% of the true value. Reports compute
+percentiles by walking the 500 buckets, which only the admin endpoints do.
 
 L{Metrics} holds one L{QueueMetrics} per queue (Ostrich's C{q/<name>/...}
 metrics) and the server-wide histograms; a server-wide read or write latency
@@ -16,6 +16,7 @@ callers measure with their injected clock and record the difference.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -65,56 +66,127 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return mantissa << shift, ((mantissa + 1) << shift) - 1
 
 
+#: A histogram counts the values recorded since it last counted once this many wait.
+SETTLE_AT = 512
+
+
 class Histogram:
     """
     A distribution of non-negative integers: count, sum, min, max and bucketed counts.
 
-    L{add} is the only method meant for the hot path.
+    Recording is one list append: values wait in L{pending} and are counted
+    (L{settle}) once L{SETTLE_AT} of them wait, and before anything is read,
+    so every reader sees every value recorded. Values that repeat (sizes,
+    queue lengths, latencies quantized by the clock) are counted once per
+    distinct value. L{add} is the recording method; the hot-path recorders of
+    this module append to L{pending} themselves and keep the same bound.
     """
 
-    __slots__ = ("count", "total", "minimum", "maximum", "buckets")
+    __slots__ = ("_count", "_total", "_minimum", "_maximum", "_buckets", "pending")
 
     def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.minimum = 0
-        self.maximum = 0
-        self.buckets = [0] * BUCKETS
+        self._count = 0
+        self._total = 0
+        self._minimum = 0
+        self._maximum = 0
+        self._buckets = [0] * BUCKETS
+        #: Values recorded and not yet counted (never more than L{SETTLE_AT}).
+        self.pending: list[int | float] = []
 
     def add(self, value: int | float) -> None:
         """Record one value (floats are rounded, negatives count as 0)."""
-        v = value if value.__class__ is int else int(value + 0.5)
-        if v < 0:
-            v = 0
-        if v < _EXACT:
-            self.buckets[v] += 1
-        else:
-            shift = v.bit_length() - _SUB_BITS - 1
-            self.buckets[(shift + 1) * _SUB + (v >> shift) - _SUB] += 1
-        if self.count == 0 or v < self.minimum:
-            self.minimum = v
-        if v > self.maximum:
-            self.maximum = v
-        self.count += 1
-        self.total += v
+        pending = self.pending
+        pending.append(value)
+        if len(pending) >= SETTLE_AT:
+            self.settle()
+
+    def settle(self) -> None:
+        """Count every pending value (readers call it; so does L{add} at L{SETTLE_AT})."""
+        pending = self.pending
+        if not pending:
+            return
+        distinct = Counter(pending)
+        pending.clear()
+        buckets = self._buckets
+        count = self._count
+        total = self._total
+        low = self._minimum
+        high = self._maximum
+        for value, n in distinct.items():
+            v = value if value.__class__ is int else int(value + 0.5)
+            if v < 0:
+                v = 0
+            if v < _EXACT:
+                buckets[v] += n
+            else:
+                shift = v.bit_length() - _SUB_BITS - 1
+                buckets[(shift + 1) * _SUB + (v >> shift) - _SUB] += n
+            if count == 0 or v < low:
+                low = v
+            if v > high:
+                high = v
+            count += n
+            total += v * n
+        self._count = count
+        self._total = total
+        self._minimum = low
+        self._maximum = high
+
+    @property
+    def count(self) -> int:
+        """How many values were recorded."""
+        if self.pending:
+            self.settle()
+        return self._count
+
+    @property
+    def total(self) -> int:
+        """The sum of the recorded values (each rounded as it is counted)."""
+        if self.pending:
+            self.settle()
+        return self._total
+
+    @property
+    def minimum(self) -> int:
+        """The smallest recorded value (0 when empty)."""
+        if self.pending:
+            self.settle()
+        return self._minimum
+
+    @property
+    def maximum(self) -> int:
+        """The largest recorded value (0 when empty)."""
+        if self.pending:
+            self.settle()
+        return self._maximum
+
+    @property
+    def buckets(self) -> list[int]:
+        """The count of values per bucket (see L{bucket_bounds}); do not modify."""
+        if self.pending:
+            self.settle()
+        return self._buckets
 
     def merge(self, other: Histogram) -> None:
         """Add every value recorded in C{other} to this histogram."""
         if other.count == 0:
             return
-        buckets = self.buckets
+        if self.pending:
+            self.settle()
+        buckets = self._buckets
         for index, n in enumerate(other.buckets):
             if n:
                 buckets[index] += n
-        self.minimum = other.minimum if self.count == 0 else min(self.minimum, other.minimum)
-        self.maximum = max(self.maximum, other.maximum)
-        self.count += other.count
-        self.total += other.total
+        self._minimum = other.minimum if self._count == 0 else min(self._minimum, other.minimum)
+        self._maximum = max(self._maximum, other.maximum)
+        self._count += other.count
+        self._total += other.total
 
     def clear(self) -> None:
         """Forget every recorded value."""
-        self.count = self.total = self.minimum = self.maximum = 0
-        self.buckets = [0] * BUCKETS
+        self.pending.clear()
+        self._count = self._total = self._minimum = self._maximum = 0
+        self._buckets = [0] * BUCKETS
 
     @property
     def average(self) -> float:
@@ -222,14 +294,41 @@ class QueueMetrics:
         """Record one read-behind refill's C{fill_readbehind_usec}."""
         self.fill_readbehind_usec.add(seconds * 1e6)
 
+    # The three recorders below run per request: they append to the
+    # histograms' pending values themselves (what Histogram.add does, one call less).
+
     def item_added(self, size: int, queue_size: int) -> None:
         """Record a stored add: its C{request_size} (bytes) and the C{queue_size} after it."""
-        self.request_size.add(size)
-        self.queue_size.add(queue_size)
+        pending = self.request_size.pending
+        pending.append(size)
+        if len(pending) >= SETTLE_AT:
+            self.request_size.settle()
+        pending = self.queue_size.pending
+        pending.append(queue_size)
+        if len(pending) >= SETTLE_AT:
+            self.queue_size.settle()
 
     def item_removed(self, queue_size: int) -> None:
         """Record the C{queue_size} (items in memory) after a remove."""
-        self.queue_size.add(queue_size)
+        pending = self.queue_size.pending
+        pending.append(queue_size)
+        if len(pending) >= SETTLE_AT:
+            self.queue_size.settle()
+
+    def read_answered(self, usec: float, delivery_msec: float | None) -> None:
+        """
+        Record C{get_hit_latency_usec} of a read answered with an item and,
+        for an item removed, its C{delivery_latency_msec}.
+        """
+        pending = self.get_hit_latency_usec.pending
+        pending.append(usec)
+        if len(pending) >= SETTLE_AT:
+            self.get_hit_latency_usec.settle()
+        if delivery_msec is not None:
+            pending = self.delivery_latency_msec.pending
+            pending.append(delivery_msec)
+            if len(pending) >= SETTLE_AT:
+                self.delivery_latency_msec.settle()
 
     def open_reads_changed(self, open_reads: int, expiring: int) -> None:
         """Record C{tx_map_size} (open reads) and C{tx_expire_list_size} (those with a timeout)."""
@@ -319,10 +418,7 @@ class Metrics:
         Record C{get_hit_latency_usec} of a read of C{queue} answered with an
         item and, for an item removed, its C{delivery_latency_msec}.
         """
-        metrics = self._queues.get(queue) or self.queue(queue)
-        metrics.get_hit_latency_usec.add(usec)
-        if delivery_msec is not None:
-            metrics.delivery_latency_msec.add(delivery_msec)
+        (self._queues.get(queue) or self.queue(queue)).read_answered(usec, delivery_msec)
 
     def record_miss(self, queue: str, usec: float) -> None:
         """Record C{get_miss_latency_usec} of a read of C{queue} answered empty."""

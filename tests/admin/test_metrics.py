@@ -15,6 +15,7 @@ from kestrel.metrics import (
     BUCKETS,
     GLOBAL_METRICS,
     QUEUE_METRICS,
+    SETTLE_AT,
     Histogram,
     Metrics,
     bucket_bounds,
@@ -109,6 +110,53 @@ def test_metrics_registry_names() -> None:
     # What deleted queues recorded stays in the global distributions.
     assert report["set_latency_usec"]["count"] == 1
     assert report["delivery_latency_msec"]["maximum"] == 7
+
+
+def reference_counts(values: list[int | float]) -> tuple[int, int, int, int, list[int]]:
+    """Count, total, minimum, maximum and buckets of C{values}, one value at a time."""
+    buckets = [0] * BUCKETS
+    rounded = [max(0, v if isinstance(v, int) else int(v + 0.5)) for v in values]
+    for v in rounded:
+        index = next(i for i in range(BUCKETS) if bucket_bounds(i)[0] <= v <= bucket_bounds(i)[1])
+        buckets[index] += 1
+    if not rounded:
+        return 0, 0, 0, 0, buckets
+    return len(rounded), sum(rounded), min(rounded), max(rounded), buckets
+
+
+@given(st.lists(st.one_of(st.integers(-5, 10**6), st.floats(-3.0, 1e5)), max_size=3 * SETTLE_AT),
+       st.lists(st.integers(0, 3 * SETTLE_AT), max_size=4))
+def test_pending_values_are_all_counted_exactly(values: list[int | float],
+                                                reads_at: list[int]) -> None:
+    """
+    Values wait in C{pending} and are counted in bulk, never more than
+    SETTLE_AT at a time; whenever it is read, a histogram holds exactly what
+    counting each value on its own gives.
+    """
+    h = Histogram()
+    for position, value in enumerate(values):
+        if position in reads_at:
+            assert h.count == position
+        h.add(value)
+        assert len(h.pending) < SETTLE_AT
+    assert (h.count, h.total, h.minimum, h.maximum, h.buckets) == reference_counts(values)
+
+
+def test_per_request_recorders_keep_the_bound_and_count_everything() -> None:
+    """The queue recorders appending to C{pending} directly settle at SETTLE_AT too."""
+    m = Metrics()
+    queue = m.queue("q")
+    for n in range(3 * SETTLE_AT + 5):
+        queue.item_added(1024, n)
+        queue.item_removed(n)
+        m.record_hit("q", 2.4, 7.0)
+        assert max(len(h.pending) for _, h in queue.items()) < SETTLE_AT
+    rounds = 3 * SETTLE_AT + 5
+    assert queue.request_size.count == rounds and queue.request_size.total == 1024 * rounds
+    assert queue.queue_size.count == 2 * rounds and queue.queue_size.maximum == rounds - 1
+    hits = queue.get_hit_latency_usec
+    assert hits.count == rounds and hits.total == 2 * rounds
+    assert m.delivery_latency_msec.total == 7 * rounds
 
 
 def test_add_is_cheap() -> None:
