@@ -313,6 +313,9 @@ class QueueCollection(Service):
             except StopIteration:
                 self._replaying = None
                 self._loaded(name, queue, started)
+                if not self._load_order:
+                    self._finish_loading()
+                    return False
             except Exception:
                 self._replaying = None
                 self._replay_failed(name, queue, Failure())
