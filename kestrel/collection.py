@@ -695,7 +695,7 @@ class QueueCollection(Service):
         nothing flushed) while a queue is loading.
         """
         if self._loading:
-            raise QueueLoading(", ".join(self._loading), "flush_all")
+            raise QueueLoading(next(iter(self._loading)), "flush_all", len(self._loading) - 1)
         for name in self.queue_names(include_aliases=False):
             self.flush(name)
 

@@ -89,9 +89,14 @@ class QueueLoading(JournalUnavailable):
     the connection lives on.
     """
 
-    def __init__(self, queue: str, command: str = "") -> None:
-        KestrelError.__init__(self, f"queue {queue} is still loading its journal"
-                                    f"{f'; {command} refused' if command else ''}; "
-                                    "try again once it is loaded")
+    def __init__(self, queue: str, command: str = "", others: int = 0) -> None:
+        refused = f"; {command} refused" if command else ""
+        if others:
+            message = (f"queue {queue} and {others} other(s) are still loading their "
+                       f"journals{refused}; try again once they are loaded")
+        else:
+            message = (f"queue {queue} is still loading its journal{refused}; "
+                       "try again once it is loaded")
+        KestrelError.__init__(self, message)
         self.queue = queue
         self.reason = "loading"

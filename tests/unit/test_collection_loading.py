@@ -188,7 +188,8 @@ def test_commands_that_cannot_wait_are_refused(two_queues: Path, clock: Clock,
         getattr(c, command)("big")
     assert "queue big is still loading its journal" in str(e.value)
     assert command in str(e.value)
-    with pytest.raises(QueueLoading):
+    with pytest.raises(QueueLoading, match="queue big is still loading its journal; "
+                                           "flush_all refused"):
         c.flush_all()
     assert c.queue("small", create=False).length == 2  # type: ignore[union-attr]
     run_until_loaded(c, clock)
@@ -196,6 +197,14 @@ def test_commands_that_cannot_wait_are_refused(two_queues: Path, clock: Clock,
     assert big is not None and big.length == BIG  # nothing was flushed or deleted
     getattr(c, command)("big")
     c.flush_all()
+    c.stopService()
+
+
+def test_flush_all_names_the_loading_queues(two_queues: Path, clock: Clock) -> None:
+    c = loading_collection(two_queues, clock)
+    c.start_loading()
+    with pytest.raises(QueueLoading, match="queue small and 1 other.s. are still loading"):
+        c.flush_all()
     c.stopService()
 
 

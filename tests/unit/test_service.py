@@ -200,3 +200,24 @@ def test_zookeeper_publisher_built_when_configured(tmp_path: Path) -> None:
     assert isinstance(service.zookeeper, ServerSetPublisher)
     assert service.zookeeper.status is service.server.status
     assert not service.zookeeper.running
+
+
+def test_journal_that_cannot_be_replayed_stops_the_server(tmp_path: Path) -> None:
+    """As when replay came before the listeners, a journal that cannot be read stops it."""
+    config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
+    first = build(config, MemoryReactorClock())
+    first.startService()
+    assert first.server.collection.add("old", b"x").result is True
+    first.stopService()
+    reactor = MemoryReactorClock()
+    reactor.running = True
+    service = build(config, reactor)
+    service.startService()
+    journal = tmp_path / "queues" / "old"
+    journal.unlink()
+    journal.mkdir()  # (listed as a journal, no regular file when its turn comes)
+    with capturedLogs() as events:
+        reactor.advance(0)
+    assert reactor.hasStopped
+    assert any("kestrel cannot start" in e.get("log_format", "") for e in events)
+    service.stopService()
