@@ -467,6 +467,8 @@ class FileJournal:
                         gc.disable()
                 except StopIteration as done:
                     damage = done.value
+                finally:
+                    steps.close()  # (stopped early: its file is unmapped now)
                 if damage is not None and reset is not None:
                     self._set_aside(files[:index + 1], name, damage)
                     self._stop_reader()
