@@ -308,9 +308,10 @@ class PersistentQueue:
         self._log.info("Replaying transaction journal for {queue}", queue=self.name)
         self._xid_counter = 0
         self._replaying = True
+        # (Sliced replay is FileJournal's; setup() replays through replay() as always.)
         replay_steps = getattr(self.journal, "replay_steps", None)
         try:
-            if replay_steps is None:
+            if replay_steps is None or slice_bytes is None:
                 self.journal.replay(self._replay_apply, self._forget_replayed)
             else:
                 yield from replay_steps(self._replay_apply, self._forget_replayed, slice_bytes)
