@@ -26,7 +26,10 @@ journal first, so `small` answers while the big queue still replays: the
 benchmark then first polls `get small`, prints the seconds from process
 start to its first item and the server's C{queues_loading} stat right after
 it (1: the big queue was still loading then), and then times the big queue
-as above.
+as above while it sends `get small/peek` over and over on one connection,
+printing how many such requests were answered before the big queue's first
+reply and the slowest round trip among them (how long the replay kept the
+server from answering).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +100,24 @@ def queues_loading(port: int) -> int:
     return -1
 
 
+def peek_while(port: int, queue: str, running: threading.Event) -> list[float]:
+    """Round trips (seconds) of C{get queue/peek} sent one after another while C{running}."""
+    times = []
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        request = f"get {queue}/peek\r\n".encode()
+        while running.is_set():
+            sent = time.perf_counter()
+            s.sendall(request)
+            got = b""
+            while not got.endswith(b"END\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return times
+                got += chunk
+            times.append(time.perf_counter() - sent)
+    return times
+
+
 def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     """Poll C{get queue} on C{port} until an item comes back."""
     deadline = time.monotonic() + timeout
@@ -120,11 +142,13 @@ def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: f
 
 
 def one_run(workdir: Path, queue: str, memory: str, timeout: float,
-            small: str | None = None) -> tuple[float, float, float, float, int]:
+            small: str | None = None
+            ) -> tuple[float, float, float, float, int, list[float]]:
     """
     One restart: (seconds to the first item of C{queue}, server CPU seconds,
-    RSS MiB, seconds to the first item of C{small} (nan without), and
-    C{queues_loading} right after that item (-1 without)).
+    RSS MiB, seconds to the first item of C{small} (nan without),
+    C{queues_loading} right after that item (-1 without), and the round trips
+    of the peeks at C{small} made meanwhile).
     """
     port = free_port()
     config = workdir / "kestrel.yaml"
@@ -148,14 +172,25 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
                                  "kestrel", "--config", str(config)], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
-        small_elapsed, loading = float("nan"), -1
+        small_elapsed, loading, peeks = float("nan"), -1, []
+        running = threading.Event()
         if small is not None:
             first_reply(port, small, proc, timeout)
             small_elapsed = time.monotonic() - started
             loading = queues_loading(port)
-        first_reply(port, queue, proc, timeout)
-        elapsed = time.monotonic() - started
-        return elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid), small_elapsed, loading
+            running.set()
+            peeker = threading.Thread(target=lambda: peeks.extend(
+                peek_while(port, small, running)))
+            peeker.start()
+        try:
+            first_reply(port, queue, proc, timeout)
+            elapsed = time.monotonic() - started
+        finally:
+            if small is not None:
+                running.clear()
+                peeker.join()
+        return (elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid), small_elapsed, loading,
+                peeks)
     finally:
         stop(proc)
         # (the first get may have rotated the journal: drop every file it left)
@@ -199,12 +234,15 @@ def main() -> None:
               f"max_memory_size {args.memory}")
         results = []
         for run in range(args.runs):
-            elapsed, cpu, rss, small_elapsed, loading = one_run(workdir, queue, args.memory,
-                                                                args.timeout, small)
+            elapsed, cpu, rss, small_elapsed, loading, peeks = one_run(
+                workdir, queue, args.memory, args.timeout, small)
             results.append((elapsed, cpu, rss, small_elapsed))
             if small is not None:
                 print(f"run {run + 1}: small queue's first reply after {small_elapsed:.2f} s "
-                      f"(queues_loading then: {loading})")
+                      f"(queues_loading then: {loading}); then {len(peeks)} peeks at it "
+                      f"answered while the big one replayed, slowest "
+                      f"{max(peeks, default=float('nan')) * 1000:.1f} ms, median "
+                      f"{statistics.median(peeks or [float('nan')]) * 1000:.2f} ms")
             print(f"run {run + 1}: first reply after {elapsed:.2f} s, server CPU {cpu:.2f} s, "
                   f"RSS {rss:.0f} MiB, load average {os.getloadavg()[0]:.2f}")
         if small is not None:

@@ -150,6 +150,7 @@ class QueueCollection(Service):
         self._load_waiters: list[Deferred[None]] = []
         self._load_failure: Failure | None = None
         self._load_call: Any = None
+        self._background = False  # (start_loading: replay while serving)
         self._load_totals = [0, 0]  # items, bytes replayed so far
         self._load_started = self._load_progress_at = 0.0
         self._gc_was_enabled: bool | None = None
@@ -213,6 +214,7 @@ class QueueCollection(Service):
         and served at once. The Deferred is L{when_loaded}'s.
         """
         super().startService()
+        self._background = True
         self._begin_loading()
         self._start_expiration()
         if self._load_order:
@@ -362,13 +364,21 @@ class QueueCollection(Service):
             self._log.info("Replay finished: {count} queues, {items} items, {bytes} bytes "
                            "in {seconds:.3f} s", count=len(self._queues), items=totals[0],
                            bytes=totals[1], seconds=self._clock.seconds() - self._load_started)
-        self._restore_gc()
+        self._restore_gc(freeze=self._background)
         waiters, self._load_waiters = self._load_waiters, []
         for d in waiters:
             d.callback(None)
 
-    def _restore_gc(self) -> None:
+    def _restore_gc(self, freeze: bool = False) -> None:
+        """
+        Turn the garbage collector back on if replay turned it off; with
+        C{freeze}, first move every object alive (the replayed items) out of
+        its reach (C{gc.freeze}): they are long-lived, and its first pass
+        over them would otherwise hold the reactor for tens of ms.
+        """
         if self._gc_was_enabled:
+            if freeze:
+                gc.freeze()
             gc.enable()
         self._gc_was_enabled = None
 

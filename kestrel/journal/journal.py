@@ -66,6 +66,9 @@ PROGRESS_BYTES = 64 * 1024 * 1024
 #: (read-behind) is this many times longer than one of records decoded.
 SKIP_SLICE_FACTOR = 32
 
+#: A sliced replay gives back the pages of the file it has read every this many bytes.
+RELEASE_BYTES = 8 * 1024 * 1024
+
 #: How much the read-behind reader reads from a file at a time.
 READ_CHUNK = 256 * 1024
 
@@ -722,6 +725,9 @@ class FileJournal:
         pos = 0
         # A record may end past the slice's limit: the limit only says when to pause.
         limit = end if slice_bytes is None else min(end, slice_bytes)
+        release = (slice_bytes is not None and isinstance(buf, mmap.mmap)
+                   and hasattr(mmap, "MADV_DONTNEED"))
+        released = 0
         next_report = PROGRESS_BYTES
         read_record = rec.read_record
         unpack_addx = _ADDX_BODY.unpack_from
@@ -771,6 +777,12 @@ class FileJournal:
                                        queue=self.queue_name, file=name, bytes=pos, total=end)
                 if pos >= end or slice_bytes is None:
                     break
+                if release and pos - released >= RELEASE_BYTES:
+                    # Unmap what is read as we go: unmapping a whole big file at
+                    # once would hold the reactor for tens of ms.
+                    upto = pos - pos % mmap.PAGESIZE
+                    buf.madvise(mmap.MADV_DONTNEED, released, upto - released)  # type: ignore[union-attr]
+                    released = upto
                 yield pos
                 limit = min(end, pos + slice_bytes)
         except rec.CorruptRecord as e:
