@@ -152,6 +152,7 @@ class QueueCollection(Service):
         self._load_call: Any = None
         self._background = False  # (start_loading: replay while serving)
         self._load_totals = [0, 0]  # items, bytes replayed so far
+        self._load_done = self._load_count = 0  # queues replayed, queues to replay
         self._load_started = self._load_progress_at = 0.0
         self._gc_was_enabled: bool | None = None
         self._replay_slice_seconds = replay_slice_seconds
@@ -280,6 +281,7 @@ class QueueCollection(Service):
                 # Adds to the master reach a loading child (they wait for it).
                 self._fanouts.setdefault(master_name(name), {})[name] = None
         self._load_order.extend(names)
+        self._load_count = len(names)
 
     def _replay_turn(self) -> None:
         """One reactor turn's slice of replay; the next turn is scheduled if work remains."""
@@ -287,6 +289,7 @@ class QueueCollection(Service):
         if self._stopping:
             return
         if self._replay_slice(self._replay_slice_seconds):
+            self._log_progress(self._clock.seconds())
             self._load_call = self._clock.callLater(self._replay_pause, self._replay_turn)
 
     def _replay_slice(self, seconds: float | None) -> bool:
@@ -337,14 +340,23 @@ class QueueCollection(Service):
         self._log.info("Replayed queue {queue}: {items} items, {bytes} bytes "
                        "in {seconds:.3f} s", queue=name, items=queue.length,
                        bytes=queue.bytes, seconds=now - started)
-        if now - self._load_progress_at >= REPLAY_PROGRESS_INTERVAL:
-            self._load_progress_at = now
-            self._log.info("Replay progress: {done}/{count} queues, {items} items, "
-                           "{bytes} bytes, {seconds:.1f} s, still replaying: {left}",
-                           done=len(self._queues), count=len(self._queues) + len(self._loading),
-                           items=totals[0], bytes=totals[1], seconds=now - self._load_started,
-                           left=len(self._loading))
+        self._load_done += 1
+        self._log_progress(now)
         loading.ready(queue)
+
+    def _log_progress(self, now: float) -> None:
+        """Log where the replay is, at most every L{REPLAY_PROGRESS_INTERVAL} seconds."""
+        if now - self._load_progress_at < REPLAY_PROGRESS_INTERVAL:
+            return
+        self._load_progress_at = now
+        totals = self._load_totals
+        current = self._replaying
+        self._log.info("Replay progress: {done}/{count} queues, {items} items, "
+                       "{bytes} bytes, {seconds:.1f} s; still replaying: {left} queue(s)"
+                       "{current}", done=self._load_done, count=self._load_count,
+                       items=totals[0], bytes=totals[1], seconds=now - self._load_started,
+                       left=len(self._loading),
+                       current="" if current is None else f", now {current[0]}")
 
     def _replay_failed(self, name: str, queue: PersistentQueue | None, failure: Failure) -> None:
         """A journal could not be replayed: as before, the server does not start."""

@@ -19,7 +19,7 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
-from kestrel.collection import QueueCollection
+from kestrel.collection import REPLAY_PROGRESS_INTERVAL, QueueCollection
 from kestrel.config import ServerConfig, parse_config
 from kestrel.errors import QueueLoading, ShuttingDown
 from kestrel.item import QItem
@@ -96,6 +96,21 @@ def test_ports_first_then_smallest_queue_first(two_queues: Path, clock: Clock) -
     assert turns > 5  # the big journal took many turns
     assert loaded == [None]
     assert c.queues_loading() == 0
+    c.stopService()
+
+
+def test_progress_logged_during_a_long_replay(two_queues: Path, clock: Clock) -> None:
+    """Every REPLAY_PROGRESS_INTERVAL seconds, even in the middle of one queue's journal."""
+    c = loading_collection(two_queues, clock)
+    c.start_loading()
+    with capturedLogs() as events:
+        for _ in range(int(REPLAY_PROGRESS_INTERVAL / PAUSE) + 1):
+            clock.advance(PAUSE)
+    progress = [e for e in events if e.get("log_format", "").startswith("Replay progress")]
+    assert len(progress) == 1
+    assert (progress[0]["done"], progress[0]["count"], progress[0]["left"]) == (1, 2, 1)
+    assert progress[0]["current"] == ", now big"
+    assert "big" in c.loading_names()
     c.stopService()
 
 
