@@ -103,6 +103,12 @@ class QueueCollection(Service):
     every queue deleted, whether by L{delete} or by the C{max_queue_age}
     sweep (L{delete_expired_queues}), once the queue is closed and erased.
 
+    Startup replay: L{startService} replays every journal before it
+    returns; L{start_loading} (the server's) replays them while the server
+    serves, C{replay_slice_seconds} of work (measured with C{replay_timer})
+    per reactor turn, a turn every C{replay_pause} clock seconds, pausing to
+    look at the time every C{replay_step_bytes} of journal.
+
     @ivar stats: the global counters (L{ServerStats}).
     @ivar config: the L{ServerConfig} in force (replaced by L{reload}).
     """
