@@ -6,6 +6,7 @@ Run from the repository root:
 
     python benchmarks/restart.py                       # 1M x 1 KiB items, 3 runs
     python benchmarks/restart.py --items 20000 --runs 1  # smoke run
+    python benchmarks/restart.py --small-queue         # and a small queue beside it
 
 It writes one journal file of --items ADDX records of --item-size bytes with
 the project's own encoder (kestrel.journal.records.encode_add), starts
@@ -18,6 +19,17 @@ reply, the size of the journal, and the load average. The journal is read
 from the page cache (a first warm-up `cat` makes sure of that), as in a
 restart of a server whose files are still cached, and it is fsynced first
 (the first get may rotate the journal, which fsyncs it).
+
+With --small-queue, a second journal of --small-items items (queue `small`)
+lies beside the big one. The server listens at once and replays the small
+journal first, so `small` answers while the big queue still replays: the
+benchmark then first polls `get small`, prints the seconds from process
+start to its first item and the server's C{queues_loading} stat right after
+it (1: the big queue was still loading then), and then times the big queue
+as above while it sends `get small/peek` over and over on one connection,
+printing how many such requests were answered before the big queue's first
+reply and the slowest round trip among them (how long the replay kept the
+server from answering).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +84,40 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def queues_loading(port: int) -> int:
+    """The server's C{queues_loading} stat (-1 when it reports none)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"stats\r\n")
+        got = b""
+        while not got.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    for line in got.decode().splitlines():
+        if line.startswith("STAT queues_loading "):
+            return int(line.split()[2])
+    return -1
+
+
+def peek_while(port: int, queue: str, running: threading.Event) -> list[float]:
+    """Round trips (seconds) of C{get queue/peek} sent one after another while C{running}."""
+    times = []
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        request = f"get {queue}/peek\r\n".encode()
+        while running.is_set():
+            sent = time.perf_counter()
+            s.sendall(request)
+            got = b""
+            while not got.endswith(b"END\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return times
+                got += chunk
+            times.append(time.perf_counter() - sent)
+    return times
+
+
 def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     """Poll C{get queue} on C{port} until an item comes back."""
     deadline = time.monotonic() + timeout
@@ -94,20 +141,30 @@ def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: f
     raise SystemExit("no reply before the timeout")
 
 
-def one_run(workdir: Path, queue: str, memory: str, timeout: float) -> tuple[float, float, float]:
+def one_run(workdir: Path, queue: str, memory: str, timeout: float,
+            small: str | None = None
+            ) -> tuple[float, float, float, float, int, list[float]]:
+    """
+    One restart: (seconds to the first item of C{queue}, server CPU seconds,
+    RSS MiB, seconds to the first item of C{small} (nan without),
+    C{queues_loading} right after that item (-1 without), and the round trips
+    of the peeks at C{small} made meanwhile).
+    """
     port = free_port()
     config = workdir / "kestrel.yaml"
     config.write_text(
         f"listen_address: 127.0.0.1\nmemcache_port: {port}\ntext_port: 0\nthrift_port: 0\n"
         f"admin_port: 0\ndefault:\n  max_memory_size: {memory}\nqueue_path: {workdir / 'queues'}\n"
         f"status_file: {workdir / 'status'}\n")
-    # A get takes an item: keep a copy of the journal and put it back after the run.
-    journal = workdir / "queues" / queue
-    shutil.copyfile(journal, workdir / "journal.orig")
-    # A journal on disk after a restart is clean: fsync it, and read it once into the cache.
-    with open(journal, "rb") as f:
-        os.fsync(f.fileno())
-    subprocess.run(["cat", str(journal)], stdout=subprocess.DEVNULL, check=True)
+    # A get takes an item: keep a copy of the journals and put them back after the run.
+    names = [queue] if small is None else [queue, small]
+    for name in names:
+        journal = workdir / "queues" / name
+        shutil.copyfile(journal, workdir / f"{name}.orig")
+        # A journal on disk after a restart is clean: fsync it, and read it once into the cache.
+        with open(journal, "rb") as f:
+            os.fsync(f.fileno())
+        subprocess.run(["cat", str(journal)], stdout=subprocess.DEVNULL, check=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(workdir / "kestrel.log", "wb") as log:
         started = time.monotonic()
@@ -115,9 +172,25 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float) -> tuple[flo
                                  "kestrel", "--config", str(config)], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
-        first_reply(port, queue, proc, timeout)
-        elapsed = time.monotonic() - started
-        return elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid)
+        small_elapsed, loading, peeks = float("nan"), -1, []
+        running = threading.Event()
+        if small is not None:
+            first_reply(port, small, proc, timeout)
+            small_elapsed = time.monotonic() - started
+            loading = queues_loading(port)
+            running.set()
+            peeker = threading.Thread(target=lambda: peeks.extend(
+                peek_while(port, small, running)))
+            peeker.start()
+        try:
+            first_reply(port, queue, proc, timeout)
+            elapsed = time.monotonic() - started
+        finally:
+            if small is not None:
+                running.clear()
+                peeker.join()
+        return (elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid), small_elapsed, loading,
+                peeks)
     finally:
         stop(proc)
         # (the first get may have rotated the journal: drop every file it left)
@@ -126,7 +199,8 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float) -> tuple[flo
                 shutil.rmtree(leftover)
             else:
                 leftover.unlink()
-        os.replace(workdir / "journal.orig", journal)
+        for name in names:
+            os.replace(workdir / f"{name}.orig", workdir / "queues" / name)
 
 
 def main() -> None:
@@ -138,6 +212,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="restarts to time (median)")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait per run")
+    parser.add_argument("--small-queue", action="store_true",
+                        help="also time the first reply of a small queue (`small`) beside "
+                             "the big one, while the big one still replays")
+    parser.add_argument("--small-items", type=int, default=10,
+                        help="items in the small queue's journal (with --small-queue)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (journal, config, server log)")
     args = parser.parse_args()
@@ -146,15 +225,29 @@ def main() -> None:
         (workdir / "queues").mkdir()
         queue = "restart"
         size = write_journal(workdir / "queues" / queue, args.items, args.item_size)
+        small = None
+        if args.small_queue:
+            small = "small"
+            write_journal(workdir / "queues" / small, args.small_items, args.item_size)
         print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
         print(f"journal: {args.items} items x {args.item_size} B = {size / MIB:.0f} MiB; "
               f"max_memory_size {args.memory}")
         results = []
         for run in range(args.runs):
-            elapsed, cpu, rss = one_run(workdir, queue, args.memory, args.timeout)
-            results.append((elapsed, cpu, rss))
+            elapsed, cpu, rss, small_elapsed, loading, peeks = one_run(
+                workdir, queue, args.memory, args.timeout, small)
+            results.append((elapsed, cpu, rss, small_elapsed))
+            if small is not None:
+                print(f"run {run + 1}: small queue's first reply after {small_elapsed:.2f} s "
+                      f"(queues_loading then: {loading}); then {len(peeks)} peeks at it "
+                      f"answered while the big one replayed, slowest "
+                      f"{max(peeks, default=float('nan')) * 1000:.1f} ms, median "
+                      f"{statistics.median(peeks or [float('nan')]) * 1000:.2f} ms")
             print(f"run {run + 1}: first reply after {elapsed:.2f} s, server CPU {cpu:.2f} s, "
                   f"RSS {rss:.0f} MiB, load average {os.getloadavg()[0]:.2f}")
+        if small is not None:
+            print(f"median: small queue's first reply after "
+                  f"{statistics.median(r[3] for r in results):.2f} s")
         print(f"median: first reply after {statistics.median(r[0] for r in results):.2f} s, "
               f"server CPU {statistics.median(r[1] for r in results):.2f} s, "
               f"RSS {statistics.median(r[2] for r in results):.0f} MiB "

@@ -5,6 +5,8 @@ The admin HTTP interface (port 2223): health, stats, Prometheus metrics, and ope
 path                  method  what it does
 ====================  ======  =====================================================
 C{/ping}              GET     C{pong}
+C{/ready}             GET     200 C{ready} once every queue is loaded; 503 while
+                              journals still replay at startup (names the queues)
 C{/stats.json}        GET     Ostrich-style stats: counters, gauges, labels, metrics
 C{/metrics}           GET     Prometheus text format (C{prometheus_client})
 C{/status}            GET     the reported status (C{UP}, C{READONLY}, ...)
@@ -103,6 +105,7 @@ def stats_report(server: KestrelServer) -> dict[str, dict[str, Any]]:
         "connections": state.connections,
         "status/readable": state.readable,
         "status/writeable": state.writeable,
+        "queues_loading": state.queues_loading,
     }
     labels = {"version": state.version, "status": state.status}
     for queue in server.queue_reports():
@@ -175,6 +178,9 @@ class KestrelCollector:
                                 value=state.bytes)
         yield GaugeMetricFamily("kestrel_uptime_seconds", "Seconds since the server started",
                                 value=state.uptime)
+        yield GaugeMetricFamily("kestrel_queues_loading",
+                                "Queues still replaying their journal at startup",
+                                value=state.queues_loading)
         status = GaugeMetricFamily("kestrel_status", "1 for the reported server status",
                                    labels=["status"])
         status.add_metric([state.status], 1)
@@ -358,6 +364,21 @@ class PingResource(_Leaf):
         return _text(request, "pong")
 
 
+class ReadyResource(_Leaf):
+    """
+    C{GET /ready}: the readiness probe. C{200 ready} once every queue found
+    at startup is loaded; C{503} while journals still replay (the server
+    already serves the queues that are loaded), naming the queues still loading.
+    """
+
+    def render_GET(self, request: Request) -> bytes:
+        """Answer C{ready}, or 503 with the queues still loading."""
+        loading = self.kestrel.loading_queue_names()
+        if not loading:
+            return _text(request, "ready")
+        return _text(request, f"loading {len(loading)} queue(s): {' '.join(loading)}", 503)
+
+
 class StatsJsonResource(_Leaf):
     """C{GET /stats.json}: the Ostrich-style stats document."""
 
@@ -468,7 +489,8 @@ def make_admin_site(server: Any) -> Site:
                       address=address)
     root = Resource()
     for path, resource in [
-        (b"ping", PingResource), (b"stats.json", StatsJsonResource),
+        (b"ping", PingResource), (b"ready", ReadyResource),
+        (b"stats.json", StatsJsonResource),
         (b"metrics", MetricsResource), (b"status", StatusResource),
         (b"quiesce", QuiesceResource), (b"reload", ReloadResource),
         (b"shutdown", ShutdownResource),

@@ -14,24 +14,28 @@ Kestrel gives no answer are stated in the docstrings below.
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Callable, Iterable
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
-from kestrel.errors import ConfigError, InvalidQueueName, ShuttingDown
+from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown
 from kestrel.item import QItem
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
+from kestrel.loading import LoadingQueue
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
@@ -45,6 +49,12 @@ QueueObserverFactory = Callable[[str], QueueObserver | None]
 
 #: Seconds between two "still replaying" progress lines at startup.
 REPLAY_PROGRESS_INTERVAL = 5.0
+
+#: Seconds of replay work done in one reactor turn while the server already serves.
+REPLAY_SLICE_SECONDS = 0.005
+
+#: Journal bytes replayed between two looks at the time (a slice is one or more of these).
+REPLAY_STEP_BYTES = 64 * 1024
 
 
 class AliasedQueue:
@@ -93,6 +103,12 @@ class QueueCollection(Service):
     every queue deleted, whether by L{delete} or by the C{max_queue_age}
     sweep (L{delete_expired_queues}), once the queue is closed and erased.
 
+    Startup replay: L{startService} replays every journal before it
+    returns; L{start_loading} (the server's) replays them while the server
+    serves, C{replay_slice_seconds} of work (measured with C{replay_timer})
+    per reactor turn, a turn every C{replay_pause} clock seconds, pausing to
+    look at the time every C{replay_step_bytes} of journal.
+
     @ivar stats: the global counters (L{ServerStats}).
     @ivar config: the L{ServerConfig} in force (replaced by L{reload}).
     """
@@ -106,7 +122,11 @@ class QueueCollection(Service):
                  status: ServerStatus | None = None,
                  on_fsync: FsyncObserver | None = None,
                  queue_observer: QueueObserverFactory | None = None,
-                 on_delete: Callable[[str], object] | None = None) -> None:
+                 on_delete: Callable[[str], object] | None = None,
+                 replay_slice_seconds: float = REPLAY_SLICE_SECONDS,
+                 replay_step_bytes: int = REPLAY_STEP_BYTES,
+                 replay_pause: float = 0.0,
+                 replay_timer: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
         self._clock = clock
         self._run_in_thread = run_in_thread
@@ -128,6 +148,23 @@ class QueueCollection(Service):
         self.write_coalescer = WriteCoalescer()
         self._stopping = False
         self._expiration: LoopingCall | None = None
+        # Startup replay (see start_loading): queues whose journal is still
+        # replaying, by name; the queue being replayed now; the ones after it.
+        self._loading: dict[str, LoadingQueue] = {}
+        self._replaying: tuple[str, PersistentQueue, Iterator[int], float] | None = None
+        self._load_order: deque[str] = deque()
+        self._load_waiters: list[Deferred[None]] = []
+        self._load_failure: Failure | None = None
+        self._load_call: Any = None
+        self._background = False  # (start_loading: replay while serving)
+        self._load_totals = [0, 0]  # items, bytes replayed so far
+        self._load_done = self._load_count = 0  # queues replayed, queues to replay
+        self._load_started = self._load_progress_at = 0.0
+        self._gc_was_enabled: bool | None = None
+        self._replay_slice_seconds = replay_slice_seconds
+        self._replay_step_bytes = replay_step_bytes
+        self._replay_pause = replay_pause
+        self._replay_timer = replay_timer
         self._ensure_queue_path()
         self._apply_aliases()
 
@@ -154,12 +191,69 @@ class QueueCollection(Service):
         """
         Replay every queue found in the queue directory, then start the expiration timer.
 
-        Replay is synchronous: when this returns, every journal has been read.
-        Progress is logged per queue (items, bytes, seconds) and, during a long
-        startup, every L{REPLAY_PROGRESS_INTERVAL} seconds.
+        Replay is synchronous: when this returns, every journal has been read
+        (L{start_loading} replays while the server serves). Progress is
+        logged per queue (items, bytes, seconds) and, during a long
+        startup, every L{REPLAY_PROGRESS_INTERVAL} seconds. A journal that
+        cannot be read raises.
         """
         super().startService()
-        self._replay_all()
+        self._begin_loading()
+        while self._replay_slice(None):
+            pass
+        if self._load_failure is not None:
+            self._load_failure.raiseException()
+        self._start_expiration()
+
+    def start_loading(self) -> Deferred[None]:
+        """
+        Start serving now and replay the journals on the reactor thread, in
+        slices of about C{replay_slice_seconds} of work with a reactor turn
+        between two (C{clock.callLater(replay_pause, ...)}), one queue after
+        another, smallest journal first.
+
+        The names of the queues to load are those with journal files in the
+        queue directory now. Until its replay is done a queue is "loading"
+        (L{loading_names}): requests made of it wait for it (see
+        L{kestrel.loading.LoadingQueue}), and L{flush}, L{delete},
+        L{flush_expired} and L{flush_all} refuse it with
+        L{kestrel.errors.QueueLoading}. A queue with no journal is created
+        and served at once. The Deferred is L{when_loaded}'s.
+        """
+        super().startService()
+        self._background = True
+        self._begin_loading()
+        self._start_expiration()
+        if self._load_order:
+            self._load_call = self._clock.callLater(self._replay_pause, self._replay_turn)
+        else:
+            self._finish_loading()
+        return self.when_loaded()
+
+    def when_loaded(self) -> Deferred[None]:
+        """
+        A Deferred firing once every queue found at startup is loaded (at
+        once if none is loading), or failing with the error that stopped
+        the replay of a journal. A stop during replay fires it with
+        L{ShuttingDown}.
+        """
+        if self._load_failure is not None:
+            return fail(self._load_failure)
+        if not self._loading and self._replaying is None:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._load_waiters.append(d)
+        return d
+
+    def loading_names(self) -> list[str]:
+        """Names of the queues whose journal is still being replayed (replay order)."""
+        return list(self._loading)
+
+    def queues_loading(self) -> int:
+        """How many queues are still loading their journal."""
+        return len(self._loading)
+
+    def _start_expiration(self) -> None:
         frequency = self.config.expiration_timer_frequency
         if frequency:
             self._expiration = LoopingCall(self._expiration_tick)
@@ -167,36 +261,160 @@ class QueueCollection(Service):
             self._expiration.start(frequency, now=False).addErrback(
                 lambda f: self._log.failure("expiration timer stopped", f))
 
-    def _replay_all(self) -> None:
-        names = sorted(FileJournal.queue_names_in(self._path))
-        if not names:
-            return
-        started = last_progress = self._clock.seconds()
-        total_items = total_bytes = 0
-        self._log.info("Replaying {count} queue(s) from {path}", count=len(names), path=self._path)
-        for done, name in enumerate(names):
+    def _begin_loading(self) -> None:
+        """List the queues to replay (smallest journal first); each becomes "loading"."""
+        sizes = FileJournal.queue_sizes_in(self._path)
+        names = []
+        for name in sorted(sizes):
             try:
                 validate_queue_name(name)
             except ValueError as e:
                 self._log.warn("Ignoring journal file {name!r} in {path}: {reason}",
                                name=name, path=self._path, reason=str(e))
                 continue
-            before = self._clock.seconds()
-            queue = self.queue(name)
-            now = self._clock.seconds()
-            total_items += queue.length
-            total_bytes += queue.bytes
-            self._log.info("Replayed queue {queue}: {items} items, {bytes} bytes "
-                           "in {seconds:.3f} s", queue=name, items=queue.length,
-                           bytes=queue.bytes, seconds=now - before)
-            if now - last_progress >= REPLAY_PROGRESS_INTERVAL:
-                last_progress = now
-                self._log.info("Replay progress: {done}/{count} queues, {items} items, "
-                               "{bytes} bytes, {seconds:.1f} s", done=done + 1, count=len(names),
-                               items=total_items, bytes=total_bytes, seconds=now - started)
-        self._log.info("Replay finished: {count} queues, {items} items, {bytes} bytes "
-                       "in {seconds:.3f} s", count=len(self._queues), items=total_items,
-                       bytes=total_bytes, seconds=self._clock.seconds() - started)
+            names.append(name)
+        names.sort(key=lambda n: sizes[n])
+        if not names:
+            return
+        self._gc_was_enabled = gc.isenabled()
+        # Replay makes long-lived objects only (see FileJournal.replay).
+        gc.disable()
+        self._load_started = self._load_progress_at = self._clock.seconds()
+        self._log.info("Replaying {count} queue(s) from {path}", count=len(names), path=self._path)
+        for name in names:
+            self._loading[name] = LoadingQueue(name, self._clock, sizes[name])
+            if FANOUT_SEPARATOR in name:
+                # Adds to the master reach a loading child (they wait for it).
+                self._fanouts.setdefault(master_name(name), {})[name] = None
+        self._load_order.extend(names)
+        self._load_count = len(names)
+
+    def _replay_turn(self) -> None:
+        """One reactor turn's slice of replay; the next turn is scheduled if work remains."""
+        self._load_call = None
+        if self._stopping:
+            return
+        if self._replay_slice(self._replay_slice_seconds):
+            self._log_progress(self._clock.seconds())
+            self._load_call = self._clock.callLater(self._replay_pause, self._replay_turn)
+
+    def _replay_slice(self, seconds: float | None) -> bool:
+        """
+        Replay for about C{seconds} (C{None}: to the end); return whether work remains.
+        """
+        timer = self._replay_timer
+        until = None if seconds is None else timer() + seconds
+        while True:
+            current = self._replaying
+            if current is None:
+                if not self._load_order:
+                    self._finish_loading()
+                    return False
+                name = self._load_order.popleft()
+                try:
+                    queue = self._build_queue(name)
+                    steps = queue.setup_steps(self._replay_step_bytes)
+                except Exception:
+                    self._replay_failed(name, None, Failure())
+                    return False
+                current = self._replaying = (name, queue, steps, self._clock.seconds())
+            name, queue, steps, started = current
+            try:
+                next(steps)
+            except StopIteration:
+                self._replaying = None
+                self._loaded(name, queue, started)
+                if not self._load_order:
+                    self._finish_loading()
+                    return False
+            except Exception:
+                self._replaying = None
+                self._replay_failed(name, queue, Failure())
+                return False
+            if until is not None and timer() >= until:
+                return True
+
+    def _loaded(self, name: str, queue: PersistentQueue, started: float) -> None:
+        """Queue C{name} is replayed: it serves from now on, and its held requests run."""
+        loading = self._loading.pop(name)
+        queue.config = self.config.queue_config(name)  # (a reload during the replay)
+        self._register(name, queue)
+        now = self._clock.seconds()
+        totals = self._load_totals
+        totals[0] += queue.length
+        totals[1] += queue.bytes
+        self._log.info("Replayed queue {queue}: {items} items, {bytes} bytes "
+                       "in {seconds:.3f} s", queue=name, items=queue.length,
+                       bytes=queue.bytes, seconds=now - started)
+        self._load_done += 1
+        self._log_progress(now)
+        loading.ready(queue)
+
+    def _log_progress(self, now: float) -> None:
+        """Log where the replay is, at most every L{REPLAY_PROGRESS_INTERVAL} seconds."""
+        if now - self._load_progress_at < REPLAY_PROGRESS_INTERVAL:
+            return
+        self._load_progress_at = now
+        totals = self._load_totals
+        current = self._replaying
+        self._log.info("Replay progress: {done}/{count} queues, {items} items, "
+                       "{bytes} bytes, {seconds:.1f} s; still replaying: {left} queue(s)"
+                       "{current}", done=self._load_done, count=self._load_count,
+                       items=totals[0], bytes=totals[1], seconds=now - self._load_started,
+                       left=len(self._loading),
+                       current="" if current is None else f", now {current[0]}")
+
+    def _replay_failed(self, name: str, queue: PersistentQueue | None, failure: Failure) -> None:
+        """A journal could not be replayed: as before, the server does not start."""
+        self._log.failure("Replaying queue {queue} failed", failure, queue=name)
+        self._load_failure = failure
+        if queue is not None:
+            self._close_queue(name, queue, False)
+        self._abandon_loading(ShuttingDown(f"queue {name} could not be loaded"))
+        self._restore_gc()
+        waiters, self._load_waiters = self._load_waiters, []
+        for d in waiters:
+            d.errback(failure)
+
+    def _finish_loading(self) -> None:
+        if self._gc_was_enabled is not None:
+            totals = self._load_totals
+            self._log.info("Replay finished: {count} queues, {items} items, {bytes} bytes "
+                           "in {seconds:.3f} s", count=len(self._queues), items=totals[0],
+                           bytes=totals[1], seconds=self._clock.seconds() - self._load_started)
+        self._restore_gc(freeze=self._background)
+        waiters, self._load_waiters = self._load_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _restore_gc(self, freeze: bool = False) -> None:
+        """
+        Turn the garbage collector back on if replay turned it off; with
+        C{freeze}, first move every object alive (the replayed items) out of
+        its reach (C{gc.freeze}): they are long-lived, and its first pass
+        over them would otherwise hold the reactor for tens of ms.
+        """
+        if self._gc_was_enabled:
+            if freeze:
+                gc.freeze()
+            gc.enable()
+        self._gc_was_enabled = None
+
+    def _abandon_loading(self, error: Exception) -> None:
+        """Stop replaying: journals stay as they are; held requests end (see LoadingQueue)."""
+        call, self._load_call = self._load_call, None
+        if call is not None and call.active():
+            call.cancel()
+        current, self._replaying = self._replaying, None
+        if current is not None:
+            name, queue, steps, _ = current
+            self._log.info("Replay of queue {queue} stopped before its end", queue=name)
+            steps.close()
+            self._close_queue(name, queue, False)
+        self._load_order.clear()
+        loading, self._loading = self._loading, {}
+        for held in loading.values():
+            held.abandon(error)
 
     def stopService(self) -> Deferred[None]:
         """
@@ -213,6 +431,14 @@ class QueueCollection(Service):
         self._stopping = True
         if self._expiration is not None and self._expiration.running:
             self._expiration.stop()
+        if self._loading or self._replaying is not None:
+            self._log.info("Stopping with {count} queue(s) not loaded; their journals are "
+                           "left as they are", count=len(self._loading))
+            self._abandon_loading(ShuttingDown("the queue collection is shutting down"))
+            self._restore_gc()
+            waiters, self._load_waiters = self._load_waiters, []
+            for waiter in waiters:
+                waiter.errback(ShuttingDown("stopped before every queue was loaded"))
         for queue in self._queues.values():
             queue.evict_waiters()
         graceful = bool(self.status is not None and self.status.graceful_shutdown)
@@ -261,15 +487,30 @@ class QueueCollection(Service):
 
         Raises L{kestrel.errors.InvalidQueueName} for a name that may not be
         created; nothing touches the file system for such a name. Returns
-        C{None} for a missing queue when not C{create}.
+        C{None} for a missing queue when not C{create}, and for a queue still
+        loading its journal (L{loading_names}); with C{create}, such a queue
+        raises L{QueueLoading}.
         """
         self._check_running()
         queue = self._queues.get(name)
         if queue is not None or not create:
             return queue
+        if name in self._loading:
+            raise QueueLoading(name)
         return self._create_queue(name)
 
     def _create_queue(self, name: str) -> PersistentQueue:
+        loading = self._loading.get(name)
+        if loading is not None:
+            # Still replaying: requests wait for it (LoadingQueue answers as a queue does).
+            return loading  # type: ignore[return-value]
+        queue = self._build_queue(name)
+        queue.setup()
+        self._register(name, queue)
+        return queue
+
+    def _build_queue(self, name: str) -> PersistentQueue:
+        """A new queue object named C{name} over its journal, not set up (replayed) yet."""
         validate_queue_name(name)
         self._refuse_foreign_journal(name)
         config = self.config.queue_config(name)
@@ -290,15 +531,17 @@ class QueueCollection(Service):
                                 fsync_failed=self.stats.record_fsync_error)
         self._log.info("Setting up queue {queue}", queue=name)
         self.stats.queue_creates += 1
-        queue.setup()
+        return queue
+
+    def _register(self, name: str, queue: PersistentQueue) -> None:
+        """Serve C{queue} (set up) under C{name}: fanout registration, expire-to wiring."""
         self._queues[name] = queue
         if FANOUT_SEPARATOR in name:
             master = master_name(name)
             self._fanouts.setdefault(master, {})[name] = None
             self._log.info("Fanout queue {queue} added to {master}", queue=name, master=master)
-        if config.expire_to_queue:
-            self._wire_expire_to(queue, config.expire_to_queue)
-        return queue
+        if queue.config.expire_to_queue:
+            self._wire_expire_to(queue, queue.config.expire_to_queue)
 
     def _refuse_foreign_journal(self, name: str) -> None:
         """
@@ -475,9 +718,16 @@ class QueueCollection(Service):
         if queue is not None:
             queue.flush()
             self._log.info("Queue {queue} flushed", queue=name)
+        elif name in self._loading:
+            raise QueueLoading(name, "flush")
 
     def flush_all(self) -> None:
-        """Flush every queue (aliases are no-ops)."""
+        """
+        Flush every queue (aliases are no-ops). Refused (L{QueueLoading},
+        nothing flushed) while a queue is loading.
+        """
+        if self._loading:
+            raise QueueLoading(next(iter(self._loading)), "flush_all", len(self._loading) - 1)
         for name in self.queue_names(include_aliases=False):
             self.flush(name)
 
@@ -491,6 +741,8 @@ class QueueCollection(Service):
         empty queue. Open reads on it become no-ops.
         """
         self._check_running()
+        if name in self._loading:
+            raise QueueLoading(name, "delete")
         queue = self._queues.pop(name, None)
         if queue is not None:
             queue.evict_waiters()
@@ -519,6 +771,8 @@ class QueueCollection(Service):
         self._check_running()
         queue = self._queues.get(name)
         if queue is None:
+            if name in self._loading:
+                raise QueueLoading(name, "flush_expired")
             return 0
         flushed = queue.discard_expired()
         if flushed:

@@ -78,3 +78,25 @@ class JournalUnavailable(KestrelError):  # noqa: N818 - a reply, not a bug
                          f"({reason}); try again later")
         self.queue = queue
         self.reason = reason
+
+
+class QueueLoading(JournalUnavailable):
+    """
+    A command that cannot wait (flush, delete, flush_expired, flush_all) was
+    asked of a queue whose journal is still being replayed at startup; it
+    changed nothing. Answered as L{JournalUnavailable} is (memcache
+    C{SERVER_ERROR <message>}, text C{-<message>}, thrift an exception), and
+    the connection lives on.
+    """
+
+    def __init__(self, queue: str, command: str = "", others: int = 0) -> None:
+        refused = f"; {command} refused" if command else ""
+        if others:
+            message = (f"queue {queue} and {others} other(s) are still loading their "
+                       f"journals{refused}; try again once they are loaded")
+        else:
+            message = (f"queue {queue} is still loading its journal{refused}; "
+                       "try again once it is loaded")
+        KestrelError.__init__(self, message)
+        self.queue = queue
+        self.reason = "loading"

@@ -17,7 +17,7 @@ is how long the last fetched item waited.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
@@ -290,6 +290,16 @@ class PersistentQueue:
         stand at the head in ascending-xid order. With C{keep_journal: false}
         the journal is erased instead.
         """
+        for _ in self.setup_steps():
+            pass
+
+    def setup_steps(self, slice_bytes: int | None = None) -> Iterator[int]:
+        """
+        L{setup} in steps: a generator pausing after about every C{slice_bytes}
+        bytes of journal read (see C{FileJournal.replay_steps}). Closed before
+        its end, it leaves the journal files as they were; the queue must then
+        be closed (not graceful), never served.
+        """
         self.length = 0
         self.bytes = 0
         if not self._config.keep_journal:
@@ -298,8 +308,13 @@ class PersistentQueue:
         self._log.info("Replaying transaction journal for {queue}", queue=self.name)
         self._xid_counter = 0
         self._replaying = True
+        # (Sliced replay is FileJournal's; setup() replays through replay() as always.)
+        replay_steps = getattr(self.journal, "replay_steps", None)
         try:
-            self.journal.replay(self._replay_apply, self._forget_replayed)
+            if replay_steps is None or slice_bytes is None:
+                self.journal.replay(self._replay_apply, self._forget_replayed)
+            else:
+                yield from replay_steps(self._replay_apply, self._forget_replayed, slice_bytes)
         finally:
             self._replaying = False
         for xid in sorted(self._open_reads, reverse=True):

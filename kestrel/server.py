@@ -229,7 +229,12 @@ class KestrelServer:
             status=status.status.display_name,
             readable=status.readable,
             writeable=status.writeable,
+            queues_loading=collection.queues_loading(),
         )
+
+    def loading_queue_names(self) -> list[str]:
+        """The queues still replaying their journal at startup (none once the server is ready)."""
+        return self.collection.loading_names()
 
     def queue_reports(self) -> list[QueueReport]:
         """One L{QueueReport} per live queue (aliases excluded), in the collection's order."""

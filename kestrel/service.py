@@ -2,19 +2,23 @@
 The server's service tree: queues, listeners, status, ZooKeeper, with an explicit stop order.
 
 L{make_kestrel_service} builds a L{KestrelService} over a
-L{kestrel.server.KestrelServer}. Starting it replays every journal
-(synchronously, inside L{kestrel.collection.QueueCollection.startService}),
-then opens a listener for each enabled port on C{listen_address}, then logs
-one C{kestrel ready} line with the ports. Stopping it closes the listeners and
+L{kestrel.server.KestrelServer}. Starting it opens a listener for each
+enabled port on C{listen_address} at once, while the journals replay on the
+reactor thread, one queue after another, smallest first
+(L{kestrel.collection.QueueCollection.start_loading}): a queue serves as
+soon as its own journal is replayed, and requests for a queue still loading
+wait for it. It logs C{kestrel listening} with the ports when they are open
+and queues still load, then one C{kestrel ready} line with the ports once
+every queue is loaded (at once when there is nothing to replay). A journal
+that cannot be read stops the server, as before. Stopping it closes the listeners and
 waits for them, finishes the live sessions (their open reads go back to the
 queues), and only then stops the collection, which waits for pending fsyncs
 and closes the journals. The listeners are C{StreamServerEndpointService}
 children of the L{KestrelService} C{MultiService}, built once in
 L{make_kestrel_service} (the thrift and admin modules, and thriftpy2,
 twisted.web and prometheus_client with them, only when their port is set);
-C{MultiService} alone would start them before the replay and stop the
-queues without waiting for them, which is why start and stop spell out the
-order.
+C{MultiService} alone would stop the queues without waiting for them, which
+is why start and stop spell out the order.
 
 Signals (installed once the reactor runs, main thread only): SIGHUP reloads
 the config in place (the handler only hops to the reactor); SIGTERM and SIGINT
@@ -39,7 +43,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
-from kestrel.errors import ConfigError, KestrelError
+from kestrel.errors import ConfigError, KestrelError, ShuttingDown
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.protocols.text import TextFactory
 from kestrel.server import KestrelServer
@@ -167,12 +171,14 @@ class DelayedStop:
 
 class KestrelService(MultiService):
     """
-    The whole server as one service: start replays then listens; stop unwinds in order.
+    The whole server as one service: start listens while the journals
+    replay; stop unwinds in order.
 
     Its children are the L{ListenerService}s, one per enabled port. They do
     not open in C{privilegedStartService} (which twistd calls first), but in
-    L{startService}, after the journals are replayed; and they stop before the
-    queue collection, in the order L{stopService} spells out.
+    L{startService}, once the queue collection has listed the queues to
+    load; and they stop before the queue collection, in the order
+    L{stopService} spells out. C{loaded} fires once every queue is loaded.
     """
 
     _log = Logger()
@@ -191,6 +197,8 @@ class KestrelService(MultiService):
             listener.setServiceParent(self)
         self._old_handlers: dict[int, Any] = {}
         self._stopping: Deferred[None] | None = None
+        #: Fires once every queue is loaded (set by L{startService}).
+        self.loaded: Deferred[None] = Deferred()
 
     @property
     def ports(self) -> dict[str, IListeningPort]:
@@ -199,19 +207,22 @@ class KestrelService(MultiService):
                 if isinstance(child, ListenerService) and child.port is not None}
 
     def privilegedStartService(self) -> None:
-        """Nothing: the listeners open in L{startService}, after the replay."""
+        """Nothing: the listeners open in L{startService}."""
         Service.privilegedStartService(self)
 
     def startService(self) -> None:
         """
-        Replay the journals, open every listener, then log C{kestrel ready}.
+        Start replaying the journals, open every listener, log C{kestrel
+        listening}, and C{kestrel ready} once every queue is loaded.
 
         A listener that cannot be opened (or a ZooKeeper publisher that cannot
-        start) stops what was started and raises.
+        start) stops what was started and raises. A journal that cannot be
+        replayed stops the server (the reactor), as it did when the replay
+        came before the listeners.
         """
         Service.startService(self)
         server = self.server
-        server.collection.startService()
+        self.loaded = server.collection.start_loading()
         address = server.config.listen_address
         try:
             for child in self:
@@ -226,16 +237,33 @@ class KestrelService(MultiService):
             for child in self:
                 if child.running:
                     child.stopService()
+            self.loaded.addErrback(lambda _: None)
             server.collection.stopService()
             self.running = False
             raise
         bound = {name: port.getHost().port for name, port in self.ports.items()}
-        self._log.info(
-            "kestrel ready on {address}: {listeners}",
-            address=address,
-            listeners=" ".join(f"{name}={port}" for name, port in bound.items()) or "no ports",
-            ports=bound,
-        )
+        listeners = " ".join(f"{name}={port}" for name, port in bound.items()) or "no ports"
+        loading = server.collection.queues_loading()
+        if loading:
+            self._log.info(
+                "kestrel listening on {address}: {listeners}; {count} queue(s) still loading",
+                address=address, listeners=listeners, ports=bound, count=loading)
+
+        def ready(_: object) -> None:
+            self._log.info("kestrel ready on {address}: {listeners}", address=address,
+                           listeners=listeners, ports=bound)
+
+        def failed(failure: Failure) -> None:
+            if self._stopping is not None or failure.check(ShuttingDown):
+                return
+            self._log.error("kestrel cannot start (a journal cannot be replayed: {error}); "
+                            "stopping", error=failure.getErrorMessage())
+            if self.reactor.running:
+                self.reactor.stop()
+            else:
+                self.reactor.callWhenRunning(self.reactor.stop)
+
+        self.loaded.addCallbacks(ready, failed)
         if self.install_signal_handlers:
             self.reactor.callWhenRunning(self._install_signals)
 

@@ -142,6 +142,8 @@ class ServerReport:
     status: str
     readable: float
     writeable: float
+    #: Queues whose journal is still being replayed at startup.
+    queues_loading: int = 0
 
 
 class StatsSource(Protocol):
@@ -162,11 +164,15 @@ class StatsSource(Protocol):
     def dump_stats(self, name: str) -> StatList:
         """Per-queue (or alias) stats in Kestrel's order; [] for an unknown name."""
 
+    def queues_loading(self) -> int:
+        """How many queues are still loading their journal (startup replay)."""
+
 
 def global_stat_entries(stats: ServerStats, *, now: float, version: str,
                         source: StatsSource) -> StatList:
     """
-    The global part of the memcache C{STATS} reply, in Kestrel 2.4's order.
+    The global part of the memcache C{STATS} reply, in Kestrel 2.4's order,
+    then C{queues_loading} (queues still replaying their journal; not Kestrel's).
 
     C{now} is the clock time in epoch seconds.
     """
@@ -190,6 +196,7 @@ def global_stat_entries(stats: ServerStats, *, now: float, version: str,
         ("queue_creates", str(stats.queue_creates)),
         ("queue_deletes", str(stats.queue_deletes)),
         ("queue_expires", str(stats.queue_expires)),
+        ("queues_loading", str(source.queues_loading())),
     ]
 
 

@@ -62,6 +62,13 @@ __all__ = ["Checkpoint", "FileJournal", "JournalNotOpenError", "journal_queue_na
 #: Replay logs its progress every time it has read this many more bytes of a file.
 PROGRESS_BYTES = 64 * 1024 * 1024
 
+#: A replay slice (see L{FileJournal.replay_steps}) of records only measured
+#: (read-behind) is this many times longer than one of records decoded.
+SKIP_SLICE_FACTOR = 32
+
+#: A sliced replay gives back the pages of the file it has read every this many bytes.
+RELEASE_BYTES = 8 * 1024 * 1024
+
 #: How much the read-behind reader reads from a file at a time.
 READ_CHUNK = 256 * 1024
 
@@ -386,6 +393,26 @@ class FileJournal:
         """
         Call C{apply} with every record of every file, oldest first, then open C{<q>}.
 
+        This is L{replay_steps} run to its end in one go; see there.
+        """
+        for _ in self.replay_steps(apply, reset):
+            pass
+
+    def replay_steps(self, apply: Callable[[rec.Record], None],
+                     reset: Callable[[], None] | None = None,
+                     slice_bytes: int | None = None) -> Iterator[int]:
+        """
+        Replay in steps: a generator doing the work of L{replay} a slice at a time.
+
+        With C{slice_bytes}, it pauses (yields the offset reached in the
+        file being read) after about every C{slice_bytes} bytes of records,
+        so that a caller can hand the thread back to the reactor between
+        slices; without, it pauses only between files. When it is exhausted
+        the journal is open, as after L{replay}. Closed before its end (the
+        generator's C{close()}, e.g. a shutdown), it stops where it is and
+        leaves every file as it was: no tail is cut off, nothing is opened
+        for writing; the journal must then be closed, not written.
+
         With L{on_skipped_adds} set, the ADDX records met while the
         read-behind reader is open (items beyond memory, which the reader
         reads again when their turn comes) are not decoded: each run of
@@ -423,18 +450,38 @@ class FileJournal:
             self._fsync_dir(self.queue_path)
         # Replay makes long-lived objects only: the cyclic garbage collector
         # would walk them again and again for nothing (about 20% of replay).
+        # (Between slices the collector is as the caller left it.)
         collecting = gc.isenabled()
         gc.disable()
         try:
             files = self._all_files()
             for index, name in enumerate(files):
-                damage = self._replay_one(name, apply,
-                                          truncate=reset is None or name == self.queue_name,
-                                          count_adds=self.on_skipped_adds)
+                steps = self._replay_one(name, apply,
+                                         truncate=reset is None or name == self.queue_name,
+                                         count_adds=self.on_skipped_adds,
+                                         slice_bytes=slice_bytes)
+                try:
+                    while True:
+                        offset = next(steps)
+                        if collecting:
+                            gc.enable()
+                        yield offset
+                        collecting = gc.isenabled()
+                        gc.disable()
+                except StopIteration as done:
+                    damage = done.value
+                finally:
+                    steps.close()  # (stopped early: its file is unmapped now)
                 if damage is not None and reset is not None:
                     self._set_aside(files[:index + 1], name, damage)
                     self._stop_reader()
                     reset()
+                if index + 1 < len(files):
+                    if collecting:
+                        gc.enable()
+                    yield 0
+                    collecting = gc.isenabled()
+                    gc.disable()
         finally:
             self._replay_file = None
             if collecting:
@@ -619,10 +666,12 @@ class FileJournal:
 
     def _replay_one(self, name: str, apply: Callable[[rec.Record], None],
                     truncate: bool = True,
-                    count_adds: Callable[[int, int], None] | None = None
-                    ) -> tuple[int, str] | None:
+                    count_adds: Callable[[int, int], None] | None = None,
+                    slice_bytes: int | None = None
+                    ) -> Iterator[int]:
         """
-        Replay one file; return C{(offset, problem)} if it is damaged, else C{None}.
+        Replay one file, pausing after each C{slice_bytes} (see L{replay_steps});
+        the generator returns C{(offset, problem)} if the file is damaged, else C{None}.
 
         The damaged part of the current file is cut off (C{truncate}); a
         rotated file is left as it is.
@@ -650,7 +699,8 @@ class FileJournal:
         self.size = 0
         started = self._clock.seconds()
         try:
-            end, problem = self._replay_records(buf, length, name, apply, count_adds)
+            end, problem = yield from self._replay_records(buf, length, name, apply, count_adds,
+                                                           slice_bytes)
         finally:
             if isinstance(buf, mmap.mmap):
                 buf.close()
@@ -664,54 +714,77 @@ class FileJournal:
 
     def _replay_records(self, buf: mmap.mmap | bytes, end: int, name: str,
                         apply: Callable[[rec.Record], None],
-                        count_adds: Callable[[int, int], None] | None = None
-                        ) -> tuple[int, str | None]:
-        """Apply every whole record of C{buf}; return where decoding stopped and why."""
+                        count_adds: Callable[[int, int], None] | None = None,
+                        slice_bytes: int | None = None
+                        ) -> Iterator[int]:
+        """
+        Apply every whole record of C{buf}, pausing (yielding the offset)
+        after each C{slice_bytes}; the generator returns where decoding
+        stopped and why.
+        """
         pos = 0
+        # A record may end past the slice's limit: the limit only says when to pause.
+        limit = end if slice_bytes is None else min(end, slice_bytes)
+        release = (slice_bytes is not None and isinstance(buf, mmap.mmap)
+                   and hasattr(mmap, "MADV_DONTNEED"))
+        released = 0
         next_report = PROGRESS_BYTES
         read_record = rec.read_record
         unpack_addx = _ADDX_BODY.unpack_from
         add = rec.Add
         legacy = rec.LegacyAdd
         try:
-            while pos < end:
-                if count_adds is not None and self._reader is not None and buf[pos] == 2:
-                    skipped = rec.skip_adds(buf, pos, end)
-                    if skipped.records:
-                        pos = self._replay_pos = skipped.end
-                        count_adds(skipped.records, skipped.data_bytes)
-                        if pos >= next_report:
-                            next_report = pos + PROGRESS_BYTES
-                            self._log.info(
-                                "Replaying {queue} file {file}: {bytes} of {total} bytes",
-                                queue=self.queue_name, file=name, bytes=pos, total=end)
-                        continue
-                if buf[pos] == 2 and pos + 21 <= end:
-                    # Inline fast path for ADDX, the record nearly every byte belongs to.
-                    size, add_ms, exp_ms = unpack_addx(buf, pos + 1)
-                    nxt = pos + 5 + size
-                    if size < 16 or nxt > end:
+            while True:
+                while pos < limit:
+                    if count_adds is not None and self._reader is not None and buf[pos] == 2:
+                        # Measuring is many times cheaper than decoding: a longer slice.
+                        skipped = rec.skip_adds(buf, pos, end if slice_bytes is None else
+                                                min(end, pos + SKIP_SLICE_FACTOR * slice_bytes))
+                        if skipped.records:
+                            pos = self._replay_pos = skipped.end
+                            count_adds(skipped.records, skipped.data_bytes)
+                            if pos >= next_report:
+                                next_report = pos + PROGRESS_BYTES
+                                self._log.info(
+                                    "Replaying {queue} file {file}: {bytes} of {total} bytes",
+                                    queue=self.queue_name, file=name, bytes=pos, total=end)
+                            continue
+                    if buf[pos] == 2 and pos + 21 <= end:
+                        # Inline fast path for ADDX, the record nearly every byte belongs to.
+                        size, add_ms, exp_ms = unpack_addx(buf, pos + 1)
+                        nxt = pos + 5 + size
+                        if size < 16 or nxt > end:
+                            got = read_record(buf, pos)
+                            if got is None:
+                                return pos, "truncated record"
+                            record, nxt = got
+                        else:
+                            record = add(buf[pos + 21:nxt], add_ms, exp_ms)
+                    else:
                         got = read_record(buf, pos)
                         if got is None:
                             return pos, "truncated record"
                         record, nxt = got
-                    else:
-                        record = add(buf[pos + 21:nxt], add_ms, exp_ms)
-                else:
-                    got = read_record(buf, pos)
-                    if got is None:
-                        return pos, "truncated record"
-                    record, nxt = got
-                    if type(record) is legacy:
-                        item = legacy_item(record, self._now_ms())  # type: ignore[arg-type]
-                        record = add(item.data, item.add_time_ms, item.expiry_ms)
-                self._replay_pos = nxt
-                apply(record)
-                pos = nxt
-                if pos >= next_report:
-                    next_report = pos + PROGRESS_BYTES
-                    self._log.info("Replaying {queue} file {file}: {bytes} of {total} bytes",
-                                   queue=self.queue_name, file=name, bytes=pos, total=end)
+                        if type(record) is legacy:
+                            item = legacy_item(record, self._now_ms())  # type: ignore[arg-type]
+                            record = add(item.data, item.add_time_ms, item.expiry_ms)
+                    self._replay_pos = nxt
+                    apply(record)
+                    pos = nxt
+                    if pos >= next_report:
+                        next_report = pos + PROGRESS_BYTES
+                        self._log.info("Replaying {queue} file {file}: {bytes} of {total} bytes",
+                                       queue=self.queue_name, file=name, bytes=pos, total=end)
+                if pos >= end or slice_bytes is None:
+                    break
+                if release and pos - released >= RELEASE_BYTES:
+                    # Unmap what is read as we go: unmapping a whole big file at
+                    # once would hold the reactor for tens of ms.
+                    upto = pos - pos % mmap.PAGESIZE
+                    buf.madvise(mmap.MADV_DONTNEED, released, upto - released)  # type: ignore[union-attr]
+                    released = upto
+                yield pos
+                limit = min(end, pos + slice_bytes)
         except rec.CorruptRecord as e:
             return pos, e.reason
         return pos, None
@@ -1220,7 +1293,16 @@ class FileJournal:
         passed over silently. Every other regular file is left untouched
         and logged as a warning naming it; subdirectories are passed over.
         """
-        names: set[str] = set()
+        return set(FileJournal.queue_sizes_in(path))
+
+    @staticmethod
+    def queue_sizes_in(path: str) -> dict[str, int]:
+        """
+        Return the bytes of journal (every file: current, rotated, packs) of
+        each queue with journal files in C{path}, found and logged as
+        L{queue_names_in} says.
+        """
+        names: dict[str, int] = {}
         try:
             entries = list(os.scandir(path))
         except FileNotFoundError:
@@ -1239,5 +1321,9 @@ class FileJournal:
                     "Ignoring file {file!r} in queue directory {path}: not a journal file",
                     file=name, path=path)
             else:
-                names.add(queue)
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+                names[queue] = names.get(queue, 0) + size
         return names

@@ -65,8 +65,11 @@ def test_listeners_on_listen_address(tmp_path: Path) -> None:
     service.stopService()
 
 
-def test_ready_logged_after_replay(tmp_path: Path) -> None:
-    """Journals are replayed before any listener opens; then one `kestrel ready` event."""
+def test_listening_before_replay_then_ready(tmp_path: Path) -> None:
+    """
+    The listeners open before any journal is replayed (`kestrel listening`);
+    one `kestrel ready` event follows once every queue is loaded.
+    """
     config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
     first = build(config, MemoryReactorClock())
     first.startService()
@@ -78,7 +81,16 @@ def test_ready_logged_after_replay(tmp_path: Path) -> None:
     reactor.service = service
     with capturedLogs() as events:
         service.startService()
-    assert reactor.seen_at_listen == [["old"]]
+        assert reactor.seen_at_listen == [[]]
+        assert service.server.collection.loading_names() == ["old"]
+        listening = [e for e in events
+                     if e.get("log_format", "").startswith("kestrel listening")]
+        assert len(listening) == 1 and listening[0]["count"] == 1
+        assert not [e for e in events if e.get("log_format", "").startswith("kestrel ready")]
+        assert not service.loaded.called
+        reactor.advance(0)
+    assert service.loaded.called
+    assert service.server.collection.queue_names() == ["old"]
     ready = [e for e in events if e.get("log_format", "").startswith("kestrel ready")]
     assert len(ready) == 1
     assert ready[0]["ports"] == {"memcache": 22133}
@@ -120,6 +132,7 @@ def test_stop_returns_open_reads(tmp_path: Path) -> None:
 
     again = build(config, MemoryReactorClock())
     again.startService()
+    again.reactor.advance(0)
     item = again.server.collection.remove("q").result
     assert item is not None and item.data == b"a"
     again.stopService()
@@ -187,3 +200,24 @@ def test_zookeeper_publisher_built_when_configured(tmp_path: Path) -> None:
     assert isinstance(service.zookeeper, ServerSetPublisher)
     assert service.zookeeper.status is service.server.status
     assert not service.zookeeper.running
+
+
+def test_journal_that_cannot_be_replayed_stops_the_server(tmp_path: Path) -> None:
+    """As when replay came before the listeners, a journal that cannot be read stops it."""
+    config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
+    first = build(config, MemoryReactorClock())
+    first.startService()
+    assert first.server.collection.add("old", b"x").result is True
+    first.stopService()
+    reactor = MemoryReactorClock()
+    reactor.running = True
+    service = build(config, reactor)
+    service.startService()
+    journal = tmp_path / "queues" / "old"
+    journal.unlink()
+    journal.mkdir()  # (listed as a journal, no regular file when its turn comes)
+    with capturedLogs() as events:
+        reactor.advance(0)
+    assert reactor.hasStopped
+    assert any("kestrel cannot start" in e.get("log_format", "") for e in events)
+    service.stopService()

@@ -24,7 +24,7 @@ GLOBAL_ORDER = [
     "uptime", "time", "version", "curr_items", "total_items", "bytes", "reserved_memory_ratio",
     "curr_connections", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits",
     "get_misses", "bytes_read", "bytes_written", "queue_creates", "queue_deletes",
-    "queue_expires",
+    "queue_expires", "queues_loading",
 ]
 
 QUEUE_ORDER = [
