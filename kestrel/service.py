@@ -199,6 +199,10 @@ class KestrelService(MultiService):
         self._stopping: Deferred[None] | None = None
         #: Fires once every queue is loaded (set by L{startService}).
         self.loaded: Deferred[None] = Deferred()
+        #: Why the server stopped itself after it started listening (a
+        #: journal that cannot be replayed), or C{None}: the launcher turns it
+        #: into exit status 1 (L{kestrel.tap.StartErrors}).
+        self.start_error: str | None = None
 
     @property
     def ports(self) -> dict[str, IListeningPort]:
@@ -258,6 +262,7 @@ class KestrelService(MultiService):
                 return
             self._log.error("kestrel cannot start (a journal cannot be replayed: {error}); "
                             "stopping", error=failure.getErrorMessage())
+            self.start_error = f"a journal cannot be replayed: {failure.getErrorMessage()}"
             if self.reactor.running:
                 self.reactor.stop()
             else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from twisted.application.service import IService, Service
 from twisted.internet.error import CannotListenError
@@ -159,14 +160,19 @@ class StartErrors(Service):
     ZooKeeper problem) into one line C{kestrel: <what>} on the process's stderr
     and exit status 1.
 
+    A server that stops itself after it began listening, because a journal
+    cannot be replayed (the inner service's C{start_error}), ends the same
+    way once it has shut down: that line on stderr and exit status 1.
+
     Stopping is the inner service's (it returns the inner Deferred).
     """
 
     _log = Logger()
 
-    def __init__(self, inner: IService, options: Options) -> None:
+    def __init__(self, inner: IService, options: Options, reactor: Any = None) -> None:
         self.inner = inner
         self.options = options
+        self.reactor = reactor
 
     def privilegedStartService(self) -> None:
         """Nothing privileged here: the listeners open in L{startService}."""
@@ -180,6 +186,8 @@ class StartErrors(Service):
                        config=os.path.abspath(self.options["config"]) if self.options["config"]
                        else "built-in defaults",
                        queue_path=os.path.abspath(config.queue_path))
+        if self.reactor is not None:
+            self.reactor.addSystemEventTrigger("after", "shutdown", self._exit_if_start_failed)
         try:
             self.inner.startService()
         except CannotListenError as e:
@@ -192,6 +200,23 @@ class StartErrors(Service):
                 self._fail(f"zookeeper: {e}{hint}")
             self._fail(str(e))
         super().startService()
+
+    def _exit_if_start_failed(self) -> None:
+        """After shutdown: a server that stopped itself for a start error exits with status 1."""
+        message = getattr(self.inner, "start_error", None)
+        if message is None:
+            return
+        self._remove_pidfile()
+        stderr = sys.__stderr__ or sys.stderr
+        stderr.write(f"kestrel: {message}\n")
+        for stream in (sys.stdout, sys.stderr, stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        # twistd ends with status 0 once its reactor has stopped, whatever
+        # stopped it; the journals are closed by now, so leave at once.
+        os._exit(1)
 
     def _fail(self, message: str) -> None:
         # The service has logged the error already.
@@ -239,4 +264,4 @@ def makeService(options: Options) -> IService:
     except ConfigError as e:
         where = f" (set by {options.source_of('queue-path')})" if "queue_path" in str(e) else ""
         raise StartError(f"{e}{where}") from e
-    return StartErrors(service, options)
+    return StartErrors(service, options, reactor)

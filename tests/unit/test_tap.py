@@ -280,6 +280,26 @@ def test_zookeeper_without_kazoo_is_one_line(tmp_path: Path) -> None:
     assert "txkestrel[zookeeper]" in line
 
 
+def test_journal_that_cannot_be_replayed_is_one_line_and_status_1(tmp_path: Path) -> None:
+    """
+    The server listens before it replays; a journal whose replay fails (here
+    an I/O error injected into the replay) stops it after it began listening,
+    and the process still ends as a refused start: one line, status 1.
+    """
+    queues = tmp_path / "q"
+    queues.mkdir()
+    (queues / "old").write_bytes(b"")
+    prelude = ("from kestrel.queue import PersistentQueue\n"
+               "def broken(self, *args, **kwargs):\n"
+               "    raise OSError(5, 'Input/output error')\n"
+               "PersistentQueue.setup_steps = broken\n")
+    result = _run_twistd(tmp_path, "--queue-path", "q", *NO_PORTS, "--memcache-port", "0",
+                         prelude=prelude)
+    line = _one_line(result)
+    assert line.startswith("kestrel: a journal cannot be replayed: ")
+    assert "Input/output error" in line
+
+
 def test_usage_error_still_shows_help(tmp_path: Path) -> None:
     """A malformed command line is a usage error: twistd prints the help, status 1."""
     result = _run_twistd(tmp_path, "--no-such-option")
