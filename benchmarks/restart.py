@@ -10,8 +10,9 @@ Run from the repository root:
 
 It writes one journal file of --items ADDX records of --item-size bytes with
 the project's own encoder (kestrel.journal.records.encode_add), starts
-`python -m twisted kestrel` on it with max_memory_size --memory, and polls
-the memcache port with `get <queue>` until a reply (an item) comes back. It
+`python -m twisted kestrel` on it with max_memory_size --memory (listening
+on memcache only; --all-ports opens text, thrift and admin too, as the
+built-in defaults do), and polls the memcache port with `get <queue>` until a reply (an item) comes back. It
 prints, per run and as the median: seconds from process start to that first
 reply, the server's CPU seconds (utime + stime from /proc/<pid>/stat) up to
 then, its resident memory (VmRSS from /proc/<pid>/status) right after the
@@ -142,7 +143,7 @@ def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: f
 
 
 def one_run(workdir: Path, queue: str, memory: str, timeout: float,
-            small: str | None = None
+            small: str | None = None, all_ports: bool = False
             ) -> tuple[float, float, float, float, int, list[float]]:
     """
     One restart: (seconds to the first item of C{queue}, server CPU seconds,
@@ -151,10 +152,12 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
     of the peeks at C{small} made meanwhile).
     """
     port = free_port()
+    others = ((free_port(), free_port(), free_port()) if all_ports else (0, 0, 0))
     config = workdir / "kestrel.yaml"
     config.write_text(
-        f"listen_address: 127.0.0.1\nmemcache_port: {port}\ntext_port: 0\nthrift_port: 0\n"
-        f"admin_port: 0\ndefault:\n  max_memory_size: {memory}\nqueue_path: {workdir / 'queues'}\n"
+        f"listen_address: 127.0.0.1\nmemcache_port: {port}\ntext_port: {others[0]}\n"
+        f"thrift_port: {others[1]}\nadmin_port: {others[2]}\n"
+        f"default:\n  max_memory_size: {memory}\nqueue_path: {workdir / 'queues'}\n"
         f"status_file: {workdir / 'status'}\n")
     # A get takes an item: keep a copy of the journals and put them back after the run.
     names = [queue] if small is None else [queue, small]
@@ -217,6 +220,9 @@ def main() -> None:
                              "the big one, while the big one still replays")
     parser.add_argument("--small-items", type=int, default=10,
                         help="items in the small queue's journal (with --small-queue)")
+    parser.add_argument("--all-ports", action="store_true",
+                        help="also open the text, thrift and admin ports (as the built-in "
+                             "defaults do; without it only memcache listens)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (journal, config, server log)")
     args = parser.parse_args()
@@ -231,11 +237,12 @@ def main() -> None:
             write_journal(workdir / "queues" / small, args.small_items, args.item_size)
         print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
         print(f"journal: {args.items} items x {args.item_size} B = {size / MIB:.0f} MiB; "
-              f"max_memory_size {args.memory}")
+              f"max_memory_size {args.memory}; listening: "
+              f"{'memcache, text, thrift, admin' if args.all_ports else 'memcache only'}")
         results = []
         for run in range(args.runs):
             elapsed, cpu, rss, small_elapsed, loading, peeks = one_run(
-                workdir, queue, args.memory, args.timeout, small)
+                workdir, queue, args.memory, args.timeout, small, args.all_ports)
             results.append((elapsed, cpu, rss, small_elapsed))
             if small is not None:
                 print(f"run {run + 1}: small queue's first reply after {small_elapsed:.2f} s "
