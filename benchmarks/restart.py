@@ -12,14 +12,15 @@ It writes one journal file of --items ADDX records of --item-size bytes with
 the project's own encoder (kestrel.journal.records.encode_add), starts
 `python -m twisted kestrel` on it with max_memory_size --memory (listening
 on memcache only; --all-ports opens text, thrift and admin too, as the
-built-in defaults do), and polls the memcache port with `get <queue>` until a reply (an item) comes back. It
-prints, per run and as the median: seconds from process start to that first
-reply, the server's CPU seconds (utime + stime from /proc/<pid>/stat) up to
-then, its resident memory (VmRSS from /proc/<pid>/status) right after the
-reply, the size of the journal, and the load average. The journal is read
-from the page cache (a first warm-up `cat` makes sure of that), as in a
-restart of a server whose files are still cached, and it is fsynced first
-(the first get may rotate the journal, which fsyncs it).
+built-in defaults do), and polls the memcache port with `get <queue>` until
+a reply (an item) comes back. It prints, per run and as the median: seconds
+from process start to that first reply, the server's CPU seconds (utime +
+stime from /proc/<pid>/stat) up to then, its resident memory (VmRSS from
+/proc/<pid>/status) right after the reply, the size of the journal, and the
+load average. The journal is read from the page cache (a first warm-up `cat`
+makes sure of that), as in a restart of a server whose files are still
+cached, and it is fsynced first (the first get may rotate the journal, which
+fsyncs it).
 
 With --small-queue, a second journal of --small-items items (queue `small`)
 lies beside the big one. The server listens at once and replays the small

@@ -695,7 +695,7 @@ class ClientSession:
         (or L{flush_writes}) and then reach each file in one write.
 
         Only the protocol base opens batches, for the rest of one pass over a
-        connection's input once it reaches a second request
+        connection's input once more input follows a request
         (L{kestrel.protocols.base.SessionProtocol.begin_write_batch}).
         The caller must call L{flush_writes} before it sends any reply that
         depends on those writes, and L{release_writes} when the batch ends.

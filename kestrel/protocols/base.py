@@ -264,9 +264,9 @@ class SessionProtocol(Protocol):
         buffered input: the journal writes of the requests served from now on
         are held back and reach each file in one C{os.write}.
 
-        A protocol opens one only when a pass serves a second request (the
-        first one's writes went to the OS at once, so a lone request costs no
-        batch), and closes it with L{end_write_batch} at the end of the pass.
+        A protocol opens one only when more input follows the request it is
+        about to serve (so a lone request writes through at once and costs
+        no batch), and closes it with L{end_write_batch} at the end of the pass.
         Inside it, the protocol calls C{session.flush_writes()} before it
         sends replies, and drops them if that returns false (a held-back write
         of this batch failed). These two methods are the only place a batch

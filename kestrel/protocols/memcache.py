@@ -177,7 +177,7 @@ class MemcacheProtocol(SessionProtocol):
         self._pending_set: SetRequest | None = None
         self._waiting = False
         self._in_process = False
-        # Whether this pass over the input opened a write batch (its second request did).
+        # Whether this pass over the input opened a write batch (more input followed a request).
         self._batch_open = False
         self._closing = False
         self._paused = False
@@ -287,10 +287,11 @@ class MemcacheProtocol(SessionProtocol):
         """
         Serve buffered requests until the buffer runs dry or one must wait.
 
-        The first request's journal writes reach the OS at once; from the
-        second on, they are held back in one write batch and reach the OS
-        (one write per journal file) before the replies are written. Only a
-        held-back write of this batch failing drops this batch's replies.
+        A lone request's journal writes reach the OS at once. When more
+        input follows the request about to be served, a write batch opens
+        for the rest of the pass: its journal writes are held back and reach
+        the OS (one write per journal file) before the replies are written.
+        Only a held-back write of this batch failing drops this batch's replies.
         """
         self._in_process = True
         if self._parts:
@@ -303,7 +304,6 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
-        served = 0
         try:
             while not self._waiting and not self._closing and not self.output_blocked:
                 if out:
@@ -326,10 +326,10 @@ class MemcacheProtocol(SessionProtocol):
                     data = buf[pos:end]
                     pos = end + 2
                     self._pending_set = None
-                    if served == 1:
+                    if pos < size and not self._batch_open:
+                        # More input follows: hold this pass's writes from here on.
                         self._batch_open = True
                         self.begin_write_batch()
-                    served += 1
                     self._serve(pending, data)
                     continue
                 if pos < size and buf[pos] == BINARY_REQUEST_MAGIC:
@@ -379,10 +379,9 @@ class MemcacheProtocol(SessionProtocol):
                         break
                     self._pending_set = request
                     continue
-                if served == 1:
+                if pos < size and not self._batch_open:
                     self._batch_open = True
                     self.begin_write_batch()
-                served += 1
                 self._serve(request, None)
         finally:
             self._buf = buf[pos:] if pos else buf

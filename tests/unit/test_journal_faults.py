@@ -239,7 +239,7 @@ def test_memcache_client_is_told_why_and_reads_work_once_reloaded(tmp_path,
     with capturedLogs() as events:
         refused = (b"SERVER_ERROR queue q is read-only: its journal cannot be written "
                    b"(No space left on device (errno 28)); try again later\r\n")
-        # A lone set writes at once: its own refusal, and the connection lives on.
+        # A lone set writes through: its own refusal, and the connection lives on.
         client = StringClient(MemcacheFactory(server))
         assert client.send(b"set q 0 0 1\r\nx\r\n") == refused
         clock.advance(0)

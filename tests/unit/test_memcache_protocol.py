@@ -690,12 +690,12 @@ def test_pipelined_writes_are_in_the_journal_before_replies(
     assert [r.data for r in records if hasattr(r, "data")] == [b"a", b"b", b"c"]
 
 
-def test_a_pass_writes_its_first_request_at_once_and_batches_the_rest(
+def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
         server: KestrelServer, factory: MemcacheFactory) -> None:
     """
     One request at a time, each request's record reaches the journal file in
-    a write of its own, with no batch; a pipelined pass writes its first
-    request's record at once and the records of the rest in one more write.
+    a write of its own, with no batch; a pipelined pass holds every record
+    back in one batch and writes them in one write.
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -726,8 +726,9 @@ def test_a_pass_writes_its_first_request_at_once_and_batches_the_rest(
     assert reply == (b"STORED\r\nSTORED\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
                      b"VALUE q 0 1\r\nc\r\nEND\r\n")
     assert len(opened) == 1 and not coalescer.active
-    assert len(writes) == 2  # the first set at once; the other three records in one write
-    assert [type(r).__name__ for _, r in iter_records(writes[1])] == ["Add", "Remove", "Remove"]
+    assert len(writes) == 1
+    assert [type(r).__name__ for _, r in iter_records(writes[0])] == [
+        "Add", "Add", "Remove", "Remove"]
 
 
 def test_reply_after_crash_loses_nothing(clock: Clock, tmp_path: Path) -> None:
@@ -769,8 +770,7 @@ def test_refused_journal_write_drops_the_replies(
     """
     When the OS refuses a batch's journal bytes (a full device), its
     replies are not sent: the client gets SERVER_ERROR and is disconnected,
-    and the server goes on serving. (A batch opens at a pass's second
-    request: here the set, after a get that writes nothing.)
+    and the server goes on serving.
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -778,7 +778,7 @@ def test_refused_journal_write_drops_the_replies(
     kept = journal._writer
     journal._writer = PeriodicSyncFile("/dev/full", clock, None,
                                        coalescer=server.collection.write_coalescer)
-    reply = conn.send(b"get none\r\nset q 0 0 1\r\nb\r\nget q\r\n")
+    reply = conn.send(b"set q 0 0 1\r\nb\r\nget q\r\n")
     assert reply == b"SERVER_ERROR journal write failed\r\n"
     assert not conn.connected
     journal._writer.close()
