@@ -219,10 +219,16 @@ class KestrelService(MultiService):
         Start replaying the journals, open every listener, log C{kestrel
         listening}, and C{kestrel ready} once every queue is loaded.
 
+        The server joins its ZooKeeper server sets once every queue is loaded
+        (at once when there is nothing to replay), so that a client finding
+        it there finds every queue served, as when the replay came before
+        the listeners.
+
         A listener that cannot be opened (or a ZooKeeper publisher that cannot
-        start) stops what was started and raises. A journal that cannot be
-        replayed stops the server (the reactor), as it did when the replay
-        came before the listeners.
+        start) stops what was started and raises; after a replay, a publisher
+        that cannot start stops the server (C{start_error}). A journal that
+        cannot be replayed stops the server (the reactor), as it did when the
+        replay came before the listeners.
         """
         Service.startService(self)
         server = self.server
@@ -231,7 +237,7 @@ class KestrelService(MultiService):
         try:
             for child in self:
                 child.startService()
-            if self.zookeeper is not None:
+            if self.zookeeper is not None and not server.collection.queues_loading():
                 self.zookeeper.startService()
         except Exception as e:
             if isinstance(e, CannotListenError | KestrelError):  # an operator error: one line
@@ -268,9 +274,28 @@ class KestrelService(MultiService):
             else:
                 self.reactor.callWhenRunning(self.reactor.stop)
 
+        if self.zookeeper is not None and not self.zookeeper.running:
+            self.loaded.addCallback(self._join_server_sets)
         self.loaded.addCallbacks(ready, failed)
         if self.install_signal_handlers:
             self.reactor.callWhenRunning(self._install_signals)
+
+    def _join_server_sets(self, result: object) -> object:
+        """Every queue is loaded: join the ZooKeeper server sets (or stop, if that fails)."""
+        zookeeper = self.zookeeper
+        if zookeeper is None or zookeeper.running or self._stopping is not None:
+            return result
+        try:
+            zookeeper.startService()
+        except Exception as e:
+            self._log.error("kestrel cannot join its ZooKeeper server sets ({error}); stopping",
+                            error=str(e))
+            self.start_error = f"zookeeper: {e}"
+            if self.reactor.running:
+                self.reactor.stop()
+            else:
+                self.reactor.callWhenRunning(self.reactor.stop)
+        return result
 
     def stopService(self) -> Deferred[None]:
         """

@@ -7,12 +7,14 @@ from typing import Any
 
 import attrs
 import pytest
+from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
 from twisted.logger import capturedLogs
 
 from kestrel.config import DEFAULT_CONFIG, ServerConfig
+from kestrel.errors import KestrelError
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.service import SHUTDOWN_DELAY, KestrelService, make_kestrel_service
 
@@ -220,4 +222,68 @@ def test_journal_that_cannot_be_replayed_stops_the_server(tmp_path: Path) -> Non
         reactor.advance(0)
     assert reactor.hasStopped
     assert any("kestrel cannot start" in e.get("log_format", "") for e in events)
+    service.stopService()
+
+
+class RecordingPublisher(Service):
+    """Stands in for the ZooKeeper publisher: records when it was started."""
+
+    def __init__(self, collection: Any, fail: bool = False) -> None:
+        self.collection = collection
+        self.fail = fail
+        self.loading_at_start: list[int] = []
+
+    def startService(self) -> None:
+        self.loading_at_start.append(self.collection.queues_loading())
+        if self.fail:
+            raise KestrelError("no endpoint to publish")
+        super().startService()
+
+
+def restarted_with_a_journal(tmp_path: Path, reactor: Any) -> KestrelService:
+    """A service over a queue folder holding one journal (queue "old"), not started yet."""
+    config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
+    first = build(config, MemoryReactorClock())
+    first.startService()
+    assert first.server.collection.add("old", b"x").result is True
+    first.stopService()
+    return build(config, reactor)
+
+
+def test_server_sets_are_joined_once_every_queue_is_loaded(tmp_path: Path) -> None:
+    """
+    The server listens before it replays, but joins its ZooKeeper server
+    sets only once every queue serves; with nothing to replay, at once.
+    """
+    reactor = MemoryReactorClock()
+    reactor.running = True
+    service = restarted_with_a_journal(tmp_path, reactor)
+    publisher = service.zookeeper = RecordingPublisher(service.server.collection)
+    service.startService()
+    assert service.ports and not publisher.running
+    reactor.advance(0)
+    assert publisher.running and publisher.loading_at_start == [0]
+    service.stopService()
+
+    empty = build(config_in(tmp_path / "other", text_port=0, thrift_port=0, admin_port=0),
+                  MemoryReactorClock())
+    publisher = empty.zookeeper = RecordingPublisher(empty.server.collection)
+    empty.startService()
+    assert publisher.running and publisher.loading_at_start == [0]
+    empty.stopService()
+
+
+def test_server_sets_that_cannot_be_joined_after_replay_stop_the_server(
+        tmp_path: Path) -> None:
+    """A publisher failing once the queues are loaded stops the server with a start error."""
+    reactor = MemoryReactorClock()
+    reactor.running = True
+    service = restarted_with_a_journal(tmp_path, reactor)
+    service.zookeeper = RecordingPublisher(service.server.collection, fail=True)
+    service.startService()
+    with capturedLogs() as events:
+        reactor.advance(0)
+    assert reactor.hasStopped
+    assert service.start_error == "zookeeper: no endpoint to publish"
+    assert any("cannot join its ZooKeeper" in e.get("log_format", "") for e in events)
     service.stopService()
