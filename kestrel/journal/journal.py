@@ -983,11 +983,27 @@ class FileJournal:
         written to it; the writes to the old contents are acknowledged once
         an fsync in a thread has made the cut durable. A crash at any point
         replays to an empty queue (or, before the cut is durable, to the old
-        contents, as a crash just before the rewrite would). During a
-        rotation whose fsyncs still run, the rewrite is skipped.
+        contents, as a crash just before the rewrite would).
+
+        With C{run_in_thread}, any other queue (no checkpoint pending) is
+        rewritten through a pack, with no write or fsync of its contents on
+        this thread: C{<q>} is rotated with a checkpoint (its fsyncs in a
+        thread, as L{rotate} does), and a pack of the checkpoint holding
+        exactly what the new file would hold is written and fsynced in a
+        thread (L{start_pack}); once it is in place the pack rule leaves it
+        and the new C{<q>} as the queue's only files. Until then the old
+        files are still there, and a crash replays them, as a crash just
+        before the rewrite would.
+
+        During a rotation whose fsyncs still run, or while a pack is being
+        written, the rewrite is skipped (the queue asks again later).
         """
         if self._maintenance is not None:
             self._log.debug("Journal {queue}: rewrite skipped: a rotation is still syncing",
+                            queue=self.queue_name)
+            return
+        if self._packs:
+            self._log.debug("Journal {queue}: rewrite skipped: a pack is still being written",
                             queue=self.queue_name)
             return
         if not isinstance(reserved_items, (list, tuple)):
@@ -999,6 +1015,10 @@ class FileJournal:
                 and isinstance(writer, PeriodicSyncFile) and not writer.closed
                 and self.archive_path is None and not self.archived_files()):
             self._rewrite_in_place(writer, xid_counter)
+            return
+        if (self._run_in_thread is not None and isinstance(writer, PeriodicSyncFile)
+                and not writer.closed and self.checkpoint is None):
+            self._rewrite_by_packing(writer, reserved_items, items, xid_counter)
             return
         temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), items))
         self._epoch += 1
@@ -1016,6 +1036,19 @@ class FileJournal:
         self._reopen()
         self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
         acknowledge()
+
+    def _rewrite_by_packing(self, writer: PeriodicSyncFile, reserved_items: Sequence[QItem],
+                            items: Sequence[QItem], xid_counter: int) -> None:
+        """A rewrite as a rotation with a checkpoint and a pack of it, both off this thread."""
+        self._stop_reader()
+        self._rotate_in_thread(writer, reserved_items, True)
+        checkpoint = self.checkpoint
+        assert checkpoint is not None
+        self._log.info("Journal {queue}: rewriting through a pack of {file}",
+                       queue=self.queue_name, file=checkpoint.filename)
+        # Nothing was taken from the head since the checkpoint: the pack holds
+        # the open reads, then every item, as the rewritten file would.
+        self.start_pack(checkpoint, reserved_items, items, xid_counter)
 
     def _rewrite_in_place(self, old: PeriodicSyncFile, xid_counter: int) -> None:
         self._epoch += 1

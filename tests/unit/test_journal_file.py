@@ -576,15 +576,25 @@ def test_pack_in_thread_lets_writes_go_on(tmp_path: Path, clock: Clock) -> None:
     j.close()
 
 
-def test_pack_overtaken_by_rewrite_is_discarded(tmp_path: Path, clock: Clock) -> None:
-    """A rewrite while a pack is being written wins: the pack is thrown away."""
+def test_rewrite_waits_while_a_pack_is_written(tmp_path: Path, clock: Clock) -> None:
+    """
+    A rewrite asked while a pack is being written is skipped (the queue asks
+    again later): the pack is put in place; a rewrite after it goes through
+    a pack of its own, and the files replay to the same queue.
+    """
     thread = ManualThread()
     j, checkpoint, memory = pack_scenario(tmp_path, clock, Fsync(), run_in_thread=thread)
     thread.run_all()
     j.start_pack(checkpoint, [OPEN], memory, 9)
+    before = files(tmp_path)
+    j.rewrite([OPEN], [item(3), item(4)], 9)
+    assert files(tmp_path) == before
+    thread.run_all()
+    assert files(tmp_path) == sorted(["q", checkpoint.filename])
+    assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
     j.rewrite([OPEN], [item(3), item(4)], 9)
     thread.run_all()
-    assert files(tmp_path) == ["q"]
+    assert len(files(tmp_path)) == 2
     assert queue_state(replayed(tmp_path, clock)) == PACK_EXPECTED
     j.close()
 

@@ -1,8 +1,9 @@
-"""Rotation and the empty-queue rewrite run no fsync on the calling (reactor) thread."""
+"""Rotation and rewrites run no fsync of a journal file on the calling (reactor) thread."""
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -176,3 +177,86 @@ def test_a_queue_rotating_its_journal_runs_no_fsync_inline(tmp_path, clock: Cloc
     assert datas(q) == expected
     thread.run_all()
     value(q.close())
+
+
+class FileFsyncs(Fsyncs):
+    """Also counts, apart, the fsyncs of regular files made outside a thread job."""
+
+    def __init__(self, thread: ThreadFlag) -> None:
+        super().__init__(thread)
+        self.inline_files = 0
+
+    def __call__(self, fd: int) -> None:
+        if not self.thread.running and stat.S_ISREG(os.fstat(fd).st_mode):
+            self.inline_files += 1
+        super().__call__(fd)
+
+
+def test_rewrite_of_a_queue_with_items_writes_and_fsyncs_it_in_the_thread(
+        tmp_path, clock: Clock) -> None:
+    """
+    A rewrite of a queue holding items goes through a rotation and a pack:
+    no journal file is written or fsynced on the calling thread (only the
+    directory, when the pack is put in place), a crash before the pack is in
+    place replays the old files, and afterwards two files replay to the
+    rewritten queue and what was written since.
+    """
+    thread = ThreadFlag()
+    fsyncs = FileFsyncs(thread)
+    journal = FileJournal(str(tmp_path), "q", clock, 0.0, fsync=fsyncs, run_in_thread=thread)
+    journal.replay(lambda record: None)
+    adds = [journal.add(item(b"%d" % n)) for n in range(4)]
+    removed = journal.remove()
+    thread.run_all()
+    old_records = replayed(tmp_path, clock)
+    fsyncs.inline_files = 0
+    journal.rewrite([], [item(b"1"), item(b"2"), item(b"3")], xid_counter=7)
+    after = journal.add(item(b"4"))
+    assert fsyncs.inline_files == 0
+    assert value(after) is PENDING
+    # Before the pack is in place, the files still replay to the old contents (and the add).
+    assert replayed(tmp_path, clock) == [*old_records, rec.Add(b"4", 1_767_225_600_000, 0)]
+    thread.run_all()
+    assert fsyncs.inline_files == 0
+    assert value(after) is None and all(value(a) is None for a in adds)
+    assert value(removed) is None
+    assert len(os.listdir(tmp_path)) == 2
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [
+        rec.SaveXid(7), *(rec.Add(b"%d" % n, 1_767_225_600_000, 0) for n in range(1, 5))]
+
+
+def test_a_queue_rewriting_its_journal_with_items_writes_no_file_inline(
+        tmp_path, clock: Clock) -> None:
+    """Churn through a queue that keeps items: rewrites past max_journal_size, all off-thread."""
+    thread = ThreadFlag()
+    fsyncs = FileFsyncs(thread)
+    journal = FileJournal(str(tmp_path), "q", clock, 0.0, fsync=fsyncs, run_in_thread=thread)
+    config = QueueConfig(max_memory_size=100_000, default_journal_size=1 << 20,
+                         max_journal_size=2_000, min_journal_compact_delay=None,
+                         durable_acks=True)
+    q = PersistentQueue("q", config, journal, clock)
+    q.setup()
+    fsyncs.inline_files = 0
+    acks: list[Any] = []
+    expected: list[bytes] = []
+    for i in range(600):
+        data = b"%06d" % i
+        acks.append(q.add(data))
+        expected.append(data)
+        if len(expected) > 20:
+            assert q.remove().data == expected.pop(0)
+        if i % 5 == 0:
+            thread.run_all()
+    thread.run_all()
+    assert q.journal_rewrites > 5
+    assert fsyncs.inline_files == 0
+    assert all(value(a) is True for a in acks)
+    assert q.length == len(expected)
+    closed = q.close()
+    thread.run_all()
+    assert value(closed) is None
+    again = PersistentQueue("q", config, FileJournal(str(tmp_path), "q", clock, None), clock)
+    again.setup()
+    assert datas(again) == expected
+    value(again.close())
