@@ -8,7 +8,10 @@ Run from the repository root:
     python benchmarks/rewrite_latency.py --seconds 1 --rounds 1   # smoke run
 
 Each connection sends set + get pairs of --item-size bytes to a queue of its
-own, one request at a time, so its queue is empty after every get. Two servers take turns:
+own, one request at a time, so its queue is empty after every get (with
+--backlog N, it first leaves N items in its queue, which then never
+empties, and the rewrites are those of a queue holding items: through
+max_journal_size --rewrite-size). Two servers take turns:
 "no rewrites" with default_journal_size 1GiB (the journal never reaches it in
 a run), and "rewrites" with default_journal_size --rewrite-size, which makes
 the queue rewrite its journal each time that many bytes were journaled (the
@@ -44,11 +47,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def one_client(port: int, queue: str, payload: bytes, stop_at: float,
-                     latencies: list[float]) -> int:
+                     latencies: list[float], backlog: int = 0) -> int:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     set_cmd = f"set {queue} 0 0 {len(payload)}\r\n".encode() + payload + b"\r\n"
     get_cmd = f"get {queue}\r\n".encode()
     pairs = 0
+    for _ in range(backlog):
+        writer.write(set_cmd)
+        await reader.readuntil(b"\r\n")
     try:
         while time.monotonic() < stop_at:
             started = time.perf_counter()
@@ -80,12 +86,13 @@ async def stat_sum(port: int, prefix: str, suffix: str) -> float:
 
 
 async def load(port: int, queue: str, connections: int, item_size: int,
-               seconds: float) -> tuple[list[float], int, float]:
+               seconds: float, backlog: int = 0) -> tuple[list[float], int, float]:
     payload = b"x" * item_size
     latencies: list[float] = []
     started = time.monotonic()
     stop_at = started + seconds
-    counts = await asyncio.gather(*(one_client(port, f"{queue}{i}", payload, stop_at, latencies)
+    counts = await asyncio.gather(*(one_client(port, f"{queue}{i}", payload, stop_at, latencies,
+                                               backlog)
                                     for i in range(connections)))
     return latencies, sum(counts), time.monotonic() - started
 
@@ -98,11 +105,16 @@ def percentile(values: list[float], p: float) -> float:
 def run(workdir: Path, journal_size: str, args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
     queue = "rw"
-    extra = f"default:\n  default_journal_size: {journal_size}\n"
+    if args.backlog:
+        # Queues that keep items: they rewrite once their files pass max_journal_size.
+        extra = (f"default:\n  max_journal_size: {journal_size}\n"
+                 "  default_journal_size: 1GiB\n  min_journal_compact_delay: null\n")
+    else:
+        extra = f"default:\n  default_journal_size: {journal_size}\n"
     with kestrel_process(workdir, port, extra_config=extra) as proc:
         cpu_before = cpu_seconds(proc.pid)
         latencies, pairs, elapsed = asyncio.run(
-            load(port, queue, args.connections, args.item_size, args.seconds))
+            load(port, queue, args.connections, args.item_size, args.seconds, args.backlog))
         cpu = cpu_seconds(proc.pid) - cpu_before
         rewrites = asyncio.run(stat_sum(port, f"queue_{queue}", "_journal_rewrites"))
     return {
@@ -123,7 +135,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
     parser.add_argument("--rewrite-size", default="256KiB",
-                        help="default_journal_size of the server that rewrites")
+                        help="default_journal_size of the server that rewrites (with "
+                             "--backlog: its max_journal_size)")
+    parser.add_argument("--backlog", type=int, default=0,
+                        help="items each connection first leaves in its queue, so that the "
+                             "queues are never empty and rewrite as queues holding items do "
+                             "(through max_journal_size; the server without rewrites has "
+                             "1GiB)")
     args = parser.parse_args()
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     results: dict[str, list[dict[str, float]]] = {"no rewrites": [], "rewrites": []}

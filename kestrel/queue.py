@@ -1060,12 +1060,14 @@ class PersistentQueue:
         # rewriting an empty queue that stays large (KEST-366) and rewrites
         # an empty queue before rotating. Their middle step is the same.
         aggressive = not cfg.disable_aggressive_rewrites
-        if ((aggressive or self._allow_rewrites)
+        # While a pack is being written a rewrite would wait for it: ask again later.
+        rewrites = not journal.packing
+        if (rewrites and (aggressive or self._allow_rewrites)
                 and size >= cfg.default_journal_size and self.length == 0):
             self._rewrite_empty_journal()
             if not aggressive and journal.size >= cfg.default_journal_size // 2:
                 self._disallow_rewrites_for_delay()
-        elif (self._allow_rewrites
+        elif (rewrites and self._allow_rewrites
               and size + journal.archived_size > cfg.max_journal_size
               and self.bytes < cfg.max_memory_size):
             self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
@@ -1073,7 +1075,7 @@ class PersistentQueue:
             self._rewrite_journal()
             self._disallow_rewrites_for_delay()
         elif size > cfg.max_memory_size:
-            if not aggressive and self.length == 0:
+            if rewrites and not aggressive and self.length == 0:
                 self._rewrite_empty_journal()
             if journal.size > cfg.max_memory_size:
                 self._log.info("Rotating journal of {queue}", queue=self.name)

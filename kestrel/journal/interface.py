@@ -57,6 +57,11 @@ class IJournal(Protocol):
         ...
 
     @property
+    def packing(self) -> bool:
+        """Whether a pack is being written in a thread (no rewrite starts meanwhile)."""
+        ...
+
+    @property
     def in_read_behind(self) -> bool:
         """Whether some items are read back from the journal instead of kept in memory."""
         ...

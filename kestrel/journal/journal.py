@@ -222,6 +222,11 @@ class FileJournal:
         return self._replay_file is not None
 
     @property
+    def packing(self) -> bool:
+        """Whether a pack is being written in a thread (a rewrite waits for it)."""
+        return bool(self._packs)
+
+    @property
     def maintaining(self) -> bool:
         """Whether a rotation's fsyncs still run in a thread (no rotation or rewrite starts)."""
         return self._maintenance is not None

@@ -34,6 +34,7 @@ class MemoryJournal:
     in_read_behind = False
     is_replaying = False
     maintaining = False
+    packing = False
     size = 0
     archived_size = 0
     checkpoint = None

@@ -260,3 +260,35 @@ def test_a_queue_rewriting_its_journal_with_items_writes_no_file_inline(
     again.setup()
     assert datas(again) == expected
     value(again.close())
+
+
+def test_a_queue_asks_for_no_rewrite_while_its_pack_is_written(tmp_path, clock: Clock) -> None:
+    """
+    While the pack of a rewrite is being written, the queue's later operations
+    start no other rewrite (nor count one); once it is in place they do again.
+    """
+    thread = ThreadFlag()
+    journal = FileJournal(str(tmp_path), "q", clock, None, run_in_thread=thread)
+    config = QueueConfig(max_memory_size=100_000, default_journal_size=1 << 20,
+                         max_journal_size=500, min_journal_compact_delay=None)
+    q = PersistentQueue("q", config, journal, clock)
+    q.setup()
+    for i in range(10):
+        q.add(b"%06d" % i)
+    while q.journal_rewrites == 0:
+        q.add(b"x" * 40)
+        assert q.remove() is not None
+    thread.run_next()  # the rotation's fsyncs; the pack is still to be written
+    assert journal.packing and not journal.maintaining
+    for _ in range(50):
+        q.add(b"y" * 40)
+        assert q.remove() is not None
+    assert q.journal_rewrites == 1
+    thread.run_all()
+    assert not journal.packing
+    while q.journal_rewrites == 1:
+        q.add(b"z" * 40)
+        assert q.remove() is not None
+        thread.run_all()
+    thread.run_all()
+    value(q.close())
