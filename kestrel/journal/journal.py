@@ -1175,8 +1175,22 @@ class FileJournal:
                        file=checkpoint.filename)
 
     def _pack_failed(self, failure: Failure, checkpoint: Checkpoint) -> None:
-        self._log.failure("Journal {queue}: packing up to {file} failed", failure=failure,
-                          queue=self.queue_name, file=checkpoint.filename)
+        """
+        A pack could not be written or put in place: the files it would have
+        replaced stay as they are (they replay as before), the checkpoint is
+        given up (a later rotation sets a new one) and the C{~~} file goes.
+        An I/O error (a full disk) is logged in one line; anything else with
+        its traceback.
+        """
+        if failure.check(OSError) is not None:
+            self._log.error("Journal {queue}: packing up to {file} failed: {error}; the "
+                            "files stay as they are", queue=self.queue_name,
+                            file=checkpoint.filename, error=failure.value)
+        else:
+            self._log.failure("Journal {queue}: packing up to {file} failed", failure=failure,
+                              queue=self.queue_name, file=checkpoint.filename)
+        if self.checkpoint is checkpoint:
+            self._clear_checkpoint()
         for name in self._list():
             if name.startswith(self.queue_name + TEMP_INFIX):
                 try:

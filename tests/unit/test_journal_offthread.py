@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Any
 
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs
 
 from kestrel.config import QueueConfig
 from kestrel.item import QItem
@@ -292,3 +294,33 @@ def test_a_queue_asks_for_no_rewrite_while_its_pack_is_written(tmp_path, clock: 
         thread.run_all()
     thread.run_all()
     value(q.close())
+
+
+def test_a_rewrite_whose_pack_cannot_be_written_leaves_the_files(tmp_path,
+                                                                 clock: Clock) -> None:
+    """
+    A full disk while the pack of a rewrite is written: one error line (no
+    traceback), the files replay as before, the checkpoint is given up, and
+    the next rewrite goes through a pack again.
+    """
+    thread = ThreadFlag()
+    journal = FileJournal(str(tmp_path), "q", clock, None, run_in_thread=thread)
+    journal.replay(lambda record: None)
+    for n in range(3):
+        journal.add(item(b"%d" % n))
+    before = replayed(tmp_path, clock)
+    journal.rewrite([], [item(b"1"), item(b"2")], xid_counter=7)
+    thread.run_next()  # the rotation's fsyncs
+    assert journal.packing
+    with capturedLogs() as events:
+        _, pack = thread.jobs.pop(0)
+        pack.errback(OSError(errno.ENOSPC, "No space left on device"))
+    assert not journal.packing and journal.checkpoint is None
+    assert not [e for e in events if e["log_level"] == LogLevel.critical]
+    assert [e for e in events if "packing up to" in e.get("log_format", "")]
+    assert replayed(tmp_path, clock) == before
+    journal.rewrite([], [item(b"1"), item(b"2")], xid_counter=7)
+    thread.run_all()
+    assert replayed(tmp_path, clock) == [rec.SaveXid(7), rec.Add(b"1", 1_767_225_600_000, 0),
+                                         rec.Add(b"2", 1_767_225_600_000, 0)]
+    value(journal.close())
