@@ -70,6 +70,17 @@ def bucket_bounds(index: int) -> tuple[int, int]:
 SETTLE_AT = 512
 
 
+def _settled(field: str, doc: str) -> property:
+    """A read-only L{Histogram} attribute: C{field}, once the pending values are counted."""
+
+    def get(self: Histogram) -> Any:
+        if self.pending:
+            self.settle()
+        return getattr(self, field)
+
+    return property(get, doc=doc)
+
+
 class Histogram:
     """
     A distribution of non-negative integers: count, sum, min, max and bucketed counts.
@@ -78,8 +89,7 @@ class Histogram:
     (L{settle}) once L{SETTLE_AT} of them wait, and before anything is read,
     so every reader sees every value recorded. Values that repeat (sizes,
     queue lengths, latencies quantized by the clock) are counted once per
-    distinct value. L{add} is the recording method; the hot-path recorders of
-    this module append to L{pending} themselves and keep the same bound.
+    distinct value.
     """
 
     __slots__ = ("_count", "_total", "_minimum", "_maximum", "_buckets", "pending")
@@ -132,40 +142,12 @@ class Histogram:
         self._minimum = low
         self._maximum = high
 
-    @property
-    def count(self) -> int:
-        """How many values were recorded."""
-        if self.pending:
-            self.settle()
-        return self._count
-
-    @property
-    def total(self) -> int:
-        """The sum of the recorded values (each rounded as it is counted)."""
-        if self.pending:
-            self.settle()
-        return self._total
-
-    @property
-    def minimum(self) -> int:
-        """The smallest recorded value (0 when empty)."""
-        if self.pending:
-            self.settle()
-        return self._minimum
-
-    @property
-    def maximum(self) -> int:
-        """The largest recorded value (0 when empty)."""
-        if self.pending:
-            self.settle()
-        return self._maximum
-
-    @property
-    def buckets(self) -> list[int]:
-        """The count of values per bucket (see L{bucket_bounds}); do not modify."""
-        if self.pending:
-            self.settle()
-        return self._buckets
+    count = _settled("_count", "How many values were recorded.")
+    total = _settled("_total", "The sum of the recorded values (each rounded as it is counted).")
+    minimum = _settled("_minimum", "The smallest recorded value (0 when empty).")
+    maximum = _settled("_maximum", "The largest recorded value (0 when empty).")
+    buckets = _settled("_buckets", "The count of values per bucket (see L{bucket_bounds}); "
+                                   "do not modify.")
 
     def merge(self, other: Histogram) -> None:
         """Add every value recorded in C{other} to this histogram."""
@@ -294,41 +276,14 @@ class QueueMetrics:
         """Record one read-behind refill's C{fill_readbehind_usec}."""
         self.fill_readbehind_usec.add(seconds * 1e6)
 
-    # The three recorders below run per request: they append to the
-    # histograms' pending values themselves (what Histogram.add does, one call less).
-
     def item_added(self, size: int, queue_size: int) -> None:
         """Record a stored add: its C{request_size} (bytes) and the C{queue_size} after it."""
-        pending = self.request_size.pending
-        pending.append(size)
-        if len(pending) >= SETTLE_AT:
-            self.request_size.settle()
-        pending = self.queue_size.pending
-        pending.append(queue_size)
-        if len(pending) >= SETTLE_AT:
-            self.queue_size.settle()
+        self.request_size.add(size)
+        self.queue_size.add(queue_size)
 
     def item_removed(self, queue_size: int) -> None:
         """Record the C{queue_size} (items in memory) after a remove."""
-        pending = self.queue_size.pending
-        pending.append(queue_size)
-        if len(pending) >= SETTLE_AT:
-            self.queue_size.settle()
-
-    def read_answered(self, usec: float, delivery_msec: float | None) -> None:
-        """
-        Record C{get_hit_latency_usec} of a read answered with an item and,
-        for an item removed, its C{delivery_latency_msec}.
-        """
-        pending = self.get_hit_latency_usec.pending
-        pending.append(usec)
-        if len(pending) >= SETTLE_AT:
-            self.get_hit_latency_usec.settle()
-        if delivery_msec is not None:
-            pending = self.delivery_latency_msec.pending
-            pending.append(delivery_msec)
-            if len(pending) >= SETTLE_AT:
-                self.delivery_latency_msec.settle()
+        self.queue_size.add(queue_size)
 
     def open_reads_changed(self, open_reads: int, expiring: int) -> None:
         """Record C{tx_map_size} (open reads) and C{tx_expire_list_size} (those with a timeout)."""
@@ -411,18 +366,17 @@ class Metrics:
 
     def record_set(self, queue: str, usec: float) -> None:
         """Record one write's C{set_latency_usec} for C{queue} (and so globally)."""
-        histogram = (self._queues.get(queue) or self.queue(queue)).set_latency_usec
-        pending = histogram.pending  # (Histogram.add, one call less: it runs per set)
-        pending.append(usec)
-        if len(pending) >= SETTLE_AT:
-            histogram.settle()
+        (self._queues.get(queue) or self.queue(queue)).set_latency_usec.add(usec)
 
     def record_hit(self, queue: str, usec: float, delivery_msec: float | None = None) -> None:
         """
         Record C{get_hit_latency_usec} of a read of C{queue} answered with an
         item and, for an item removed, its C{delivery_latency_msec}.
         """
-        (self._queues.get(queue) or self.queue(queue)).read_answered(usec, delivery_msec)
+        metrics = self._queues.get(queue) or self.queue(queue)
+        metrics.get_hit_latency_usec.add(usec)
+        if delivery_msec is not None:
+            metrics.delivery_latency_msec.add(delivery_msec)
 
     def record_miss(self, queue: str, usec: float) -> None:
         """Record C{get_miss_latency_usec} of a read of C{queue} answered empty."""

@@ -508,14 +508,7 @@ class PersistentQueue:
                 self._schedule_open_read_timer()
             self._journal_write(journal.remove_tentative, xid)
         else:
-            # (what _journal_write does, one call less: it runs per read)
-            try:
-                d = journal.remove()
-            except Exception:
-                self._log.failure("Journal write failed for {queue}", queue=self.name)
-            else:
-                if not d.called or isinstance(d.result, Failure):
-                    d.addErrback(self._write_failed)
+            self._journal_write(journal.remove)
         if self._journal_state is _FAILED:
             # The remove is not journaled: the item is not handed out (memory
             # is rebuilt from the journal, where it is still queued).

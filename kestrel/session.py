@@ -340,8 +340,7 @@ class ClientSession:
         C{delivery_latency_msec}; a wait that reached its deadline records
         C{get_timeout_msec}.
         """
-        if self.refuse_reads or self._status.blocks_reads:
-            self._check_reads("getItem")
+        self._check_reads("getItem")
         if open_read and self.count_open_reads(name) >= self._max_open:
             self._log.warn("Too many open reads on {queue} (session {sid})",
                            queue=name, sid=self.session_id)

@@ -206,10 +206,8 @@ class StartErrors(Service):
         message = getattr(self.inner, "start_error", None)
         if message is None:
             return
-        self._remove_pidfile()
-        stderr = sys.__stderr__ or sys.stderr
-        stderr.write(f"kestrel: {message}\n")
-        for stream in (sys.stdout, sys.stderr, stderr):
+        self._tell_operator(message)
+        for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
@@ -225,13 +223,16 @@ class StartErrors(Service):
             # Daemon: stderr is gone; twistd reports this exception's message
             # through its status pipe ("An error has occurred: ...") and exits 1.
             raise StartFailed(message)
-        # Foreground: twistd has replaced sys.stderr by the log, so the one
-        # line goes to the process's real stderr.
+        self._tell_operator(message)
+        raise SystemExit(1)
+
+    def _tell_operator(self, message: str) -> None:
+        """Remove the pid file and write C{kestrel: <message>} to the process's real stderr."""
+        # (twistd has replaced sys.stderr by the log, so the one line goes to the real one.)
         self._remove_pidfile()
         stderr = sys.__stderr__ or sys.stderr
         stderr.write(f"kestrel: {message}\n")
         stderr.flush()
-        raise SystemExit(1)
 
     def _remove_pidfile(self) -> None:
         """Remove twistd's pid file (it is written before the start, and left on SystemExit)."""

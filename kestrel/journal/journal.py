@@ -157,10 +157,6 @@ class FileJournal:
 
     _log = Logger()
 
-    #: Whether the read-behind reader is open: kept in step with it (a plain
-    #: attribute, since the hot path reads it per operation).
-    in_read_behind = False
-
     def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
@@ -220,6 +216,11 @@ class FileJournal:
     def is_replaying(self) -> bool:
         """Whether L{replay} is running."""
         return self._replay_file is not None
+
+    @property
+    def in_read_behind(self) -> bool:
+        """Whether the read-behind reader is open."""
+        return self._reader is not None
 
     @property
     def packing(self) -> bool:
@@ -1218,7 +1219,6 @@ class FileJournal:
             name, pos = self.queue_name, self._writer.position
         self._stop_reader()
         self._reader = _Reader(self._path(name), pos)
-        self.in_read_behind = self._reader is not None
         self._reader_file = name
         self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
                         queue=self.queue_name, file=name, offset=pos)
@@ -1227,7 +1227,6 @@ class FileJournal:
         if self._reader is not None:
             self._reader.close()
         self._reader = None
-        self.in_read_behind = self._reader is not None
         self._reader_file = None
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
@@ -1287,7 +1286,6 @@ class FileJournal:
             return
         self._stop_reader()
         self._reader = _Reader(self._path(following), 0)
-        self.in_read_behind = self._reader is not None
         self._reader_file = following
         self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
                        queue=self.queue_name, old=old, file=following)

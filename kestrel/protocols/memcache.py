@@ -274,16 +274,22 @@ class MemcacheProtocol(SessionProtocol):
             if self._have > self.max_request_size + 2:
                 self._fail(b"CLIENT_ERROR request line too long\r\n")
             return
+        self._process()
+
+    def _process(self) -> None:
+        """
+        Serve the buffered requests (L{_serve_buffer}); a bug there (bad input
+        is answered, never raised) is logged, the client is told, and the
+        server lives on.
+        """
         try:
-            self._process()
+            self._serve_buffer()
         except Exception:
-            # A bug, not bad input (that is answered above): log it, tell the
-            # client, and keep the server alive.
             self._log.failure("Memcache connection failed")
             if not self._closing:
                 self._fail(b"SERVER_ERROR internal error\r\n")
 
-    def _process(self) -> None:
+    def _serve_buffer(self) -> None:
         """
         Serve buffered requests until the buffer runs dry or one must wait.
 
@@ -408,12 +414,7 @@ class MemcacheProtocol(SessionProtocol):
         if self._in_process or self._waiting or self._closing:
             return
         if self._buf or self._parts or self._pending_set is not None or self._read_closed:
-            try:
-                self._process()
-            except Exception:
-                self._log.failure("Memcache connection failed")
-                if not self._closing:
-                    self._fail(b"SERVER_ERROR internal error\r\n")
+            self._process()
 
     def _serve(self, request: Any, data: bytes | None) -> None:
         """Run one request's handler, queueing its reply or waiting for it."""
