@@ -28,9 +28,13 @@ Workloads (1 KiB items):
   second server with `sync_journal: always` and `durable_acks: true`
   (STORED only after the fsync that covers the set), darner gets
   `set <queue>/sync` (it fsyncs that write); memcached has no durable mode;
-* with --floor, benchmarks/floor_server.py (a bare Twisted memcache queue:
-  no journal, no metrics) runs beside the others as "twisted-floor": the
-  part of txkestrel's cost that is Twisted's reactor and the kernel's;
+* with --floor, benchmarks/floor_server.py (a bare Twisted memcache queue
+  on txkestrel's reactor: no journal, no metrics) runs beside the others as
+  "twisted-floor": the part of txkestrel's cost that is the reactor's and
+  the kernel's;
+* with --epoll, txkestrel also runs on Twisted's own epoll reactor
+  (`--reactor epoll`) as "txkestrel-epoll" and, with --floor, so does the
+  floor server as "twisted-floor-epoll": what kestrel.reactor saves;
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -99,6 +103,11 @@ class Server:
     pid: int
     durable: bool = False
     queue_suffix: str = ""
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether it loses its items on exit (memcached, the floor): no queue to drain."""
+        return self.name == "memcached" or self.name.startswith("twisted-floor")
 
 
 @dataclass
@@ -439,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="memcached binary (apt-get install memcached); '' to leave it out")
     parser.add_argument("--baseline-src", type=Path,
                         help="also run txkestrel from this checkout (labelled txkestrel-before)")
+    parser.add_argument("--epoll", action="store_true",
+                        help="also run txkestrel (and, with --floor, the floor server) on "
+                             "Twisted's own epoll reactor instead of txkestrel's")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")
@@ -470,17 +482,21 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         plain: list[Server] = []
         durable: list[Server] = []
-        sources = [("txkestrel", ROOT)]
+        sources: list[tuple[str, Path, str | None]] = [("txkestrel", ROOT, None)]
+        if args.epoll:
+            sources.append(("txkestrel-epoll", ROOT, "epoll"))
         if args.baseline_src:
-            sources.append(("txkestrel-before", args.baseline_src.resolve()))
-        for label, src in sources:
+            sources.append(("txkestrel-before", args.baseline_src.resolve(), None))
+        for label, src, reactor in sources:
             port = free_port()
-            proc = stack.enter_context(kestrel_process(root / label, port, src=src))
+            proc = stack.enter_context(kestrel_process(root / label, port, src=src,
+                                                       reactor=reactor))
             plain.append(Server(label, port, proc.pid))
             if any(w.durable for w in workloads(args)):
                 port = free_port()
                 proc = stack.enter_context(kestrel_process(
-                    root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src))
+                    root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src,
+                    reactor=reactor))
                 durable.append(Server(label, port, proc.pid, durable=True))
         if args.darner:
             port = free_port()
@@ -492,9 +508,13 @@ def main(argv: list[str] | None = None) -> int:
             proc = stack.enter_context(memcached_process(args.memcached, port))
             plain.append(Server("memcached", port, proc.pid))
         if args.floor:
-            port = free_port()
-            proc = stack.enter_context(floor_process(port))
-            plain.append(Server("twisted-floor", port, proc.pid))
+            floors = [("twisted-floor", "kestrel")]
+            if args.epoll:
+                floors.append(("twisted-floor-epoll", "epoll"))
+            for label, reactor in floors:
+                port = free_port()
+                proc = stack.enter_context(floor_process(port, reactor))
+                plain.append(Server(label, port, proc.pid))
 
         for work in workloads(args):
             servers = durable if work.durable else plain
@@ -509,13 +529,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {work.name} {server.name} run {rep + 1}: {sample.cpu_us:.1f} us/"
                           f"{work.unit}, {sample.rate:,.0f} {work.unit}s/s, load "
                           f"{sample.load:.2f}", file=sys.stderr, flush=True)
-                    if server.name not in ("memcached", "twisted-floor"):
+                    if not server.in_memory:
                         drain(server.port, work.queue)
             if use_strace:
                 for server in servers:
                     with straced(server.pid, root) as counts:
                         units = work.run(server)[0]
-                    if server.name not in ("memcached", "twisted-floor"):
+                    if not server.in_memory:
                         drain(server.port, work.queue)
                     result = results[work.name, server.name]
                     result.syscalls, result.strace_units = dict(counts), units

@@ -3,15 +3,16 @@ The least a Twisted memcache queue server costs per request on this machine.
 
 Not part of the server, and not a benchmark by itself: `benchmarks/cost.py
 --floor` runs it beside txkestrel as the server "twisted-floor", to show how
-much of txkestrel's CPU per request is Twisted's reactor and the kernel's
-socket work, which no change inside txkestrel's protocol or queue code can
-remove. It answers `set <q> <flags> <exptime> <bytes>` with STORED and
-`get <q>` with the oldest item of an in-memory FIFO (or END), one request per
-line, using the same reply path as txkestrel
-(`kestrel.protocols.base.write_now`). No journal, no metrics, no sessions:
-do not use it for anything else.
+much of txkestrel's CPU per request is the reactor's and the kernel's socket
+work, which no change inside txkestrel's protocol or queue code can remove.
+It answers `set <q> <flags> <exptime> <bytes>` with STORED and `get <q>` with
+the oldest item of an in-memory FIFO (or END), one request per line, using
+the same reply path as txkestrel (`kestrel.protocols.base.write_now`) and the
+same reactor (`kestrel.reactor`; `--reactor epoll` for Twisted's own, run by
+`cost.py --epoll` as "twisted-floor-epoll"). No journal, no metrics, no
+sessions: do not use it for anything else.
 
-    python3 benchmarks/floor_server.py PORT
+    python3 benchmarks/floor_server.py [--reactor kestrel|epoll] PORT
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from twisted.internet import reactor  # noqa: E402
 from twisted.internet.protocol import Factory, Protocol  # noqa: E402
 
 from kestrel.protocols.base import write_now  # noqa: E402
@@ -78,7 +78,15 @@ def main() -> None:
         description="A bare Twisted memcache queue (set/get, in memory, no journal): the "
                     "floor of what a Twisted server costs per request. For benchmarks only.")
     parser.add_argument("port", type=int, help="loopback TCP port to listen on")
+    parser.add_argument("--reactor", choices=["kestrel", "epoll"], default="kestrel",
+                        help="txkestrel's reactor (kestrel.reactor) or Twisted's epoll reactor")
     args = parser.parse_args()
+    if args.reactor == "kestrel":
+        from kestrel.reactor import install
+
+        install()
+    from twisted.internet import reactor
+
     factory = Factory.forProtocol(FloorProtocol)
     reactor.listenTCP(args.port, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]

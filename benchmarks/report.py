@@ -157,10 +157,11 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
     if not lines:
         return []
     return ["", "*twisted-floor* (`benchmarks/floor_server.py`) is a bare Twisted memcache "
-            "queue with the same reply path and no journal, metrics or sessions: what it "
-            "costs is Twisted's reactor and the kernel's socket work, which no change inside "
-            "txkestrel's protocol or queue code removes. Its share of txkestrel's CPU: "
-            + "; ".join(lines) + "."]
+            "queue on txkestrel's reactor with the same reply path and no journal, metrics or "
+            "sessions: what it costs is the reactor's and the kernel's socket work, which no "
+            "change inside txkestrel's protocol or queue code removes (*-epoll* rows, with "
+            "`--epoll`: the same servers on Twisted's own epoll reactor). Its share of "
+            "txkestrel's CPU: " + "; ".join(lines) + "."]
 
 
 def public_command(command: str) -> str:

@@ -76,14 +76,16 @@ def serving(proc: subprocess.Popen[bytes], *ports: int) -> Iterator[None]:
 
 @contextmanager
 def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
-                    extra_config: str = "", src: Path = ROOT
+                    extra_config: str = "", src: Path = ROOT, reactor: str | None = None
                     ) -> Iterator[subprocess.Popen[bytes]]:
     """
     Run our server (`python -m twisted kestrel`) with its journals under C{workdir}.
 
     It listens on C{memcache_port} and, unless 0, C{thrift_port} (text and
     admin are off); C{extra_config} is more YAML lines; the code is the
-    checkout at C{src} (this one by default). The context is entered once
+    checkout at C{src} (this one by default); C{reactor}, if given, is
+    passed as C{--reactor} (e.g. C{"epoll"}: Twisted's own instead of
+    txkestrel's). The context is entered once
     every port accepts connections; the log is C{workdir/kestrel.log}.
     """
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +97,9 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
     )
     env = {**os.environ, "PYTHONPATH": str(src)}
     with open(workdir / "kestrel.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
-                                 "--config", str(config)], cwd=src, env=env, stdout=log,
+        chosen = ["--reactor", reactor] if reactor else []
+        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text", *chosen,
+                                 "kestrel", "--config", str(config)], cwd=src, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     with serving(proc, *(port for port in (thrift_port, memcache_port) if port)):
         yield proc
@@ -134,10 +137,15 @@ def summary(rates: list[float]) -> str:
 
 
 @contextmanager
-def floor_process(port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs (no journal)."""
+def floor_process(port: int, reactor: str = "kestrel") -> Iterator[subprocess.Popen[bytes]]:
+    """
+    C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs (no journal).
+
+    C{reactor} is C{"kestrel"} (txkestrel's) or C{"epoll"} (Twisted's own).
+    """
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
-                             str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             "--reactor", reactor, str(port)],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with serving(proc, port):
         yield proc

@@ -21,11 +21,13 @@ from twisted.application.service import IService, Service
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.reflect import qual
 
 import twisted
 from kestrel import __version__
 from kestrel.config import DEFAULT_CONFIG, ServerConfig, load_config
 from kestrel.errors import ConfigError, KestrelError
+from kestrel.reactor import install_unless_chosen
 
 __all__ = ["Options", "StartError", "StartFailed", "makeService", "version_line"]
 
@@ -141,6 +143,10 @@ class Options(usage.Options):
         except ConfigError as e:
             problems = [p.removeprefix("<overrides>: ") for p in e.problems]
             raise StartError("bad option: " + "; ".join(problems)) from e
+        # Here, before twistd or twist install their default reactor, which
+        # happens after the subcommand's options are parsed; a reactor the
+        # user chose with --reactor is already installed and kept.
+        install_unless_chosen()
         if self.config.zookeeper is not None and not _kazoo_installed():
             raise StartError(
                 f"zookeeper: {path or 'the config'} has a zookeeper section but kazoo is not "
@@ -181,8 +187,9 @@ class StartErrors(Service):
     def startService(self) -> None:
         """Log the config file and queue path, start the server, or raise L{StartError}."""
         config = self.options.config
-        self._log.info("txkestrel {version} starting: config {config}, queue_path {queue_path}",
-                       version=__version__,
+        self._log.info("txkestrel {version} starting: config {config}, queue_path {queue_path}, "
+                       "reactor {reactor}",
+                       version=__version__, reactor=qual(type(self.reactor)),
                        config=os.path.abspath(self.options["config"]) if self.options["config"]
                        else "built-in defaults",
                        queue_path=os.path.abspath(config.queue_path))

@@ -18,6 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from kestrel.reactor import install_unless_chosen  # noqa: E402
+
+# In-process tests that use the global reactor run on the server's own
+# (kestrel/reactor.py), as `twistd kestrel` does.
+install_unless_chosen()
+
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=100,
     suppress_health_check=[HealthCheck.too_slow],

@@ -347,5 +347,55 @@ def test_start_log_and_ctrl_c(tmp_path: Path) -> None:
             server.wait()
     start = next(line for line in log if "starting: config" in line)
     assert f"config {tmp_path / 'k.yaml'}, queue_path {tmp_path / 'data'}" in start
+    assert start.rstrip().endswith("reactor kestrel.reactor.KestrelReactor")
     assert server.returncode == 0, err
     assert "Received SIGINT, shutting down" in out and "kestrel stopped" in out
+
+
+@pytest.mark.parametrize("launcher, reactor_option, reactor", [
+    ("twistd", [], "kestrel.reactor.KestrelReactor"),
+    ("twist", [], "kestrel.reactor.KestrelReactor"),
+    ("twistd", ["--reactor", "kestrel"], "kestrel.reactor.KestrelReactor"),
+    ("twistd", ["--reactor", "epoll"], "twisted.internet.epollreactor.EPollReactor"),
+    ("twist", ["--reactor", "poll"], "twisted.internet.pollreactor.PollReactor"),
+])
+def test_server_runs_on_its_reactor_unless_one_is_chosen(
+        tmp_path: Path, launcher: str, reactor_option: list[str], reactor: str) -> None:
+    """
+    `twistd kestrel` and `python -m twisted kestrel` run on KestrelReactor;
+    a reactor chosen with --reactor is kept. The start-up log names it, and
+    the server answers on it.
+    """
+    port = free_port()
+    args = ["kestrel", "--queue-path", str(tmp_path / "q"), *NO_PORTS[2:],
+            "--memcache-port", str(port), "--thrift-port", "0"]
+    if launcher == "twistd":
+        command = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                   "-n", "--pidfile=", *reactor_option, *args]
+    else:
+        command = [sys.executable, "-m", "twisted", "--log-format=text", *reactor_option, *args]
+    server = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert server.stdout is not None
+        log = []
+        for line in server.stdout:
+            log.append(line)
+            if "kestrel ready" in line:
+                break
+        start = next(line for line in log if "starting: config" in line)
+        assert start.rstrip().endswith(f"reactor {reactor}"), log
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"set q 0 0 2\r\nhi\r\nget q\r\n")
+            reply = b""
+            while not reply.endswith(b"END\r\n"):
+                reply += client.recv(100)
+            assert reply == b"STORED\r\nVALUE q 0 2\r\nhi\r\nEND\r\n"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()

@@ -1,0 +1,118 @@
+"""
+The reactor txkestrel runs on: Twisted's epoll reactor with a leaner dispatch.
+
+One request at a time, a queue server wakes up once per request, so the
+reactor's cost per wake-up is paid per request. Twisted's L{EPollReactor}
+hands every ready descriptor to C{_doReadOrWrite} inside
+L{twisted.python.log.callWithLogger}, which copies and pushes a legacy log
+context (a dictionary naming the connection) around every read: about 2 us of
+Python per event on this project's machines, more than the rest of the
+reactor's loop. L{KestrelReactor} is that reactor with one change: a
+descriptor that is only readable (C{EPOLLIN} and nothing else, the usual
+event) is read directly, with the same error handling, and the same
+disconnection handling as Twisted's. Every other event (writable, hung up, in
+error) still goes through Twisted's own code, unchanged. Its main loop also
+sets up its error handler once per run instead of once per turn.
+
+What differs, and nothing else: Twisted's legacy log context (the C{system}
+of events logged through C{twisted.python.log}) is not set around every read,
+only while a read's error is logged (with the connection's name as its
+C{system}, as before) and while a connection is disconnected. txkestrel logs
+through C{twisted.logger}, which does not read that context.
+
+The C{kestrel} server installs this reactor unless a reactor was chosen with
+twistd's C{--reactor} option (C{twistd --reactor epoll -n kestrel} runs it
+on Twisted's own); it is also a reactor plugin, C{--reactor kestrel}, for
+any other twistd application. Twisted's own reactor test suites run against
+it in C{tests/test_reactor.py}.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from twisted.internet.epollreactor import EPollReactor
+from twisted.internet.posixbase import _NO_FILEDESC
+from twisted.logger import Logger
+from twisted.python import log
+
+_log = Logger()
+
+
+class KestrelReactor(EPollReactor):
+    """
+    Twisted's epoll reactor, dispatching readable descriptors with fewer layers.
+
+    It promises exactly what L{EPollReactor} promises (it is one, and passes
+    Twisted's reactor tests), at a lower CPU cost per event.
+    """
+
+    def doPoll(self, timeout: float | None) -> None:  # noqa: N802 - Twisted's name
+        """Wait up to C{timeout} seconds (forever if None) for events and dispatch them."""
+        try:
+            events = self._poller.poll(-1 if timeout is None else timeout,
+                                       len(self._selectables))
+        except InterruptedError:
+            return
+        selectables = self._selectables
+        only_readable = self._POLL_IN
+        for fd, event in events:
+            selectable = selectables.get(fd)
+            if selectable is None:
+                continue
+            if event != only_readable:
+                log.callWithLogger(selectable, self._doReadOrWrite, selectable, fd, event)
+                continue
+            try:
+                why = _NO_FILEDESC if selectable.fileno() == -1 else selectable.doRead()
+            except BaseException:
+                why = sys.exc_info()[1]
+                log.err(None, "Unhandled error while reading", system=_prefix(selectable))
+            if why:
+                log.callWithLogger(selectable, self._disconnectSelectable, selectable, why, True)
+
+    doIteration = doPoll  # noqa: N815 - Twisted's name
+
+    def mainLoop(self) -> None:  # noqa: N802 - Twisted's name
+        """Run the reactor's turns until it stops; log (and survive) an unexpected error."""
+        while self._started:
+            try:
+                while self._started:
+                    self.runUntilCurrent()
+                    timeout = self.timeout()
+                    self.doIteration(self.running and timeout)
+            except BaseException:
+                _log.failure("Unexpected error in main loop")
+        _log.info("Main loop terminated.")
+
+
+def _prefix(selectable: Any) -> str:
+    """The descriptor's log prefix (the connection's name), as Twisted's dispatch finds it."""
+    try:
+        return str(selectable.logPrefix())
+    except BaseException:
+        return "(buggy logPrefix method)"
+
+
+def install() -> KestrelReactor:
+    """Install a L{KestrelReactor} as the global reactor and return it."""
+    from twisted.internet.main import installReactor
+
+    reactor = KestrelReactor()
+    installReactor(reactor)
+    return reactor
+
+
+def install_unless_chosen() -> bool:
+    """
+    Install L{KestrelReactor} if no reactor is installed yet; whether it did.
+
+    A reactor is already installed when the user chose one (twistd's
+    C{--reactor}) or something imported C{twisted.internet.reactor}: that
+    one is kept.
+    """
+    if "twisted.internet.reactor" in sys.modules:
+        return False
+    install()
+    return True
