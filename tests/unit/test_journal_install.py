@@ -514,3 +514,124 @@ class ThreadedPackingModel(QueueModel):
 TestThreadedPackingModel = ThreadedPackingModel.TestCase
 TestThreadedPackingModel.settings = settings(stateful_step_count=80, max_examples=60,
                                              deadline=None)
+
+
+# -- rewrites with a checkpoint pending, erase during an install --------------------
+
+def test_a_rewrite_with_a_checkpoint_pending_goes_through_a_pack(tmp_path: Path,
+                                                                 clock: Clock) -> None:
+    """
+    A checkpoint set by a rotation that read-behind never got past is given
+    up by a rewrite, which goes through a pack of its own: nothing is
+    fsynced on the calling thread, and the files replay to the rewritten queue.
+    """
+    thread = ThreadFlag()
+    j = FileJournal(str(tmp_path), "q", clock, None, fsync=thread.counted(os.fsync),
+                    run_in_thread=thread)
+    j.replay(lambda record: None)
+    for n in range(4):
+        j.add(item(n))
+    j.rotate([], True)
+    thread.run_all()
+    assert j.checkpoint is not None and not j.packing
+    j.add(item(4))
+    j.remove()
+    j.rewrite([OPEN], [item(2), item(3), item(4)], 9)
+    assert j.packing
+    thread.run_all()
+    assert thread.inline_fsyncs == 0
+    assert j.checkpoint is None and not j.packing
+    assert len(os.listdir(tmp_path)) == 2
+    assert replay_state(tmp_path, clock) == ([item(n).data for n in (2, 3, 4)],
+                                             {9: item(0).data})
+    value(j.close())
+
+
+class Gate:
+    """An fsync that stops the first thread fsyncing while a C{.pack} is in C{folder}."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, fd: int) -> None:
+        if (not self.reached.is_set() and threading.current_thread() is not threading.main_thread()
+                and any(n.endswith(".pack") for n in os.listdir(self.folder))):
+            self.reached.set()
+            assert self.release.wait(30)
+        os.fsync(fd)
+
+
+def test_an_erase_while_a_pack_is_put_in_place_leaves_no_file(tmp_path: Path,
+                                                               clock: Clock) -> None:
+    """
+    An erase (a queue deleted) while a thread is putting a pack in place
+    waits for it, then deletes every file: the renamed pack does not outlive
+    the erase.
+    """
+    threads = RealThreads()
+    gate = Gate(tmp_path)
+    j = FileJournal(str(tmp_path), "q", clock, None, fsync=gate, run_in_thread=threads)
+    j.replay(lambda record: None)
+    for n in range(4):
+        j.add(item(n))
+    j.rotate([], True)
+    threads.settle()
+    j.add(item(4))
+    j.rewrite([], [item(n) for n in range(5)], 0)
+    # Hand results back until the install stops at its first fsync (the pack
+    # renamed .pack already, the directory not yet fsynced).
+    while not gate.reached.is_set():
+        thread, box, d = threads.pending[0]
+        thread.join(0.01)
+        if not thread.is_alive():
+            threads.pending.pop(0)
+            d.callback(box[0])
+    assert j.packing
+    eraser = threading.Thread(target=j.erase)
+    eraser.start()
+    eraser.join(0.2)
+    assert eraser.is_alive()  # waiting for the install
+    gate.release.set()
+    eraser.join(30)
+    threads.settle()
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_install_that_fails_leaves_a_pack_the_next_one_puts_in_place(
+        tmp_path: Path, clock: Clock) -> None:
+    """
+    An I/O error in the middle of an install (the directory fsync after the
+    rename to C{.pack}): the pack is given up with one error line, the files
+    replay as before, nothing is tidied up on the calling thread, and the
+    next pack's install puts both in place, in the thread.
+    """
+    folder = tmp_path / "q"
+    snaps = Snapshots(folder, tmp_path / "copies")
+    thread = ThreadFlag()
+    j, _ = scenario(folder, clock, snaps, thread, None)
+    snaps.armed = True
+    error = OSError(5, "Input/output error")
+
+    def fail() -> None:
+        raise error
+
+    snaps.probe = lambda: fail() if snaps.calls == 2 else None
+    with capturedLogs() as events:
+        thread.run_all()
+    snaps.armed = False
+    assert [e for e in events if "packing up to" in e.get("log_format", "")]
+    assert any(n.endswith(".pack") for n in os.listdir(folder))
+    assert j.checkpoint is None and not j.packing
+    assert replay_state(folder, clock) == EXPECTED
+    assert j.archived_size > 0
+    j.add(item(8))
+    j.rewrite([OPEN], [item(n) for n in range(3, 9)], 9)
+    thread.run_all()
+    assert thread.inline_fsyncs == 0
+    assert not any(n.endswith(".pack") for n in os.listdir(folder))
+    assert len(os.listdir(folder)) == 2
+    assert replay_state(folder, clock) == ([item(n).data for n in range(3, 9)],
+                                           {9: item(0).data})
+    value(j.close())
