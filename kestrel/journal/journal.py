@@ -493,13 +493,17 @@ class FileJournal:
         on with the next file.
         """
         os.makedirs(self.queue_path, exist_ok=True)
-        temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
-        for name in temps:
-            self._log.info("Journal {queue}: deleting unfinished {file}",
-                           queue=self.queue_name, file=name)
-            os.unlink(self._path(name))
-        if temps:
-            self._fsync_dir(self.queue_path)
+        with self._install_lock:
+            # (a reload after a failure: a pack installed in a thread meanwhile
+            # is either done or finds its ~~ file gone and gives up)
+            temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
+            for name in temps:
+                self._log.info("Journal {queue}: deleting unfinished {file}",
+                               queue=self.queue_name, file=name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(name))
+            if temps:
+                self._fsync_dir(self.queue_path)
         # Replay makes long-lived objects only: the cyclic garbage collector
         # would walk them again and again for nothing (about 20% of replay).
         # (Between slices the collector is as the caller left it.)
