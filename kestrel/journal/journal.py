@@ -231,7 +231,7 @@ class FileJournal:
 
     @property
     def packing(self) -> bool:
-        """Whether a pack is being written in a thread (a rewrite waits for it)."""
+        """Whether a pack is being written or put in place in a thread (a rewrite waits for it)."""
         return bool(self._packs)
 
     @property
@@ -1193,14 +1193,16 @@ class FileJournal:
         if self._run_in_thread is None:
             self._finish_pack(self._write_temp(parts), checkpoint, epoch)
             return
+        written: list[str] = []
         d = self._run_in_thread(lambda: self._write_temp(parts))
-        d.addCallback(self._sync_then_finish_pack, checkpoint, epoch)
-        d.addErrback(self._pack_failed, checkpoint)
+        d.addCallback(self._sync_then_finish_pack, checkpoint, epoch, written)
+        d.addErrback(self._pack_failed, checkpoint, written)
         self._packs.append(d)
         d.addBoth(self._pack_ended, d)
 
     def _sync_then_finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint,
-                               epoch: int) -> Deferred[None] | None:
+                               epoch: int, written: list[str]) -> Deferred[None] | None:
+        written.append(temp[0])
         if self._writer.closed:
             # Closing fsynced the current file already.
             return self._finish_pack(temp, checkpoint, epoch)
@@ -1275,13 +1277,16 @@ class FileJournal:
         self._log.info("Journal {queue}: packed files up to {file}", queue=self.queue_name,
                        file=checkpoint.filename)
 
-    def _pack_failed(self, failure: Failure, checkpoint: Checkpoint) -> None:
+    def _pack_failed(self, failure: Failure, checkpoint: Checkpoint,
+                     written: list[str]) -> None:
         """
         A pack could not be written or put in place: the files it would have
-        replaced stay as they are (they replay as before), the checkpoint is
-        given up (a later rotation sets a new one) and the C{~~} file goes.
-        An I/O error (a full disk) is logged in one line; anything else with
-        its traceback.
+        replaced stay as they are, or (an install stopped half-way) as the
+        pack rule would leave them; either way they replay as before. The
+        checkpoint is given up (a later rotation sets a new one) and the
+        pack's C{~~} file (C{written}, if it was written) goes; another
+        pack's is left alone. An I/O error (a full disk) is logged in one
+        line; anything else with its traceback.
         """
         if failure.check(OSError) is not None:
             self._log.error("Journal {queue}: packing up to {file} failed: {error}; the "
@@ -1292,12 +1297,11 @@ class FileJournal:
                               queue=self.queue_name, file=checkpoint.filename)
         if self.checkpoint is checkpoint:
             self._clear_checkpoint()
-        for name in self._list():
-            if name.startswith(self.queue_name + TEMP_INFIX):
-                try:
-                    os.unlink(self._path(name))
-                except OSError:
-                    pass
+        for name in written:
+            try:
+                os.unlink(self._path(name))
+            except OSError:
+                pass
 
     def _pack_ended(self, result: object, d: Deferred[None]) -> object:
         if d in self._packs:
