@@ -635,3 +635,28 @@ def test_an_install_that_fails_leaves_a_pack_the_next_one_puts_in_place(
     assert replay_state(folder, clock) == ([item(n).data for n in range(3, 9)],
                                            {9: item(0).data})
     value(j.close())
+
+
+@settings(max_examples=80, deadline=None)
+@given(files=st.dictionaries(st.integers(1, 40), st.sampled_from(["file", "pack", "both"]),
+                             max_size=10))
+def test_the_listing_without_the_rule_is_what_the_rule_leaves(files: dict[int, str]) -> None:
+    """
+    The listing used while serving (the pack rule not applied) names, in
+    order, the files that applying the rule leaves, a pack under its
+    C{.pack} name where the rule renames it.
+    """
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as tmp:
+        for ts, kind in files.items():
+            if kind in ("file", "both"):
+                Path(tmp, f"q.{ts}").write_bytes(b"")
+            if kind in ("pack", "both"):
+                Path(tmp, f"q.{ts}.pack").write_bytes(b"")
+        j = FileJournal(tmp, "q", clock, None)
+        listed = j._listed_files()
+        assert sorted(os.listdir(tmp)) == sorted(
+            [f"q.{t}" for t, k in files.items() if k != "pack"]
+            + [f"q.{t}.pack" for t, k in files.items() if k != "file"])
+        applied = j.archived_files()
+        assert [n.removesuffix(".pack") for n in listed] == applied
