@@ -58,7 +58,7 @@ class IJournal(Protocol):
 
     @property
     def packing(self) -> bool:
-        """Whether a pack is being written in a thread (no rewrite starts meanwhile)."""
+        """Whether a pack is being written or put in place in a thread (no rewrite starts)."""
         ...
 
     @property

@@ -7,8 +7,9 @@ Files in the queue directory (see docs/journal.md):
   - C{<q>.<ms>}: rotated files, replayed in ascending timestamp order before C{<q>};
   - C{<q>~~<ms>}: a file being written by a rewrite or pack; deleted at replay;
   - C{<q>.<ms>.pack}: a finished pack; it replaces every rotated file whose
-    timestamp is at most its own (the "pack rule", applied whenever the rotated
-    files are listed).
+    timestamp is at most its own (the "pack rule", applied when a pack is put
+    in place, by replay and by the inline rewrite; listings while the journal
+    serves only read the files as the rule would leave them).
 
 Every rename is followed by an fsync of the directory, and every new file is
 fsynced before it is renamed into place, so a crash at any point leaves files
@@ -56,6 +57,9 @@ from kestrel.journal.syncfile import (
 )
 
 _T = TypeVar("_T")
+
+#: Log lines (format, fields) of work done on a thread, logged on the reactor thread.
+_Notes = list[tuple[str, dict[str, object]]]
 
 __all__ = ["Checkpoint", "FileJournal", "JournalNotOpenError", "journal_queue_name"]
 
@@ -209,6 +213,9 @@ class FileJournal:
         # The descriptor whose next fsync, on the thread that set it, is
         # skipped: a file a thread has just fsynced, now being closed.
         self._presynced: tuple[int, int] | None = None
+        # Held while the pack rule runs (a pack being put in place in a
+        # thread, replay, an inline rewrite, erase): never two at once.
+        self._install_lock = threading.Lock()
 
     # -- state -------------------------------------------------------------
 
@@ -224,7 +231,7 @@ class FileJournal:
 
     @property
     def packing(self) -> bool:
-        """Whether a pack is being written in a thread (a rewrite waits for it)."""
+        """Whether a pack is being written or put in place in a thread (a rewrite waits for it)."""
         return bool(self._packs)
 
     @property
@@ -313,7 +320,23 @@ class FileJournal:
 
         The pack rule: a C{<q>.<ms>.pack} file holds everything of the rotated
         files with a timestamp up to C{ms}; those are disposed of and the
-        pack is renamed C{<q>.<ms>}.
+        pack is renamed C{<q>.<ms>}. It runs on the calling thread (replay,
+        the inline rewrite, offline tools), never at the same time as a pack
+        being put in place in a thread (L{_install_pack}).
+        """
+        notes: _Notes = []
+        try:
+            with self._install_lock:
+                return self._apply_pack_rule(notes)
+        finally:
+            self._log_notes(notes)
+
+    def _apply_pack_rule(self, notes: _Notes) -> list[str]:
+        """
+        Apply the pack rule on disk (see L{archived_files}); the caller holds
+        C{_install_lock}. What it did is appended to C{notes}, for the
+        reactor thread to log. Safe on any thread: it touches no state but
+        the files.
         """
         while True:
             timed = self._timed_files(self._list())
@@ -322,17 +345,33 @@ class FileJournal:
                 return [name for _, _, name in timed]
             ts, _, pack_name = packs[0]
             doomed = [name for t, is_pack, name in timed if t <= ts and not is_pack]
-            self._log.info("Journal {queue}: pack {file} replaces {doomed}",
-                           queue=self.queue_name, file=pack_name, doomed=doomed)
-            self._dispose(doomed)
+            notes.append(("Journal {queue}: pack {file} replaces {doomed}",
+                          {"file": pack_name, "doomed": doomed}))
+            self._dispose(doomed, notes)
             os.rename(self._path(pack_name), self._path(pack_name[:-len(PACK_SUFFIX)]))
             self._fsync_dir(self.queue_path)
 
-    def _all_files(self) -> list[str]:
-        return [*self.archived_files(), self.queue_name]
+    def _log_notes(self, notes: _Notes) -> None:
+        for text, fields in notes:
+            self._log.info(text, queue=self.queue_name, **fields)
+
+    def _listed_files(self) -> list[str]:
+        """
+        This queue's rotated files in replay order, as the pack rule would
+        leave them, without applying it (L{naming.packed_order}): a pack not
+        in place yet stands under its C{.pack} name for the files it replaces.
+
+        Read-behind and the sizes use this listing while the journal serves,
+        so that no listing renames, deletes or fsyncs anything on the reactor
+        thread. A pack (or one left by an install that failed) is put in place
+        by the next pack's install or by replay. The files it lists from a
+        file newer than every pack on are the same before, during and after
+        an install.
+        """
+        return naming.packed_order(self._timed_files(self._list()))
 
     def _file_after(self, name: str) -> str | None:
-        files = self._all_files()
+        files = [*self._listed_files(), self.queue_name]
         try:
             return files[files.index(name) + 1]
         except (ValueError, IndexError):
@@ -340,7 +379,7 @@ class FileJournal:
 
     def _compute_archived_size(self) -> None:
         total = 0
-        for name in self.archived_files():
+        for name in self._listed_files():
             try:
                 total += os.path.getsize(self._path(name))
             except FileNotFoundError:
@@ -365,32 +404,39 @@ class FileJournal:
         finally:
             os.close(fd)
 
-    def _dispose(self, names: Sequence[str]) -> None:
-        """Delete dead files, or move them into the archive when one is set."""
+    def _dispose(self, names: Sequence[str], notes: _Notes | None = None) -> None:
+        """
+        Delete dead files, or move them into the archive when one is set;
+        the directory is fsynced after. What was done is appended to
+        C{notes} (for the caller to log on the reactor thread), or logged
+        now without them.
+        """
         if not names:
             return
+        told: _Notes = [] if notes is None else notes
         if self.archive_path is None:
             for name in names:
                 try:
                     os.unlink(self._path(name))
                 except FileNotFoundError:
                     pass
-                self._log.info("Journal {queue}: deleted {file}", queue=self.queue_name,
-                               file=name)
+                told.append(("Journal {queue}: deleted {file}", {"file": name}))
             self._fsync_dir(self.queue_path)
         else:
             for name in names:
-                self._archive(name)
+                self._archive(name, told)
+        if notes is None:
+            self._log_notes(told)
 
-    def _archive(self, name: str) -> None:
+    def _archive(self, name: str, notes: _Notes) -> None:
         """Move file C{name} into the archive without ever losing it (L{naming.archive_file})."""
         archive = self.archive_path
         assert archive is not None
         target = naming.archive_file(self.queue_path, self.queue_name, name, archive,
                                      self._now_ms(), self._fsync, self._fsync_dir)
         if target is not None:
-            self._log.info("Journal {queue}: archived {file} as {target}",
-                           queue=self.queue_name, file=name, target=target)
+            notes.append(("Journal {queue}: archived {file} as {target}",
+                          {"file": name, "target": target}))
 
     # -- replay ------------------------------------------------------------
 
@@ -447,20 +493,24 @@ class FileJournal:
         on with the next file.
         """
         os.makedirs(self.queue_path, exist_ok=True)
-        temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
-        for name in temps:
-            self._log.info("Journal {queue}: deleting unfinished {file}",
-                           queue=self.queue_name, file=name)
-            os.unlink(self._path(name))
-        if temps:
-            self._fsync_dir(self.queue_path)
+        with self._install_lock:
+            # (a reload after a failure: a pack installed in a thread meanwhile
+            # is either done or finds its ~~ file gone and gives up)
+            temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
+            for name in temps:
+                self._log.info("Journal {queue}: deleting unfinished {file}",
+                               queue=self.queue_name, file=name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(name))
+            if temps:
+                self._fsync_dir(self.queue_path)
         # Replay makes long-lived objects only: the cyclic garbage collector
         # would walk them again and again for nothing (about 20% of replay).
         # (Between slices the collector is as the caller left it.)
         collecting = gc.isenabled()
         gc.disable()
         try:
-            files = self._all_files()
+            files = [*self.archived_files(), self.queue_name]
             for index, name in enumerate(files):
                 steps = self._replay_one(name, apply,
                                          truncate=reset is None or name == self.queue_name,
@@ -991,15 +1041,15 @@ class FileJournal:
         replays to an empty queue (or, before the cut is durable, to the old
         contents, as a crash just before the rewrite would).
 
-        With C{run_in_thread}, any other queue (no checkpoint pending) is
-        rewritten through a pack, with no write or fsync of its contents on
-        this thread: C{<q>} is rotated with a checkpoint (its fsyncs in a
-        thread, as L{rotate} does), and a pack of the checkpoint holding
-        exactly what the new file would hold is written and fsynced in a
-        thread (L{start_pack}); once it is in place the pack rule leaves it
-        and the new C{<q>} as the queue's only files. Until then the old
-        files are still there, and a crash replays them, as a crash just
-        before the rewrite would.
+        With C{run_in_thread}, any other queue is rewritten through a pack,
+        with no write, rename or fsync of its files on this thread: a
+        checkpoint still pending is given up, C{<q>} is rotated with a new
+        checkpoint (its fsyncs in a thread, as L{rotate} does), and a pack of
+        the checkpoint holding exactly what the new file would hold is
+        written, fsynced and put in place in a thread (L{start_pack}), which
+        leaves it and the new C{<q>} as the queue's only files. Until then
+        the old files are still there, and a crash replays them, as a crash
+        just before the rewrite would.
 
         During a rotation whose fsyncs still run, or while a pack is being
         written, the rewrite is skipped (the queue asks again later).
@@ -1019,11 +1069,16 @@ class FileJournal:
         writer = self._writer
         if (self._run_in_thread is not None and not reserved_items and not items
                 and isinstance(writer, PeriodicSyncFile) and not writer.closed
-                and self.archive_path is None and not self.archived_files()):
+                and self.archive_path is None and not self._listed_files()):
             self._rewrite_in_place(writer, xid_counter)
             return
         if (self._run_in_thread is not None and isinstance(writer, PeriodicSyncFile)
-                and not writer.closed and self.checkpoint is None):
+                and not writer.closed):
+            # A checkpoint still pending (its reader never got past it) is
+            # given up, as the inline rewrite gives it up: no pack of it is
+            # being written (checked above), and the rewrite's own pack
+            # replaces every file up to a newer checkpoint.
+            self._clear_checkpoint()
             self._rewrite_by_packing(writer, reserved_items, items, xid_counter)
             return
         temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), items))
@@ -1115,11 +1170,13 @@ class FileJournal:
         checkpoint). Kestrel writes reads opened since the checkpoint before
         all its "pent-up deletes", which loses an item when removes and
         opens interleave; this layout replays exactly.
-        It is written to a C{~~} file and fsynced (off the reactor thread
-        when C{run_in_thread} is set, else before this returns); then the
-        current file is fsynced, the pack is renamed C{<checkpoint>.pack}
-        (directory fsynced) and the pack rule puts it in place. A pack that
-        a rewrite or erase overtook is thrown away. L{close} waits for it.
+        It is written to a C{~~} file and fsynced; then the current file is
+        fsynced, the pack is renamed C{<checkpoint>.pack} (directory
+        fsynced) and the pack rule puts it in place (L{_install_pack}). With
+        C{run_in_thread} every one of these steps runs in a thread (the
+        current file's fsync as its writer's fsyncs do), else before this
+        returns. A pack that a rewrite, recovery or erase overtook is thrown
+        away. L{close} waits for it.
         """
         if not os.path.lexists(self._path(checkpoint.filename)):
             self._log.warn("Journal {queue}: checkpoint file {file} is gone; not packing",
@@ -1136,52 +1193,100 @@ class FileJournal:
         if self._run_in_thread is None:
             self._finish_pack(self._write_temp(parts), checkpoint, epoch)
             return
+        written: list[str] = []
         d = self._run_in_thread(lambda: self._write_temp(parts))
-        d.addCallback(self._sync_then_finish_pack, checkpoint, epoch)
-        d.addErrback(self._pack_failed, checkpoint)
+        d.addCallback(self._sync_then_finish_pack, checkpoint, epoch, written)
+        d.addErrback(self._pack_failed, checkpoint, written)
         self._packs.append(d)
         d.addBoth(self._pack_ended, d)
 
     def _sync_then_finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint,
-                               epoch: int) -> Deferred[None] | None:
+                               epoch: int, written: list[str]) -> Deferred[None] | None:
+        written.append(temp[0])
         if self._writer.closed:
             # Closing fsynced the current file already.
-            self._finish_pack(temp, checkpoint, epoch)
-            return None
+            return self._finish_pack(temp, checkpoint, epoch)
         d = self._writer.sync()
         d.addCallback(lambda _: self._finish_pack(temp, checkpoint, epoch))
         return d
 
-    def _finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint, epoch: int) -> None:
-        """Put a written pack in place, unless a rewrite or erase overtook it."""
+    def _finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint,
+                     epoch: int) -> Deferred[None] | None:
+        """
+        Put a written pack in place (L{_install_pack}), unless a rewrite or
+        erase overtook it: in a thread with C{run_in_thread} (the Deferred
+        fires once it is in place), else now, after an fsync of the current file.
+        """
         name = temp[0]
-        if epoch != self._epoch or not os.path.lexists(self._path(checkpoint.filename)):
-            self._log.info("Journal {queue}: pack {file} overtaken; discarded",
-                           queue=self.queue_name, file=name)
-            try:
-                os.unlink(self._path(name))
-            except FileNotFoundError:
-                pass
-            return
+        if self._run_in_thread is not None:
+            notes: _Notes = []
+            d = self._run_in_thread(lambda: self._install_pack(name, checkpoint, epoch, notes))
+            d.addBoth(self._log_notes_then, notes)
+            d.addCallback(self._pack_installed, checkpoint)
+            return d
         writer = self._writer
-        if (self._run_in_thread is None and isinstance(writer, PeriodicSyncFile)
-                and not writer.closed):
+        if isinstance(writer, PeriodicSyncFile) and not writer.closed:
             self._fsync(writer.fileno())
-        os.rename(self._path(name), self._path(checkpoint.filename + PACK_SUFFIX))
-        self._fsync_dir(self.queue_path)
+        notes = []
+        try:
+            installed = self._install_pack(name, checkpoint, epoch, notes)
+        finally:
+            self._log_notes(notes)
+        self._pack_installed(installed, checkpoint)
+        return None
+
+    def _log_notes_then(self, result: _T, notes: _Notes) -> _T:
+        self._log_notes(notes)
+        return result
+
+    def _install_pack(self, name: str, checkpoint: Checkpoint, epoch: int,
+                      notes: _Notes) -> bool:
+        """
+        Rename the fsynced pack C{name} to C{<checkpoint>.pack}, fsync the
+        directory, and apply the pack rule (dispose of the files it replaces,
+        fsync the directory, rename it C{<checkpoint>}, fsync the directory);
+        return C{True}. A pack overtaken by a rewrite, a recovery or an erase
+        (or whose checkpoint file is gone) is deleted instead: C{False}.
+
+        Runs on a thread of C{run_in_thread} when there is one: it holds
+        C{_install_lock}, reads C{_epoch} (bumped on the reactor thread
+        before anything there changes the files) and touches no other state;
+        what it did goes to C{notes}, logged on the reactor thread.
+        """
+        with self._install_lock:
+            if epoch != self._epoch or not os.path.lexists(self._path(checkpoint.filename)):
+                notes.append(("Journal {queue}: pack {file} overtaken; discarded",
+                              {"file": name}))
+                try:
+                    os.unlink(self._path(name))
+                except FileNotFoundError:
+                    pass
+                return False
+            os.rename(self._path(name), self._path(checkpoint.filename + PACK_SUFFIX))
+            self._fsync_dir(self.queue_path)
+            self._apply_pack_rule(notes)
+            return True
+
+    def _pack_installed(self, installed: bool, checkpoint: Checkpoint) -> None:
+        """On the reactor thread, once the pack is in place (or discarded): sizes, checkpoint."""
+        if not installed:
+            return
         self._compute_archived_size()
         if self.checkpoint is checkpoint:
             self._clear_checkpoint()
         self._log.info("Journal {queue}: packed files up to {file}", queue=self.queue_name,
                        file=checkpoint.filename)
 
-    def _pack_failed(self, failure: Failure, checkpoint: Checkpoint) -> None:
+    def _pack_failed(self, failure: Failure, checkpoint: Checkpoint,
+                     written: list[str]) -> None:
         """
         A pack could not be written or put in place: the files it would have
-        replaced stay as they are (they replay as before), the checkpoint is
-        given up (a later rotation sets a new one) and the C{~~} file goes.
-        An I/O error (a full disk) is logged in one line; anything else with
-        its traceback.
+        replaced stay as they are, or (an install stopped half-way) as the
+        pack rule would leave them; either way they replay as before. The
+        checkpoint is given up (a later rotation sets a new one) and the
+        pack's C{~~} file (C{written}, if it was written) goes; another
+        pack's is left alone. An I/O error (a full disk) is logged in one
+        line; anything else with its traceback.
         """
         if failure.check(OSError) is not None:
             self._log.error("Journal {queue}: packing up to {file} failed: {error}; the "
@@ -1192,12 +1297,11 @@ class FileJournal:
                               queue=self.queue_name, file=checkpoint.filename)
         if self.checkpoint is checkpoint:
             self._clear_checkpoint()
-        for name in self._list():
-            if name.startswith(self.queue_name + TEMP_INFIX):
-                try:
-                    os.unlink(self._path(name))
-                except OSError:
-                    pass
+        for name in written:
+            try:
+                os.unlink(self._path(name))
+            except OSError:
+                pass
 
     def _pack_ended(self, result: object, d: Deferred[None]) -> object:
         if d in self._packs:
@@ -1315,19 +1419,27 @@ class FileJournal:
         return gatherResults(pending, consumeErrors=True).addCallback(lambda _: None)
 
     def erase(self) -> None:
-        """Close the journal and delete (or archive) every file of the queue."""
+        """
+        Close the journal and delete (or archive) every file of the queue.
+
+        A pack being put in place in a thread is either discarded or, if it
+        got there first, finished before the files are listed (both hold
+        C{_install_lock}), so nothing it renames outlives the erase.
+        """
         self._epoch += 1
         self.close()
-        names = self._list()
-        temps = [n for n in names if n.startswith(self.queue_name + TEMP_INFIX)]
-        for name in temps:
-            os.unlink(self._path(name))
-        files = [name for _, _, name in self._timed_files(names)]
-        if self.queue_name in names:
-            files.append(self.queue_name)
-        self._dispose(files)
-        if temps and not files:
-            self._fsync_dir(self.queue_path)
+        with self._install_lock:
+            names = self._list()
+            temps = [n for n in names if n.startswith(self.queue_name + TEMP_INFIX)]
+            for name in temps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(name))
+            files = [name for _, _, name in self._timed_files(names)]
+            if self.queue_name in names:
+                files.append(self.queue_name)
+            self._dispose(files)
+            if temps and not files:
+                self._fsync_dir(self.queue_path)
         self.size = 0
         self.archived_size = 0
         self._clear_checkpoint()

@@ -46,6 +46,21 @@ def timed_files(queue_name: str, names: Iterable[str]) -> list[tuple[int, bool, 
     return out
 
 
+def packed_order(timed: Iterable[tuple[int, bool, str]]) -> list[str]:
+    """
+    Return the rotated files of C{timed} (as L{timed_files} returns them) in
+    the order replay would read them once the pack rule has run, without
+    running it: the last pack stands, under its C{.pack} name, for every file
+    up to its timestamp (earlier packs included); the files after it follow.
+    """
+    out: list[str] = []
+    for _, is_pack, name in timed:
+        if is_pack:
+            out.clear()
+        out.append(name)
+    return out
+
+
 def unique_timestamp(now_ms: int, directory: str, prefix: str) -> int:
     """Return C{now_ms} or more: above every timestamp used after C{prefix} in C{directory}."""
     ts = now_ms
