@@ -35,6 +35,8 @@ Workloads (1 KiB items):
 * with --epoll, txkestrel also runs on Twisted's own epoll reactor
   (`--reactor epoll`) as "txkestrel-epoll" and, with --floor, so does the
   floor server as "twisted-floor-epoll": what kestrel.reactor saves;
+* with --python-floor, the floor server's queue on a bare select.epoll loop
+  (no Twisted) as "python-floor": the least any Python server costs;
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -107,7 +109,7 @@ class Server:
     @property
     def in_memory(self) -> bool:
         """Whether it loses its items on exit (memcached, the floor): no queue to drain."""
-        return self.name == "memcached" or self.name.startswith("twisted-floor")
+        return self.name == "memcached" or self.name.endswith(("-floor", "-floor-epoll"))
 
 
 @dataclass
@@ -451,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epoll", action="store_true",
                         help="also run txkestrel (and, with --floor, the floor server) on "
                              "Twisted's own epoll reactor instead of txkestrel's")
+    parser.add_argument("--python-floor", action="store_true",
+                        help="also run benchmarks/floor_server.py --reactor none (the same "
+                             "queue on a bare select.epoll loop, no Twisted) as python-floor")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")
@@ -507,14 +512,15 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             proc = stack.enter_context(memcached_process(args.memcached, port))
             plain.append(Server("memcached", port, proc.pid))
-        if args.floor:
-            floors = [("twisted-floor", "kestrel")]
-            if args.epoll:
-                floors.append(("twisted-floor-epoll", "epoll"))
-            for label, reactor in floors:
-                port = free_port()
-                proc = stack.enter_context(floor_process(port, reactor))
-                plain.append(Server(label, port, proc.pid))
+        floors = [("twisted-floor", "kestrel")] if args.floor else []
+        if args.floor and args.epoll:
+            floors.append(("twisted-floor-epoll", "epoll"))
+        if args.python_floor:
+            floors.append(("python-floor", "none"))
+        for label, reactor in floors:
+            port = free_port()
+            proc = stack.enter_context(floor_process(port, reactor))
+            plain.append(Server(label, port, proc.pid))
 
         for work in workloads(args):
             servers = durable if work.durable else plain

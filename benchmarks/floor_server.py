@@ -9,15 +9,19 @@ It answers `set <q> <flags> <exptime> <bytes>` with STORED and `get <q>` with
 the oldest item of an in-memory FIFO (or END), one request per line, using
 the same reply path as txkestrel (`kestrel.protocols.base.write_now`) and the
 same reactor (`kestrel.reactor`; `--reactor epoll` for Twisted's own, run by
-`cost.py --epoll` as "twisted-floor-epoll"). No journal, no metrics, no
-sessions: do not use it for anything else.
+`cost.py --epoll` as "twisted-floor-epoll"; `--reactor none` for a bare
+`select.epoll` loop without Twisted, run by `cost.py --python-floor` as
+"python-floor": the least any Python server costs). No journal, no metrics,
+no sessions: do not use it for anything else.
 
-    python3 benchmarks/floor_server.py [--reactor kestrel|epoll] PORT
+    python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] PORT
 """
 
 from __future__ import annotations
 
 import argparse
+import select
+import socket
 import sys
 from collections import defaultdict, deque
 from pathlib import Path
@@ -33,6 +37,36 @@ from kestrel.protocols.base import write_now  # noqa: E402
 QUEUES: defaultdict[bytes, deque[bytes]] = defaultdict(deque)
 
 
+def answer(buf: bytes) -> tuple[bytes, bytes]:
+    """Serve every complete set/get in C{buf}: (all their replies, the incomplete rest)."""
+    out = []
+    pos = 0
+    while True:
+        nl = buf.find(b"\r\n", pos)
+        if nl < 0:
+            break
+        words = buf[pos:nl].split()
+        if words and words[0] == b"set" and len(words) >= 5:
+            end = nl + 2 + int(words[4])
+            if len(buf) < end + 2:
+                break
+            QUEUES[words[1]].append(buf[nl + 2:end])
+            out.append(b"STORED\r\n")
+            pos = end + 2
+        elif words and words[0] == b"get" and len(words) >= 2:
+            q = QUEUES.get(words[1])
+            if q:
+                item = q.popleft()
+                out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
+            else:
+                out.append(b"END\r\n")
+            pos = nl + 2
+        else:
+            out.append(b"ERROR\r\n")
+            pos = nl + 2
+    return (out[0] if len(out) == 1 else b"".join(out)), buf[pos:]
+
+
 class FloorProtocol(Protocol):
     """Serve every complete set/get in the buffer; one write of all replies."""
 
@@ -41,35 +75,50 @@ class FloorProtocol(Protocol):
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted hook
         """Parse and answer what is complete; keep the rest."""
-        buf = self.buf + data if self.buf else data
-        out = []
-        pos = 0
-        while True:
-            nl = buf.find(b"\r\n", pos)
-            if nl < 0:
-                break
-            words = buf[pos:nl].split()
-            if words and words[0] == b"set" and len(words) >= 5:
-                end = nl + 2 + int(words[4])
-                if len(buf) < end + 2:
-                    break
-                QUEUES[words[1]].append(buf[nl + 2:end])
-                out.append(b"STORED\r\n")
-                pos = end + 2
-            elif words and words[0] == b"get" and len(words) >= 2:
-                q = QUEUES.get(words[1])
-                if q:
-                    item = q.popleft()
-                    out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
-                else:
-                    out.append(b"END\r\n")
-                pos = nl + 2
-            else:
-                out.append(b"ERROR\r\n")
-                pos = nl + 2
-        self.buf = buf[pos:]
-        if out:
-            write_now(self.transport, out[0] if len(out) == 1 else b"".join(out))
+        replies, self.buf = answer(self.buf + data if self.buf else data)
+        if replies:
+            write_now(self.transport, replies)
+
+
+def serve_without_twisted(port: int) -> None:
+    """
+    The same server as a bare C{select.epoll} loop (no Twisted): the least
+    any Python event loop costs. Replies are sent with one C{send}; a client
+    that does not read them all is dropped (the benchmark clients read).
+    """
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.setblocking(False)
+    poller = select.epoll()
+    poller.register(listener.fileno(), select.EPOLLIN)
+    connections: dict[int, tuple[socket.socket, list[bytes]]] = {}
+    while True:
+        for fd, _ in poller.poll():
+            if fd == listener.fileno():
+                client, _ = listener.accept()
+                client.setblocking(False)
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                connections[client.fileno()] = (client, [b""])
+                poller.register(client.fileno(), select.EPOLLIN)
+                continue
+            client, held = connections[fd]
+            try:
+                data = client.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if data:
+                replies, held[0] = answer(held[0] + data if held[0] else data)
+                try:
+                    if not replies or client.send(replies) == len(replies):
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    pass
+            poller.unregister(fd)
+            del connections[fd]
+            client.close()
 
 
 def main() -> None:
@@ -78,9 +127,13 @@ def main() -> None:
         description="A bare Twisted memcache queue (set/get, in memory, no journal): the "
                     "floor of what a Twisted server costs per request. For benchmarks only.")
     parser.add_argument("port", type=int, help="loopback TCP port to listen on")
-    parser.add_argument("--reactor", choices=["kestrel", "epoll"], default="kestrel",
-                        help="txkestrel's reactor (kestrel.reactor) or Twisted's epoll reactor")
+    parser.add_argument("--reactor", choices=["kestrel", "epoll", "none"], default="kestrel",
+                        help="txkestrel's reactor (kestrel.reactor), Twisted's epoll reactor, "
+                             "or none: a bare select.epoll loop without Twisted")
     args = parser.parse_args()
+    if args.reactor == "none":
+        serve_without_twisted(args.port)
+        return
     if args.reactor == "kestrel":
         from kestrel.reactor import install
 

@@ -141,7 +141,8 @@ def floor_process(port: int, reactor: str = "kestrel") -> Iterator[subprocess.Po
     """
     C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs (no journal).
 
-    C{reactor} is C{"kestrel"} (txkestrel's) or C{"epoll"} (Twisted's own).
+    C{reactor} is C{"kestrel"} (txkestrel's), C{"epoll"} (Twisted's own) or
+    C{"none"} (a bare C{select.epoll} loop, no Twisted).
     """
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
                              "--reactor", reactor, str(port)],
