@@ -36,6 +36,9 @@ from kestrel.protocols.base import write_now  # noqa: E402
 
 QUEUES: defaultdict[bytes, deque[bytes]] = defaultdict(deque)
 
+#: The listen() backlog, txkestrel's default `listen_backlog`.
+BACKLOG = 1024
+
 
 def answer(buf: bytes) -> tuple[bytes, bytes]:
     """Serve every complete set/get in C{buf}: (all their replies, the incomplete rest)."""
@@ -86,7 +89,7 @@ def serve_without_twisted(port: int) -> None:
     any Python event loop costs. Replies are sent with one C{send}; a client
     that does not read them all is dropped (the benchmark clients read).
     """
-    listener = socket.create_server(("127.0.0.1", port))
+    listener = socket.create_server(("127.0.0.1", port), backlog=BACKLOG)
     listener.setblocking(False)
     poller = select.epoll()
     poller.register(listener.fileno(), select.EPOLLIN)
@@ -141,7 +144,7 @@ def main() -> None:
     from twisted.internet import reactor
 
     factory = Factory.forProtocol(FloorProtocol)
-    reactor.listenTCP(args.port, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+    reactor.listenTCP(args.port, factory, backlog=BACKLOG, interface="127.0.0.1")  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]
 
 

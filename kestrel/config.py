@@ -552,6 +552,7 @@ class ServerConfig:
     """
 
     listen_address: str = "127.0.0.1"
+    listen_backlog: int = 1024
     memcache_port: int | None = 22133
     text_port: int | None = 2222
     thrift_port: int | None = 2229
@@ -677,6 +678,7 @@ _QUEUE_KEYS: dict[str, Callable[[object], Any]] = {
 
 _SERVER_SCALARS: dict[str, Callable[[object], Any]] = {
     "listen_address": _required(_text),
+    "listen_backlog": _required(_positive(_count)),
     "memcache_port": _port,
     "text_port": _port,
     "thrift_port": _port,

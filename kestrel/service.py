@@ -125,7 +125,8 @@ def _listeners(config: ServerConfig, server: KestrelServer,
     ]:
         if port:
             address = config.admin_address if name == "admin" else config.listen_address
-            endpoint = TCP4ServerEndpoint(reactor, port, interface=address)
+            endpoint = TCP4ServerEndpoint(reactor, port, backlog=config.listen_backlog,
+                                          interface=address)
             listeners.append(ListenerService(name, endpoint, make(server)))
     return listeners
 
