@@ -660,3 +660,31 @@ def test_the_listing_without_the_rule_is_what_the_rule_leaves(files: dict[int, s
             + [f"q.{t}.pack" for t, k in files.items() if k != "file"])
         applied = j.archived_files()
         assert [n.removesuffix(".pack") for n in listed] == applied
+
+
+def test_a_pack_that_fails_removes_its_own_temp_file_only(tmp_path: Path, clock: Clock) -> None:
+    """
+    A pack whose write fails (a full disk at its fsync) removes its own
+    C{~~} file and leaves another C{~~} file (another pack's, still being
+    written) alone; the files replay as before and the checkpoint is given up.
+    """
+    folder = tmp_path / "q"
+    other = folder / "q~~1"
+
+    def full_disk_for_temp_files(fd: int) -> None:
+        if "~~" in os.readlink(f"/proc/self/fd/{fd}"):
+            other.write_bytes(b"another pack, still being written")
+            raise OSError(28, "No space left on device")
+        os.fsync(fd)
+
+    thread = ThreadFlag()
+    with capturedLogs() as events:
+        j, _ = scenario(folder, clock, full_disk_for_temp_files, thread, None)
+        thread.run_all()
+    assert [e for e in events if "packing up to" in e.get("log_format", "")]
+    assert sorted(n for n in os.listdir(folder) if "~~" in n) == ["q~~1"]
+    assert j.checkpoint is None and not j.packing
+    assert thread.inline_fsyncs == 0
+    other.unlink()
+    assert replay_state(folder, clock) == EXPECTED
+    value(j.close())
