@@ -118,7 +118,7 @@ def test_close_during_a_rotation_waits_for_its_fsyncs(tmp_path, clock: Clock) ->
     assert value(old) is None and value(new) is None and value(closed) is None
 
 
-def test_empty_rewrite_in_place_fsyncs_in_the_thread(tmp_path, clock: Clock) -> None:
+def test_empty_rewrite_fsyncs_in_the_thread(tmp_path, clock: Clock) -> None:
     journal, thread, fsyncs = open_journal(tmp_path, clock)
     added = journal.add(item(b"one"))
     removed = journal.remove()
@@ -133,6 +133,84 @@ def test_empty_rewrite_in_place_fsyncs_in_the_thread(tmp_path, clock: Clock) -> 
     assert sorted(os.listdir(tmp_path)) == ["q"]
     value(journal.close())
     assert replayed(tmp_path, clock) == [rec.SaveXid(7), rec.Add(b"two", 1_767_225_600_000, 0)]
+
+
+def deleted_but_open(folder: Any) -> list[str]:
+    """The files of C{folder} deleted but still open in this process (their blocks not freed)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(f"{folder}/") and target.endswith(" (deleted)"):
+            out.append(target)
+    return out
+
+
+def test_empty_rewrite_frees_the_old_file_in_the_thread(tmp_path, clock: Clock) -> None:
+    """
+    The old file of an empty rewrite is replaced, not cut in place: its last
+    descriptor is closed, and its blocks freed, by a thread job; the writes
+    to it are acknowledged once the directory fsync has made the replacement
+    durable, and new writes wait for it too.
+    """
+    journal, thread, fsyncs = open_journal(tmp_path, clock)
+    for _ in range(50):
+        journal.add(item(b"x" * 1000))
+        journal.remove()
+    last = journal.remove()
+    old_inode = os.stat(tmp_path / "q").st_ino
+    thread.run_all()
+    journal.rewrite([], [], xid_counter=3)
+    assert os.stat(tmp_path / "q").st_ino != old_inode
+    # The old writer's descriptor and the thread's duplicate.
+    assert deleted_but_open(tmp_path) == [f"{tmp_path / 'q'} (deleted)"] * 2
+    after = journal.add(item(b"after"))
+    thread.run_next()  # the directory fsync
+    assert value(after) is PENDING
+    assert deleted_but_open(tmp_path) == [f"{tmp_path / 'q'} (deleted)"]
+    thread.run_all()  # the old file's last close, the new file's fsync
+    assert value(last) is None
+    assert deleted_but_open(tmp_path) == []
+    assert value(after) is None
+    assert fsyncs.inline == 0
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [rec.SaveXid(3),
+                                         rec.Add(b"after", 1_767_225_600_000, 0)]
+
+
+def test_empty_rewrite_whose_directory_fsync_fails(tmp_path, clock: Clock) -> None:
+    """
+    If the directory fsync after the replacement fails, the failure is
+    reported (the queue then recovers its journal, as after any failed
+    fsync), and the old file is still freed in a thread.
+    """
+    thread = ThreadFlag()
+    failing: list[bool] = []
+
+    def fsync(fd: int) -> None:
+        if failing and stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+
+    journal = FileJournal(str(tmp_path), "q", clock, 0.0, fsync=fsync, run_in_thread=thread)
+    journal.replay(lambda record: None)
+    reported: list[tuple[str, OSError]] = []
+    journal.on_failure = lambda kind, error: reported.append((kind, error))
+    journal.add(item(b"one"))
+    journal.remove()
+    thread.run_all()
+    failing.append(True)
+    with capturedLogs() as events:
+        journal.rewrite([], [], xid_counter=3)
+        thread.run_next()
+    assert [kind for kind, _ in reported] == ["fsync"]
+    assert any("empty rewrite failed" in e.get("log_format", "") for e in events)
+    failing.clear()
+    thread.run_all()
+    assert deleted_but_open(tmp_path) == []
 
 
 def open_queue(path, clock: Clock) -> tuple[PersistentQueue, ThreadFlag, Fsyncs]:
