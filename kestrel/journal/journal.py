@@ -1123,7 +1123,7 @@ class FileJournal:
         An empty C{<q>~~<ms>} is renamed over C{<q>}. A duplicate of the old
         writer's descriptor keeps the old file alive until a thread closes
         it, so that the kernel frees its blocks there: cutting a 16 MiB
-        journal to nothing in place took 3-15 ms on the calling thread. The
+        journal to nothing in place took about 4 ms on the calling thread. The
         directory is fsynced in a thread, as after a rotation, and until it
         is the new file's fsyncs wait; then the old file's writes are
         acknowledged (what they did is cut: the queue is empty).
