@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,12 @@ def _reply(sock: socket.socket, buf: bytearray, end: bytes) -> bytes:
         buf += chunk
 
 
+def _kill(proc: subprocess.Popen[bytes], killed_at: list[float]) -> None:
+    """SIGKILL C{proc}, noting when in C{killed_at}."""
+    killed_at.append(time.monotonic())
+    proc.kill()
+
+
 def _get(sock: socket.socket, buf: bytearray) -> bytes | None:
     sock.sendall(b"get q\r\n")
     reply = _reply(sock, buf, b"END\r\n")
@@ -64,13 +71,7 @@ def test_kill_during_empty_rewrites_loses_and_brings_back_nothing(
         maybe: set[bytes] = set()  # a reply the kill may have cut off
         assert server.proc is not None
         killed_at: list[float] = []
-        proc = server.proc
-
-        def kill() -> None:
-            killed_at.append(time.monotonic())
-            proc.kill()
-
-        killer = threading.Timer(rng.uniform(0.2, 0.6), kill)
+        killer = threading.Timer(rng.uniform(0.2, 0.6), _kill, (server.proc, killed_at))
         killer.start()
         n = 0
         get_sent_at = 0.0
