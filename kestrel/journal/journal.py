@@ -577,12 +577,13 @@ class FileJournal:
         for job, d in gated:
             self._run_in_thread(job).chainDeferred(d)
 
-    def _close_presynced(self, writer: PeriodicSyncFile) -> Callable[[], None]:
+    def _close_presynced(self, writer: PeriodicSyncFile) -> Callable[..., None]:
         """
         Close C{writer} without an fsync; return the function that fires its
-        pending acknowledgements. The caller makes them true otherwise: a
-        thread fsynced the file after its last write (rotation), or a later
-        fsync of the same file covers what they stand for (in-place rewrite).
+        pending acknowledgements (or, given a L{Failure}, fails them). The
+        caller makes them true otherwise: a thread fsynced the file after its
+        last write (rotation), or a directory fsync makes the file that
+        replaced it durable (empty rewrite).
         """
         self._presynced = (writer.fileno(), threading.get_ident())
         try:
@@ -1120,13 +1121,15 @@ class FileJournal:
         Replace C{<q>} by a new file holding only SAVE_XID, with no fsync and
         no freeing of the old file's blocks on this thread.
 
-        An empty C{<q>~~<ms>} is renamed over C{<q>}. A duplicate of the old
-        writer's descriptor keeps the old file alive until a thread closes
-        it, so that the kernel frees its blocks there: cutting a 16 MiB
-        journal to nothing in place took about 4 ms on the calling thread. The
-        directory is fsynced in a thread, as after a rotation, and until it
-        is the new file's fsyncs wait; then the old file's writes are
-        acknowledged (what they did is cut: the queue is empty).
+        An empty C{<q>~~<ms>} is renamed over C{<q>} and the old writer
+        closed; a duplicate of its descriptor keeps the old file alive until
+        the one thread job of the rewrite fsyncs the directory and closes it,
+        so that the kernel frees the old file's blocks there (cutting a
+        16 MiB journal to nothing in place took about 4 ms on the calling
+        thread). Until that job ends the new file's fsyncs wait, as after a
+        rotation; then the old file's writes are acknowledged (what they did
+        is cut: the queue is empty), or failed if the directory fsync
+        failed. SAVE_XID is made durable by the sync policy, as any write.
         """
         self._epoch += 1
         self._stop_reader()
@@ -1141,34 +1144,39 @@ class FileJournal:
                 os.unlink(self._path(name))
             raise
         keep = os.dup(old.fileno())
+        acknowledge = self._close_presynced(old)
         self._writer = new = self._open_writer()
         queue_path = self.queue_path
-        done = self._run_in_thread(lambda: self._fsync_dir(queue_path))  # type: ignore[misc]
+
+        def sync_directory_then_free() -> None:
+            try:
+                self._fsync_dir(queue_path)
+            finally:
+                os.close(keep)
+
+        done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
         self._maintenance = done
-        done.addBoth(self._replacement_synced, old, keep)
+        done.addBoth(self._replacement_synced, acknowledge)
         new.write(rec.SaveXid(xid_counter).encode()).addErrback(_log_failure)
-        new.sync().addErrback(lambda _: None)  # (a failure reaches on_failure)
         self.size = new.position
         self._compute_archived_size()
         self._log.info("Journal {queue}: rewritten (empty)", queue=self.queue_name)
 
-    def _replacement_synced(self, result: object, old: PeriodicSyncFile, keep: int) -> None:
+    def _replacement_synced(self, result: object, acknowledge: Callable[..., None]) -> None:
         """
-        The directory fsync after an empty rewrite ended: acknowledge (or, if
-        it failed, fail) the old file's writes, close the old file's last
-        descriptor in a thread, let the new file sync.
+        The directory fsync after an empty rewrite ended (the old file is
+        freed): acknowledge the old file's writes, or fail them and report
+        the failure, and let the new file sync.
         """
         self._maintenance = None
         if isinstance(result, Failure):
             self._log.error("Journal {queue}: fsync after an empty rewrite failed: {error}",
                             queue=self.queue_name, error=result.value)
-            old.abandon(result.value).addErrback(_log_failure)
+            acknowledge(result)
             if isinstance(result.value, OSError):
                 self._writer_failed("fsync", result.value)
         else:
-            self._close_presynced(old)()
-        assert self._run_in_thread is not None
-        self._run_in_thread(lambda: os.close(keep)).addErrback(_log_failure)
+            acknowledge()
         self._release_gated()
 
     def _reopen(self) -> None:

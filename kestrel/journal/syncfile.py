@@ -42,7 +42,7 @@ length is the number of writes covered, possibly 0 for a bare L{sync}).
 """
 
 
-def _nothing() -> None:
+def _nothing(failure: Failure | None = None) -> None:
     return None
 
 
@@ -465,10 +465,12 @@ class PeriodicSyncFile:
         fire()
         return done
 
-    def close_deferring(self) -> tuple[Deferred[None], Callable[[], None]]:
+    def close_deferring(self) -> tuple[Deferred[None], Callable[..., None]]:
         """
         Like L{close}, but the Deferreds of the writes that the final fsync
-        covered fire only when the returned function is called.
+        covered fire only when the returned function is called; called with
+        a L{Failure}, it fails them with it instead (the caller found their
+        durability in doubt after all).
 
         A journal that swaps files (rotation, rewrite) calls it once the new
         file is in place, so that whatever those acknowledgements set off
@@ -501,12 +503,13 @@ class PeriodicSyncFile:
             self.durable_position = self.position
             if self._on_fsync is not None:
                 self._report_fsync(started, times)
-        def fire() -> None:
+        def fire(failure: Failure | None = None) -> None:
+            outcome = error if failure is None else failure
             for d in covered:
-                if error is None:
+                if outcome is None:
                     d.callback(None)
                 else:
-                    d.errback(error)
+                    d.errback(outcome)
 
         self._close_error = error
         if self._syncing:

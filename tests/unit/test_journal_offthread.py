@@ -151,9 +151,9 @@ def deleted_but_open(folder: Any) -> list[str]:
 def test_empty_rewrite_frees_the_old_file_in_the_thread(tmp_path, clock: Clock) -> None:
     """
     The old file of an empty rewrite is replaced, not cut in place: its last
-    descriptor is closed, and its blocks freed, by a thread job; the writes
-    to it are acknowledged once the directory fsync has made the replacement
-    durable, and new writes wait for it too.
+    descriptor is closed, and its blocks freed, by the rewrite's one thread
+    job, after the directory fsync; the writes to it are acknowledged once
+    that job has made the replacement durable, and new writes wait for it too.
     """
     journal, thread, fsyncs = open_journal(tmp_path, clock)
     for _ in range(50):
@@ -164,13 +164,14 @@ def test_empty_rewrite_frees_the_old_file_in_the_thread(tmp_path, clock: Clock) 
     thread.run_all()
     journal.rewrite([], [], xid_counter=3)
     assert os.stat(tmp_path / "q").st_ino != old_inode
-    # The old writer's descriptor and the thread's duplicate.
-    assert deleted_but_open(tmp_path) == [f"{tmp_path / 'q'} (deleted)"] * 2
-    after = journal.add(item(b"after"))
-    thread.run_next()  # the directory fsync
-    assert value(after) is PENDING
+    # Only the thread's duplicate holds the old file.
     assert deleted_but_open(tmp_path) == [f"{tmp_path / 'q'} (deleted)"]
-    thread.run_all()  # the old file's last close, the new file's fsync
+    after = journal.add(item(b"after"))
+    assert len(thread.jobs) == 1
+    thread.run_next()  # the directory fsync, then the old file's last close
+    assert deleted_but_open(tmp_path) == []
+    assert value(after) is PENDING  # its fsync waited for the job
+    thread.run_all()
     assert value(last) is None
     assert deleted_but_open(tmp_path) == []
     assert value(after) is None
@@ -208,9 +209,9 @@ def test_empty_rewrite_whose_directory_fsync_fails(tmp_path, clock: Clock) -> No
         thread.run_next()
     assert [kind for kind, _ in reported] == ["fsync"]
     assert any("empty rewrite failed" in e.get("log_format", "") for e in events)
+    assert deleted_but_open(tmp_path) == []
     failing.clear()
     thread.run_all()
-    assert deleted_but_open(tmp_path) == []
 
 
 def open_queue(path, clock: Clock) -> tuple[PersistentQueue, ThreadFlag, Fsyncs]:

@@ -14,6 +14,7 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
 
 from kestrel.journal.syncfile import PeriodicSyncFile, SyncFileClosedError
 from tests.support import ManualThread
@@ -324,3 +325,20 @@ def test_failed_os_write_cuts_partial_data(tmp_path: Path, clock: Clock) -> None
     assert len(errors) == 1 and isinstance(errors[0].value, OSError)
     assert f.position == 2
     os.close(fd)
+
+
+def test_close_deferring_can_fail_the_writes_it_covered(tmp_path, clock) -> None:
+    """
+    The function close_deferring returns fails the covered writes when given
+    a failure (their durability turned out to be in doubt), instead of
+    acknowledging them.
+    """
+    f = PeriodicSyncFile(str(tmp_path / "q"), clock, 1.0)
+    written = f.write(b"one")
+    closed, fire = f.close_deferring()
+    assert not written.called
+    failed: list[Failure] = []
+    written.addErrback(failed.append)
+    fire(Failure(OSError(5, "Input/output error")))
+    assert failed and failed[0].check(OSError)
+    assert closed.called
