@@ -386,6 +386,7 @@ class PersistentQueue:
         if self._journal_state is not _OK:
             return fail(JournalUnavailable(self.name, self._journal_reason))
         items = self._items
+        # (_sweep's own first test, inlined: on this path the call costs more than the test)
         if items and (items[0].expiry_ms or cfg.max_age is not None):
             self._sweep(None)
         max_items = cfg.max_items
@@ -491,7 +492,7 @@ class PersistentQueue:
         if self._open_since and self._config.open_transaction_timeout is not None:
             self._time_out_open_reads()
         items = self._items
-        if items and (items[0].expiry_ms or self._config.max_age is not None):
+        if items and (items[0].expiry_ms or self._config.max_age is not None):  # (as in add)
             self._sweep(None)
         item = self._pop_head()
         if item is None:

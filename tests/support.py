@@ -122,6 +122,33 @@ class ManualThread:
             d.errback(error)
 
 
+class ThreadFlag(ManualThread):
+    """
+    A ManualThread that says when one of its jobs is running (C{running}),
+    so that an injected fsync can tell the thread from the calling thread.
+    A job's Deferred fires after the job, outside it, as on the reactor.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = False
+
+    def run_next(self) -> None:
+        """Run the oldest job as a thread would; its Deferred fires after, as on the reactor."""
+        job, d = self.jobs.pop(0)
+        self.running = True
+        try:
+            result = job()
+        except Exception as e:
+            self.running = False
+            d.errback(e)
+        else:
+            self.running = False
+            d.callback(result)
+        finally:
+            self.running = False
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

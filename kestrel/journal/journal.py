@@ -994,13 +994,13 @@ class FileJournal:
         """The records of a compact journal (L{pack.dump_records}), empty items stamped now."""
         return dump_records(xid_counter, reserved_items, middle, items, self._now_ms())
 
-    def _new_temp(self) -> tuple[str, BinaryIO]:
+    def _new_temp(self, buffering: int = 1024 * 1024) -> tuple[str, BinaryIO]:
         """Create a new, empty C{<q>~~<ms>} file; return its name and the file, open for writing."""
         ts = self._now_ms()
         while True:
             name = f"{self.queue_name}{TEMP_INFIX}{ts}"
             try:
-                return name, open(self._path(name), "xb", buffering=1024 * 1024,
+                return name, open(self._path(name), "xb", buffering=buffering,
                                   opener=self._opener)
             except FileExistsError:
                 ts += 1
@@ -1135,7 +1135,7 @@ class FileJournal:
         self._stop_reader()
         self._clear_checkpoint()
         old.flush()
-        name, f = self._new_temp()
+        name, f = self._new_temp(buffering=0)
         f.close()
         try:
             os.rename(self._path(name), self._path(self.queue_name))
@@ -1159,7 +1159,7 @@ class FileJournal:
         done.addBoth(self._replacement_synced, acknowledge)
         new.write(rec.SaveXid(xid_counter).encode()).addErrback(_log_failure)
         self.size = new.position
-        self._compute_archived_size()
+        self.archived_size = 0  # (rewrite() found no rotated files)
         self._log.info("Journal {queue}: rewritten (empty)", queue=self.queue_name)
 
     def _replacement_synced(self, result: object, acknowledge: Callable[..., None]) -> None:

@@ -332,11 +332,7 @@ class MemcacheProtocol(SessionProtocol):
                     data = buf[pos:end]
                     pos = end + 2
                     self._pending_set = None
-                    if pos < size and not self._batch_open:
-                        # More input follows: hold this pass's writes from here on.
-                        self._batch_open = True
-                        self.begin_write_batch()
-                    self._serve(pending, data)
+                    self._serve(pending, data, pos < size)
                     continue
                 if pos < size and buf[pos] == BINARY_REQUEST_MAGIC:
                     if size - pos < BINARY_HEADER_SIZE:
@@ -385,10 +381,7 @@ class MemcacheProtocol(SessionProtocol):
                         break
                     self._pending_set = request
                     continue
-                if pos < size and not self._batch_open:
-                    self._batch_open = True
-                    self.begin_write_batch()
-                self._serve(request, None)
+                self._serve(request, None, pos < size)
         finally:
             self._buf = buf[pos:] if pos else buf
             self._have = len(self._buf)
@@ -416,8 +409,15 @@ class MemcacheProtocol(SessionProtocol):
         if self._buf or self._parts or self._pending_set is not None or self._read_closed:
             self._process()
 
-    def _serve(self, request: Any, data: bytes | None) -> None:
-        """Run one request's handler, queueing its reply or waiting for it."""
+    def _serve(self, request: Any, data: bytes | None, more: bool) -> None:
+        """
+        Run one request's handler, queueing its reply or waiting for it. With
+        C{more} input after it, the pass's write batch opens first (if not yet).
+        """
+        if more and not self._batch_open:
+            # More input follows: hold this pass's writes from here on.
+            self._batch_open = True
+            self.begin_write_batch()
         try:
             if data is not None:
                 reply = self._set(request, data)

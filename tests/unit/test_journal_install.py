@@ -36,6 +36,7 @@ from kestrel.item import QItem
 from kestrel.journal import records as rec
 from kestrel.journal.journal import Checkpoint, FileJournal
 from kestrel.queue import PersistentQueue
+from tests import support
 from tests.compat.model import queue_state
 from tests.support import ManualThread
 from tests.unit.test_queue import PENDING, datas, value
@@ -360,28 +361,12 @@ def is_install(job: Callable[[], object]) -> bool:
     return "_finish_pack" in getattr(job, "__qualname__", "")
 
 
-class ThreadFlag(ManualThread):
-    """A ManualThread that counts the fsyncs made outside its jobs (see L{counted})."""
+class ThreadFlag(support.ThreadFlag):
+    """A ThreadFlag that counts the fsyncs made outside its jobs (see L{counted})."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.running = False
         self.inline_fsyncs = 0
-
-    def run_next(self) -> None:
-        """Run the oldest job as a thread would; its Deferred fires after, as on the reactor."""
-        job, d = self.jobs.pop(0)
-        self.running = True
-        try:
-            result = job()
-        except Exception as e:
-            self.running = False
-            d.errback(e)
-        else:
-            self.running = False
-            d.callback(result)
-        finally:
-            self.running = False
 
     def run_all_but_installs(self) -> None:
         """Run every job (and those they queue) except a pack's install, which stays queued."""

@@ -15,7 +15,7 @@ from kestrel.item import QItem
 from kestrel.journal import records as rec
 from kestrel.journal.journal import FileJournal
 from kestrel.queue import PersistentQueue
-from tests.support import ManualThread
+from tests.support import ThreadFlag
 from tests.unit.test_queue import PENDING, datas, value
 
 
@@ -33,29 +33,6 @@ class Fsyncs:
         else:
             self.inline += 1
         os.fsync(fd)
-
-
-class ThreadFlag(ManualThread):
-    """A ManualThread that says when one of its jobs is running."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.running = False
-
-    def run_next(self) -> None:
-        """Run the oldest job as a thread would; its Deferred fires after, as on the reactor."""
-        job, d = self.jobs.pop(0)
-        self.running = True
-        try:
-            result = job()
-        except Exception as e:
-            self.running = False
-            d.errback(e)
-        else:
-            self.running = False
-            d.callback(result)
-        finally:
-            self.running = False
 
 
 def open_journal(path, clock: Clock) -> tuple[FileJournal, ThreadFlag, Fsyncs]:

@@ -188,6 +188,17 @@ NO_PORTS = ["--memcache-port", "0", "--text-port", "0", "--thrift-port", "0",
             "--admin-port", "0"]
 
 
+def _log_until_ready(server: subprocess.Popen[str]) -> list[str]:
+    """The server's output lines up to its C{kestrel ready} line (or its end)."""
+    assert server.stdout is not None
+    log = []
+    for line in server.stdout:
+        log.append(line)
+        if "kestrel ready" in line:
+            break
+    return log
+
+
 def _one_line(result: subprocess.CompletedProcess[str]) -> str:
     """The single stderr line of a refused start (exit 1, no help, never ready)."""
     assert result.returncode == 1, (result.stdout, result.stderr)
@@ -329,12 +340,7 @@ def test_start_log_and_ctrl_c(tmp_path: Path) -> None:
          "--memcache-port", str(port)], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert server.stdout is not None
-        log = []
-        for line in server.stdout:
-            log.append(line)
-            if "kestrel ready" in line:
-                break
+        log = _log_until_ready(server)
         # A reply means the reactor runs, so the server's signal handlers are in place.
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
             client.sendall(b"version\r\n")
@@ -378,12 +384,7 @@ def test_server_runs_on_its_reactor_unless_one_is_chosen(
                               stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert server.stdout is not None
-        log = []
-        for line in server.stdout:
-            log.append(line)
-            if "kestrel ready" in line:
-                break
+        log = _log_until_ready(server)
         start = next(line for line in log if "starting: config" in line)
         assert start.rstrip().endswith(f"reactor {reactor}"), log
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
