@@ -15,8 +15,9 @@ max_journal_size --rewrite-size). Two servers take turns:
 "no rewrites" with default_journal_size 1GiB (the journal never reaches it in
 a run), and "rewrites" with default_journal_size --rewrite-size, which makes
 the queue rewrite its journal each time that many bytes were journaled (the
-empty-queue rewrite, which fsyncs the old file, the new file and the
-directory). It prints, per server and round, the set latency p50/p99/p99.9,
+empty-queue rewrite: an empty file renamed over the journal, the old file
+freed and the directory fsynced in a thread, no fsync under the default
+sync_journal: never; --sync-journal sets the policy of both servers). It prints, per server and round, the set latency p50/p99/p99.9,
 set+get pairs per second, the server's CPU µs per pair (utime + stime from
 /proc/<pid>/stat), the journal rewrites counted by `stats`, and the load
 average; then the medians and the p99 ratio (rewrites / no rewrites).
@@ -111,6 +112,8 @@ def run(workdir: Path, journal_size: str, args: argparse.Namespace) -> dict[str,
                  "  default_journal_size: 1GiB\n  min_journal_compact_delay: null\n")
     else:
         extra = f"default:\n  default_journal_size: {journal_size}\n"
+    if args.sync_journal:
+        extra += f"  sync_journal: {args.sync_journal}\n"
     with kestrel_process(workdir, port, extra_config=extra) as proc:
         cpu_before = cpu_seconds(proc.pid)
         latencies, pairs, elapsed = asyncio.run(
@@ -142,6 +145,9 @@ def main() -> None:
                              "queues are never empty and rewrite as queues holding items do "
                              "(through max_journal_size; the server without rewrites has "
                              "1GiB)")
+    parser.add_argument("--sync-journal", default=None,
+                        help="sync_journal of both servers (e.g. 10ms, always; default: the "
+                             "server's default, never)")
     args = parser.parse_args()
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     results: dict[str, list[dict[str, float]]] = {"no rewrites": [], "rewrites": []}

@@ -1077,7 +1077,8 @@ class PersistentQueue:
                     journal.size + journal.archived_size > cfg.max_journal_size)
 
     def _rewrite_empty_journal(self) -> None:
-        self._log.info("Rewriting journal of {queue} (empty)", queue=self.name)
+        # (the journal logs the rewrite: one line, as it is frequent and its
+        # cost is on the reactor thread)
         self._rewrite_journal()
 
 

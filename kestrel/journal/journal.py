@@ -5,15 +5,17 @@ Files in the queue directory (see docs/journal.md):
 
   - C{<q>}: the current file, appended to by a L{PeriodicSyncFile};
   - C{<q>.<ms>}: rotated files, replayed in ascending timestamp order before C{<q>};
-  - C{<q>~~<ms>}: a file being written by a rewrite or pack; deleted at replay;
+  - C{<q>~~<ms>}: a file being written by a rewrite or pack, or the empty
+    spare of the next empty rewrite; deleted at replay (the spare at close too);
   - C{<q>.<ms>.pack}: a finished pack; it replaces every rotated file whose
     timestamp is at most its own (the "pack rule", applied when a pack is put
     in place, by replay and by the inline rewrite; listings while the journal
     serves only read the files as the rule would leave them).
 
-Every rename is followed by an fsync of the directory, and every new file is
-fsynced before it is renamed into place, so a crash at any point leaves files
-that replay to the same queue. Dead files are deleted, or moved into
+Every rename is followed by an fsync of the directory (but the empty
+rewrite's under the C{never} sync policy, which fsyncs nothing), and every new
+file is fsynced before it is renamed into place, so a crash at any point
+leaves files that replay to the same queue. Dead files are deleted, or moved into
 C{archive_path} when one is set.
 """
 
@@ -216,6 +218,12 @@ class FileJournal:
         # Held while the pack rule runs (a pack being put in place in a
         # thread, replay, an inline rewrite, erase): never two at once.
         self._install_lock = threading.Lock()
+        # An empty C{<q>~~<ms>} made in the thread job of the last empty
+        # rewrite, for the next one to rename over C{<q>} (see _rewrite_empty).
+        self._spare: str | None = None
+        # Above every timestamp in this queue's file names, once known (see
+        # _unique_rotated_name); None: read the folder.
+        self._name_floor: int | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -387,9 +395,23 @@ class FileJournal:
         self.archived_size = total
 
     def _unique_rotated_name(self, suffix: str = "") -> str:
-        """Return a new C{<q>.<ms><suffix>} whose timestamp sorts after every existing file."""
-        return naming.unique_rotated_name(self.queue_path, self.queue_name, self._now_ms(),
-                                          suffix)
+        """
+        Return a new C{<q>.<ms><suffix>} whose timestamp sorts after every existing file.
+
+        The folder is read the first time (and after a replay) only: the
+        journal makes every later file of its queue, so it knows their
+        timestamps. A rotation then reads nothing of the folder on the
+        calling thread, where a lookup could wait for the file system to
+        commit a thread's renames (3 ms at times: docs/performance.md).
+        """
+        floor = self._name_floor
+        if floor is None:
+            name = naming.unique_rotated_name(self.queue_path, self.queue_name, self._now_ms())
+            floor = int(name[len(self.queue_name) + 1:])
+        else:
+            floor = max(floor, self._now_ms())
+        self._name_floor = floor + 1
+        return f"{self.queue_name}.{floor}{suffix}"
 
     # -- directories, disposal, archive ------------------------------------
 
@@ -496,6 +518,8 @@ class FileJournal:
         with self._install_lock:
             # (a reload after a failure: a pack installed in a thread meanwhile
             # is either done or finds its ~~ file gone and gives up)
+            self._spare = None
+            self._name_floor = None
             temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
             for name in temps:
                 self._log.info("Journal {queue}: deleting unfinished {file}",
@@ -1126,7 +1150,12 @@ class FileJournal:
         the one thread job of the rewrite fsyncs the directory and closes it,
         so that the kernel frees the old file's blocks there (cutting a
         16 MiB journal to nothing in place took about 4 ms on the calling
-        thread). Until that job ends the new file's fsyncs wait, as after a
+        thread). That job then makes the empty file the next empty rewrite
+        renames (L{_make_spare}); only the first one creates its own here.
+        Under the C{never} sync policy the job fsyncs nothing: a power
+        loss may then undo the rewrite, and the old file replays, as any
+        write under that policy may be undone.
+        Until that job ends the new file's fsyncs wait, as after a
         rotation; then the old file's writes are acknowledged (what they did
         is cut: the queue is empty), or failed if the directory fsync
         failed. SAVE_XID is made durable by the sync policy, as any write.
@@ -1135,24 +1164,39 @@ class FileJournal:
         self._stop_reader()
         self._clear_checkpoint()
         old.flush()
-        name, f = self._new_temp(buffering=0)
-        f.close()
-        try:
-            os.rename(self._path(name), self._path(self.queue_name))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(self._path(name))
-            raise
+        current = self._path(self.queue_name)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                os.rename(self._path(spare), current)
+            except FileNotFoundError:
+                spare = None  # (a replay deleted it)
+        if spare is None:
+            name, f = self._new_temp(buffering=0)
+            f.close()
+            try:
+                os.rename(self._path(name), current)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._path(name))
+                raise
         keep = os.dup(old.fileno())
         acknowledge = self._close_presynced(old)
         self._writer = new = self._open_writer()
         queue_path = self.queue_path
+        epoch = self._epoch
+        # With sync_journal: never nothing is fsynced, this neither: the
+        # directory fsync (a file system commit) was what a rewrite cost the
+        # other connections most (docs/performance.md).
+        sync_directory = self._policy is not None
 
-        def sync_directory_then_free() -> None:
+        def sync_directory_then_free() -> str | None:
             try:
-                self._fsync_dir(queue_path)
+                if sync_directory:
+                    self._fsync_dir(queue_path)
             finally:
                 os.close(keep)
+            return self._make_spare(epoch)
 
         done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
         self._maintenance = done
@@ -1169,6 +1213,11 @@ class FileJournal:
         the failure, and let the new file sync.
         """
         self._maintenance = None
+        if isinstance(result, str):
+            if self.closed:
+                self._drop_spare(result)
+            else:
+                self._spare = result
         if isinstance(result, Failure):
             self._log.error("Journal {queue}: fsync after an empty rewrite failed: {error}",
                             queue=self.queue_name, error=result.value)
@@ -1178,6 +1227,35 @@ class FileJournal:
         else:
             acknowledge()
         self._release_gated()
+
+    def _make_spare(self, epoch: int) -> str | None:
+        """
+        In the thread job of an empty rewrite: create the empty C{<q>~~<ms>}
+        the next one renames over C{<q>}, so that creating it costs the
+        reactor thread nothing; C{None} if it could not be made or the
+        journal was erased or rewritten since C{epoch} (an erase holds
+        C{_install_lock} too, so no spare outlives it).
+        """
+        with self._install_lock:
+            if self._epoch != epoch or self.closed:
+                return None
+            try:
+                name, f = self._new_temp(buffering=0)
+                f.close()
+            except OSError as e:
+                self._log.warn("Journal {queue}: no spare file for the next rewrite: {error}",
+                               queue=self.queue_name, error=e)
+                return None
+            return name
+
+    def _drop_spare(self, name: str | None = None) -> None:
+        """Delete the spare file C{name} (by default the one kept), if it is there."""
+        if name is None:
+            name, self._spare = self._spare, None
+            if name is None:
+                return
+        with contextlib.suppress(OSError):
+            os.unlink(self._path(name))
 
     def _reopen(self) -> None:
         self._writer = self._open_writer()
@@ -1458,6 +1536,7 @@ class FileJournal:
 
     def _close_now(self) -> Deferred[None]:
         self._close_writer()
+        self._drop_spare()
         pending = [*self._closing, *self._packs]
         if not pending:
             return succeed(None)

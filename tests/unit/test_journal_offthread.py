@@ -95,6 +95,40 @@ def test_close_during_a_rotation_waits_for_its_fsyncs(tmp_path, clock: Clock) ->
     assert value(old) is None and value(new) is None and value(closed) is None
 
 
+def test_rotations_read_the_folder_once(tmp_path, clock: Clock, monkeypatch: Any) -> None:
+    """
+    Rotated names come from the folder the first time, then from what the
+    journal made: later rotations list nothing, and names stay unique and
+    rising when the clock stands still or goes back.
+    """
+    (tmp_path / "q.1767225700000").write_bytes(b"")  # a file from the future
+    journal, thread, _ = open_journal(tmp_path, clock)
+    listings: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: Any = ".") -> list[str]:
+        listings.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    names = []
+    for step in range(4):
+        journal.add(item(b"x"))
+        before = set(real_listdir(tmp_path))
+        journal.rotate([], set_checkpoint=False)
+        thread.run_all()
+        (made,) = set(real_listdir(tmp_path)) - before
+        names.append(made)
+        if step == 0:
+            assert listings
+            listings.clear()
+        clock.advance(-1)
+    assert listings == []
+    stamps = [int(name.split(".")[1]) for name in names]
+    assert stamps == sorted(set(stamps)) and stamps[0] > 1_767_225_700_000
+    value(journal.close())
+
+
 def test_empty_rewrite_fsyncs_in_the_thread(tmp_path, clock: Clock) -> None:
     journal, thread, fsyncs = open_journal(tmp_path, clock)
     added = journal.add(item(b"one"))
@@ -107,9 +141,100 @@ def test_empty_rewrite_fsyncs_in_the_thread(tmp_path, clock: Clock) -> None:
     thread.run_all()
     assert value(added) is None and value(removed) is None and value(after) is None
     assert fsyncs.inline == 0
-    assert sorted(os.listdir(tmp_path)) == ["q"]
+    # The job left the next rewrite's empty file; closing deletes it.
+    assert sorted(os.listdir(tmp_path)) == ["q", spare_name(tmp_path)]
     value(journal.close())
+    assert sorted(os.listdir(tmp_path)) == ["q"]
     assert replayed(tmp_path, clock) == [rec.SaveXid(7), rec.Add(b"two", 1_767_225_600_000, 0)]
+
+
+def spare_name(folder: Any) -> str:
+    """The one spare C{q~~<ms>} file in C{folder}, which must be empty."""
+    (name,) = [n for n in os.listdir(folder) if n.startswith("q~~")]
+    assert os.path.getsize(os.path.join(folder, name)) == 0
+    return name
+
+
+def test_the_next_empty_rewrite_renames_the_spare(tmp_path, clock: Clock) -> None:
+    """
+    The thread job of an empty rewrite makes the empty file the next one
+    renames over C{q}: the calling thread creates no file after the first.
+    """
+    journal, thread, fsyncs = open_journal(tmp_path, clock)
+    journal.add(item(b"one"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=1)
+    assert not [n for n in os.listdir(tmp_path) if "~~" in n]  # made in the job, not here
+    thread.run_all()
+    spare = spare_name(tmp_path)
+    spare_inode = os.stat(tmp_path / spare).st_ino
+    journal.add(item(b"two"))
+    journal.remove()
+    clock.advance(1)
+    journal.rewrite([], [], xid_counter=2)
+    assert os.stat(tmp_path / "q").st_ino == spare_inode
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    last = journal.add(item(b"three"))
+    thread.run_all()
+    assert value(last) is None
+    assert spare_name(tmp_path) != spare
+    assert fsyncs.inline == 0
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [rec.SaveXid(2),
+                                         rec.Add(b"three", 1_767_225_600_000, 0)]
+
+
+def test_a_spare_deleted_by_replay_is_made_again(tmp_path, clock: Clock) -> None:
+    """A spare that is gone (a replay deletes C{~~} files) is replaced by one made inline."""
+    journal, thread, _ = open_journal(tmp_path, clock)
+    journal.add(item(b"one"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=1)
+    thread.run_all()
+    os.unlink(tmp_path / spare_name(tmp_path))
+    journal.add(item(b"two"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=2)
+    thread.run_all()
+    spare_name(tmp_path)
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [rec.SaveXid(2)]
+
+
+def test_no_spare_outlives_an_erase_or_a_failed_creation(tmp_path, clock: Clock,
+                                                         monkeypatch: Any) -> None:
+    """
+    An erase while the rewrite's job is pending leaves no spare behind; a
+    spare that cannot be made is logged, and the next rewrite makes its own.
+    """
+    journal, thread, _ = open_journal(tmp_path, clock)
+    journal.add(item(b"one"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=1)
+    journal.erase()
+    thread.run_all()
+    assert os.listdir(tmp_path) == []
+
+    journal, thread, _ = open_journal(tmp_path, clock)
+    journal.add(item(b"one"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=1)
+
+    def no_space(buffering: int = 0) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch, capturedLogs() as events:
+        patch.setattr(journal, "_new_temp", no_space)
+        thread.run_all()
+    assert any("no spare file" in e.get("log_format", "") for e in events)
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    journal.add(item(b"two"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=2)
+    thread.run_all()
+    value(journal.close())
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert replayed(tmp_path, clock) == [rec.SaveXid(2)]
 
 
 def deleted_but_open(folder: Any) -> list[str]:
@@ -153,9 +278,34 @@ def test_empty_rewrite_frees_the_old_file_in_the_thread(tmp_path, clock: Clock) 
     assert deleted_but_open(tmp_path) == []
     assert value(after) is None
     assert fsyncs.inline == 0
-    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert sorted(os.listdir(tmp_path)) == ["q", spare_name(tmp_path)]
     value(journal.close())
     assert replayed(tmp_path, clock) == [rec.SaveXid(3),
+                                         rec.Add(b"after", 1_767_225_600_000, 0)]
+
+
+def test_empty_rewrite_under_never_fsyncs_nothing(tmp_path, clock: Clock) -> None:
+    """
+    Under C{sync_journal: never} an empty rewrite fsyncs nothing, in the
+    thread or out of it; the thread still frees the old file and makes the spare.
+    """
+    thread = ThreadFlag()
+    fsyncs = Fsyncs(thread)
+    journal = FileJournal(str(tmp_path), "q", clock, None, fsync=fsyncs, run_in_thread=thread)
+    journal.replay(lambda record: None)
+    for _ in range(20):
+        journal.add(item(b"x" * 1000))
+        journal.remove()
+    journal.rewrite([], [], xid_counter=4)
+    assert deleted_but_open(tmp_path) == [f"{tmp_path / 'q'} (deleted)"]
+    after = journal.add(item(b"after"))
+    assert value(after) is None  # (never: a write is done once in the OS)
+    thread.run_all()
+    assert deleted_but_open(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == ["q", spare_name(tmp_path)]
+    assert fsyncs.inline == 0 and fsyncs.in_thread == 0
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [rec.SaveXid(4),
                                          rec.Add(b"after", 1_767_225_600_000, 0)]
 
 
