@@ -37,6 +37,11 @@ Workloads (1 KiB items):
   floor server as "twisted-floor-epoll": what kestrel.reactor saves;
 * with --python-floor, the floor server's queue on a bare select.epoll loop
   (no Twisted) as "python-floor": the least any Python server costs;
+* with --journal-floor, the floor server on txkestrel's reactor appending
+  each set's ADDX and each hit's REMOVE record to a journal file, one write
+  each, as "journal-floor": the least a Python server on Twisted costs that
+  journals every request before replying (no stats, metrics, limits or
+  checks);
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -456,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-floor", action="store_true",
                         help="also run benchmarks/floor_server.py --reactor none (the same "
                              "queue on a bare select.epoll loop, no Twisted) as python-floor")
+    parser.add_argument("--journal-floor", action="store_true",
+                        help="also run benchmarks/floor_server.py --journal (the bare queue "
+                             "appending its journal records, one write each) as journal-floor")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")
@@ -512,14 +520,18 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             proc = stack.enter_context(memcached_process(args.memcached, port))
             plain.append(Server("memcached", port, proc.pid))
-        floors = [("twisted-floor", "kestrel")] if args.floor else []
+        floors: list[tuple[str, str, Path | None]] = []
+        if args.floor:
+            floors.append(("twisted-floor", "kestrel", None))
         if args.floor and args.epoll:
-            floors.append(("twisted-floor-epoll", "epoll"))
+            floors.append(("twisted-floor-epoll", "epoll", None))
         if args.python_floor:
-            floors.append(("python-floor", "none"))
-        for label, reactor in floors:
+            floors.append(("python-floor", "none", None))
+        if args.journal_floor:
+            floors.append(("journal-floor", "kestrel", root / "journal-floor"))
+        for label, reactor, journal in floors:
             port = free_port()
-            proc = stack.enter_context(floor_process(port, reactor))
+            proc = stack.enter_context(floor_process(port, reactor, journal))
             plain.append(Server(label, port, proc.pid))
 
         for work in workloads(args):

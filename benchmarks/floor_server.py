@@ -11,18 +11,26 @@ the same reply path as txkestrel (`kestrel.protocols.base.write_now`) and the
 same reactor (`kestrel.reactor`; `--reactor epoll` for Twisted's own, run by
 `cost.py --epoll` as "twisted-floor-epoll"; `--reactor none` for a bare
 `select.epoll` loop without Twisted, run by `cost.py --python-floor` as
-"python-floor": the least any Python server costs). No journal, no metrics,
-no sessions: do not use it for anything else.
+"python-floor": the least any Python server costs). No metrics, no
+sessions, no limits, no expiry, no stats: do not use it for anything else.
 
-    python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] PORT
+With `--journal DIR` (`cost.py --journal-floor`, as "journal-floor") it also
+appends each set's ADDX record and each hit's REMOVE to a file per queue in
+DIR, one `write` each, as txkestrel's journal does under `sync_journal:
+never` (no rotation, no replay): the least a server costs that journals
+every request in Kestrel's format before it replies.
+
+    python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] [--journal DIR] PORT
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import select
 import socket
 import sys
+import time
 from collections import defaultdict, deque
 from pathlib import Path
 
@@ -32,9 +40,24 @@ if str(ROOT) not in sys.path:
 
 from twisted.internet.protocol import Factory, Protocol  # noqa: E402
 
+from kestrel.journal.records import REMOVE_BYTES, encode_add  # noqa: E402
 from kestrel.protocols.base import write_now  # noqa: E402
 
 QUEUES: defaultdict[bytes, deque[bytes]] = defaultdict(deque)
+
+#: With --journal: the folder, and the open journal file of each queue.
+JOURNAL_DIR: str | None = None
+JOURNALS: dict[bytes, int] = {}
+
+
+def journal_fd(queue: bytes) -> int:
+    """The append-only journal file of C{queue} in L{JOURNAL_DIR} (opened once)."""
+    fd = JOURNALS.get(queue)
+    if fd is None:
+        assert JOURNAL_DIR is not None
+        path = os.path.join(JOURNAL_DIR, queue.hex())
+        fd = JOURNALS[queue] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return fd
 
 #: The listen() backlog, txkestrel's default `listen_backlog`.
 BACKLOG = 1024
@@ -53,13 +76,18 @@ def answer(buf: bytes) -> tuple[bytes, bytes]:
             end = nl + 2 + int(words[4])
             if len(buf) < end + 2:
                 break
-            QUEUES[words[1]].append(buf[nl + 2:end])
+            data = buf[nl + 2:end]
+            if JOURNAL_DIR is not None:
+                os.write(journal_fd(words[1]), encode_add(data, int(time.time() * 1000), 0))
+            QUEUES[words[1]].append(data)
             out.append(b"STORED\r\n")
             pos = end + 2
         elif words and words[0] == b"get" and len(words) >= 2:
             q = QUEUES.get(words[1])
             if q:
                 item = q.popleft()
+                if JOURNAL_DIR is not None:
+                    os.write(journal_fd(words[1]), REMOVE_BYTES)
                 out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
             else:
                 out.append(b"END\r\n")
@@ -127,13 +155,19 @@ def serve_without_twisted(port: int) -> None:
 def main() -> None:
     """Listen on the loopback port given until stopped."""
     parser = argparse.ArgumentParser(
-        description="A bare Twisted memcache queue (set/get, in memory, no journal): the "
-                    "floor of what a Twisted server costs per request. For benchmarks only.")
+        description="A bare Twisted memcache queue (set/get, in memory, journaled only with "
+                    "--journal): the floor of what a Twisted server costs per request. For "
+                    "benchmarks only.")
     parser.add_argument("port", type=int, help="loopback TCP port to listen on")
     parser.add_argument("--reactor", choices=["kestrel", "epoll", "none"], default="kestrel",
                         help="txkestrel's reactor (kestrel.reactor), Twisted's epoll reactor, "
                              "or none: a bare select.epoll loop without Twisted")
+    parser.add_argument("--journal", metavar="DIR",
+                        help="append each set's ADDX and each hit's REMOVE record to a file "
+                             "per queue in DIR (one write each, no fsync)")
     args = parser.parse_args()
+    global JOURNAL_DIR
+    JOURNAL_DIR = args.journal
     if args.reactor == "none":
         serve_without_twisted(args.port)
         return

@@ -154,14 +154,28 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
             lines.append(f"{title[0].lower()}{title[1:]}: "
                          f"{cpu['twisted-floor']:,.1f} of txkestrel's {cpu['txkestrel']:,.1f} us "
                          f"per pair ({cpu['twisted-floor'] / cpu['txkestrel']:.0%})")
-    if not lines:
-        return []
-    return ["", "*twisted-floor* (`benchmarks/floor_server.py`) is a bare Twisted memcache "
-            "queue on txkestrel's reactor with the same reply path and no journal, metrics or "
-            "sessions: what it costs is the reactor's and the kernel's socket work, which no "
-            "change inside txkestrel's protocol or queue code removes (*-epoll* rows, with "
-            "`--epoll`: the same servers on Twisted's own epoll reactor). Its share of "
-            "txkestrel's CPU: " + "; ".join(lines) + "."]
+    journaled = []
+    for name, rows in by_workload.items():
+        cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
+        if "txkestrel" in cpu and "journal-floor" in cpu and rows[0]["unit"] == "pair":
+            title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
+            journaled.append(f"{title[0].lower()}{title[1:]}: {cpu['journal-floor']:,.1f} "
+                             f"against txkestrel's {cpu['txkestrel']:,.1f} us per pair")
+    out = []
+    if lines:
+        out += ["", "*twisted-floor* (`benchmarks/floor_server.py`) is a bare Twisted memcache "
+                "queue on txkestrel's reactor with the same reply path and no journal, metrics "
+                "or sessions: what it costs is the reactor's and the kernel's socket work, which "
+                "no change inside txkestrel's protocol or queue code removes (*-epoll* rows, "
+                "with `--epoll`: the same servers on Twisted's own epoll reactor). Its share of "
+                "txkestrel's CPU: " + "; ".join(lines) + "."]
+    if journaled:
+        out += ["", "*journal-floor* (`--journal-floor`) is that server appending each set's "
+                "ADDX and each hit's REMOVE record to a journal file, one `write` each, before "
+                "it replies, with no stats, metrics, limits, expiry or checks: the least a "
+                "Python server on Twisted costs that journals every request. "
+                + "; ".join(journaled) + "."]
+    return out
 
 
 def public_command(command: str) -> str:

@@ -17,7 +17,8 @@ a run), and "rewrites" with default_journal_size --rewrite-size, which makes
 the queue rewrite its journal each time that many bytes were journaled (the
 empty-queue rewrite: an empty file renamed over the journal, the old file
 freed and the directory fsynced in a thread, no fsync under the default
-sync_journal: never; --sync-journal sets the policy of both servers). It prints, per server and round, the set latency p50/p99/p99.9,
+sync_journal: never; --sync-journal sets the policy of both servers). It
+prints, per server and round, the set latency p50/p99/p99.9,
 set+get pairs per second, the server's CPU µs per pair (utime + stime from
 /proc/<pid>/stat), the journal rewrites counted by `stats`, and the load
 average; then the medians and the p99 ratio (rewrites / no rewrites).

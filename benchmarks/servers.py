@@ -137,15 +137,21 @@ def summary(rates: list[float]) -> str:
 
 
 @contextmanager
-def floor_process(port: int, reactor: str = "kestrel") -> Iterator[subprocess.Popen[bytes]]:
+def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = None
+                  ) -> Iterator[subprocess.Popen[bytes]]:
     """
-    C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs (no journal).
+    C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs
+    (no journal, unless C{journal} is a folder for its journal files).
 
     C{reactor} is C{"kestrel"} (txkestrel's), C{"epoll"} (Twisted's own) or
     C{"none"} (a bare C{select.epoll} loop, no Twisted).
     """
+    extra: list[str] = []
+    if journal is not None:
+        journal.mkdir(parents=True, exist_ok=True)
+        extra = ["--journal", str(journal)]
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
-                             "--reactor", reactor, str(port)],
+                             "--reactor", reactor, *extra, str(port)],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with serving(proc, port):
