@@ -173,8 +173,8 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
         out += ["", "*journal-floor* (`--journal-floor`) is that server appending each set's "
                 "ADDX and each hit's REMOVE record to a journal file, one `write` each, before "
                 "it replies, with no stats, metrics, limits, expiry or checks: the least a "
-                "Python server on Twisted costs that journals every request. "
-                + "; ".join(journaled) + "."]
+                "Python server on Twisted costs that journals every request ("
+                + "; ".join(journaled) + ")."]
     return out
 
 

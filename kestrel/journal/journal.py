@@ -224,6 +224,9 @@ class FileJournal:
         # Above every timestamp in this queue's file names, once known (see
         # _unique_rotated_name); None: read the folder.
         self._name_floor: int | None = None
+        # True once a listing found no rotated or pack file, until the next
+        # such file is named (_unique_rotated_name) or a replay.
+        self._known_without_rotated = False
 
     # -- state -------------------------------------------------------------
 
@@ -378,6 +381,17 @@ class FileJournal:
         """
         return naming.packed_order(self._timed_files(self._list()))
 
+    def _without_rotated_files(self) -> bool:
+        """
+        Whether the queue has no rotated or pack file: listed the first time,
+        then known until this journal names one (every such file is named by
+        L{_unique_rotated_name}), so that the empty rewrite of a queue that
+        never rotates reads nothing of the folder on the calling thread.
+        """
+        if not self._known_without_rotated:
+            self._known_without_rotated = not self._listed_files()
+        return self._known_without_rotated
+
     def _file_after(self, name: str) -> str | None:
         files = [*self._listed_files(), self.queue_name]
         try:
@@ -404,6 +418,7 @@ class FileJournal:
         calling thread, where a lookup could wait for the file system to
         commit a thread's renames (3 ms at times: docs/performance.md).
         """
+        self._known_without_rotated = False
         floor = self._name_floor
         if floor is None:
             name = naming.unique_rotated_name(self.queue_path, self.queue_name, self._now_ms())
@@ -520,6 +535,7 @@ class FileJournal:
             # is either done or finds its ~~ file gone and gives up)
             self._spare = None
             self._name_floor = None
+            self._known_without_rotated = False
             temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
             for name in temps:
                 self._log.info("Journal {queue}: deleting unfinished {file}",
@@ -1098,7 +1114,7 @@ class FileJournal:
         writer = self._writer
         if (self._run_in_thread is not None and not reserved_items and not items
                 and isinstance(writer, PeriodicSyncFile) and not writer.closed
-                and self.archive_path is None and not self._listed_files()):
+                and self.archive_path is None and self._without_rotated_files()):
             self._rewrite_empty(writer, xid_counter)
             return
         if (self._run_in_thread is not None and isinstance(writer, PeriodicSyncFile)

@@ -129,6 +129,48 @@ def test_rotations_read_the_folder_once(tmp_path, clock: Clock, monkeypatch: Any
     value(journal.close())
 
 
+def test_empty_rewrites_list_the_folder_until_they_know_it(tmp_path, clock: Clock,
+                                                           monkeypatch: Any) -> None:
+    """
+    The first empty rewrite lists the folder for rotated files; later ones
+    do not, until a rotation names one: then the next lists again (and,
+    finding the rotated file, rewrites through a pack instead).
+    """
+    journal, thread, _ = open_journal(tmp_path, clock)
+    listings: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: Any = ".") -> list[str]:
+        listings.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+
+    def empty_rewrite() -> None:
+        journal.add(item(b"x"))
+        journal.remove()
+        journal.rewrite([], [], xid_counter=1)
+        thread.run_all()
+
+    empty_rewrite()
+    assert listings
+    listings.clear()
+    empty_rewrite()
+    empty_rewrite()
+    assert listings == []
+    journal.add(item(b"x"))
+    journal.remove()
+    journal.rotate([], set_checkpoint=False)
+    thread.run_all()
+    listings.clear()
+    journal.rewrite([], [], xid_counter=1)
+    assert listings  # it looked, found the rotated file, and packs instead
+    assert journal.packing
+    thread.run_all()
+    value(journal.close())
+    assert [r for r in replayed(tmp_path, clock) if isinstance(r, rec.Add)] == []
+
+
 def test_empty_rewrite_fsyncs_in_the_thread(tmp_path, clock: Clock) -> None:
     journal, thread, fsyncs = open_journal(tmp_path, clock)
     added = journal.add(item(b"one"))
