@@ -145,22 +145,22 @@ def render(data: dict[str, Any]) -> str:
 
 
 def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """A paragraph comparing txkestrel with the bare Twisted server, when both ran."""
+    """Paragraphs comparing txkestrel with the floor servers (twisted-, journal-) that ran."""
     lines = []
-    for name, rows in by_workload.items():
-        cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
-        if "txkestrel" in cpu and "twisted-floor" in cpu and rows[0]["unit"] == "pair":
-            title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
-            lines.append(f"{title[0].lower()}{title[1:]}: "
-                         f"{cpu['twisted-floor']:,.1f} of txkestrel's {cpu['txkestrel']:,.1f} us "
-                         f"per pair ({cpu['twisted-floor'] / cpu['txkestrel']:.0%})")
     journaled = []
     for name, rows in by_workload.items():
         cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
-        if "txkestrel" in cpu and "journal-floor" in cpu and rows[0]["unit"] == "pair":
-            title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
-            journaled.append(f"{title[0].lower()}{title[1:]}: {cpu['journal-floor']:,.1f} "
-                             f"against txkestrel's {cpu['txkestrel']:,.1f} us per pair")
+        if "txkestrel" not in cpu or rows[0]["unit"] != "pair":
+            continue
+        title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
+        title = f"{title[0].lower()}{title[1:]}"
+        if "twisted-floor" in cpu:
+            lines.append(f"{title}: {cpu['twisted-floor']:,.1f} of txkestrel's "
+                         f"{cpu['txkestrel']:,.1f} us per pair "
+                         f"({cpu['twisted-floor'] / cpu['txkestrel']:.0%})")
+        if "journal-floor" in cpu:
+            journaled.append(f"{title}: {cpu['journal-floor']:,.1f} against txkestrel's "
+                             f"{cpu['txkestrel']:,.1f} us per pair")
     out = []
     if lines:
         out += ["", "*twisted-floor* (`benchmarks/floor_server.py`) is a bare Twisted memcache "

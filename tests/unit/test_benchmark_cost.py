@@ -1,20 +1,28 @@
 """
-The measuring parts of benchmarks/cost.py: CPU time from /proc/<pid>/stat
-and system-call counts from an `strace -c` summary.
+The measuring parts of benchmarks/cost.py: CPU time from /proc/<pid>/stat,
+system-call counts from an `strace -c` summary, the journal-floor server's
+records and report.py's reading of the floors.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from twisted.internet.task import Clock
+
+from kestrel.journal import records as rec
+from kestrel.journal.journal import FileJournal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cost  # noqa: E402
+import report  # noqa: E402
+from servers import floor_process, free_port  # noqa: E402
 
 STRACE_SUMMARY = """\
 % time     seconds  usecs/call     calls    errors syscall
@@ -52,3 +60,40 @@ def test_cpu_seconds_follows_this_process() -> None:
     times = os.times()
     assert cost.cpu_seconds(os.getpid()) == pytest.approx(times.user + times.system,
                                                           abs=5 / cost.TICKS)
+
+
+def test_journal_floor_writes_records_that_replay(tmp_path: Path) -> None:
+    """
+    The journal-floor server (floor_server.py --journal) journals in
+    Kestrel's format: what it wrote for a set, a hit and a miss replays as
+    ADDX then REMOVE, nothing for the miss.
+    """
+    port = free_port()
+    journal_dir = tmp_path / "journal"
+    with floor_process(port, "kestrel", journal_dir), \
+            socket.create_connection(("127.0.0.1", port)) as sock:
+        replies = b""
+        sock.sendall(b"set q 0 0 5\r\nhello\r\nget q\r\nget q\r\n")
+        while not replies.endswith(b"END\r\nEND\r\n"):
+            replies += sock.recv(65536)
+    assert replies == b"STORED\r\nVALUE q 0 5\r\nhello\r\nEND\r\nEND\r\n"
+    (name,) = os.listdir(journal_dir)
+    assert name == b"q".hex()
+    (journal_dir / name).rename(journal_dir / "q")
+    records: list[rec.Record] = []
+    FileJournal(str(journal_dir), "q", Clock(), None).replay(records.append)
+    assert [type(r) for r in records] == [rec.Add, rec.Remove]
+    assert records[0].data == b"hello"
+
+
+def test_report_reads_both_floors() -> None:
+    """report.py says what share of txkestrel's CPU each floor server costs."""
+
+    def row(server: str, cpu: float) -> dict[str, object]:
+        return {"server": server, "unit": "pair", "cpu_us": {"median": cpu}}
+
+    text = "\n".join(report.floor_reading({"db-1": [
+        row("txkestrel", 90.0), row("twisted-floor", 45.0), row("journal-floor", 54.0)]}))
+    assert "45.0 of txkestrel's 90.0 us per pair (50%)" in text
+    assert "54.0 against txkestrel's 90.0 us per pair" in text
+    assert report.floor_reading({"db-1": [row("txkestrel", 90.0)]}) == []

@@ -95,6 +95,21 @@ def test_close_during_a_rotation_waits_for_its_fsyncs(tmp_path, clock: Clock) ->
     assert value(old) is None and value(new) is None and value(closed) is None
 
 
+_real_listdir = os.listdir
+
+
+def count_listings(monkeypatch: Any) -> list[str]:
+    """Note every folder C{os.listdir} reads from now on in the list returned."""
+    listings: list[str] = []
+
+    def listdir(path: Any = ".") -> list[str]:
+        listings.append(str(path))
+        return _real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    return listings
+
+
 def test_rotations_read_the_folder_once(tmp_path, clock: Clock, monkeypatch: Any) -> None:
     """
     Rotated names come from the folder the first time, then from what the
@@ -103,21 +118,14 @@ def test_rotations_read_the_folder_once(tmp_path, clock: Clock, monkeypatch: Any
     """
     (tmp_path / "q.1767225700000").write_bytes(b"")  # a file from the future
     journal, thread, _ = open_journal(tmp_path, clock)
-    listings: list[str] = []
-    real_listdir = os.listdir
-
-    def listdir(path: Any = ".") -> list[str]:
-        listings.append(str(path))
-        return real_listdir(path)
-
-    monkeypatch.setattr(os, "listdir", listdir)
+    listings = count_listings(monkeypatch)
     names = []
     for step in range(4):
         journal.add(item(b"x"))
-        before = set(real_listdir(tmp_path))
+        before = set(_real_listdir(tmp_path))
         journal.rotate([], set_checkpoint=False)
         thread.run_all()
-        (made,) = set(real_listdir(tmp_path)) - before
+        (made,) = set(_real_listdir(tmp_path)) - before
         names.append(made)
         if step == 0:
             assert listings
@@ -137,14 +145,7 @@ def test_empty_rewrites_list_the_folder_until_they_know_it(tmp_path, clock: Cloc
     finding the rotated file, rewrites through a pack instead).
     """
     journal, thread, _ = open_journal(tmp_path, clock)
-    listings: list[str] = []
-    real_listdir = os.listdir
-
-    def listdir(path: Any = ".") -> list[str]:
-        listings.append(str(path))
-        return real_listdir(path)
-
-    monkeypatch.setattr(os, "listdir", listdir)
+    listings = count_listings(monkeypatch)
 
     def empty_rewrite() -> None:
         journal.add(item(b"x"))
