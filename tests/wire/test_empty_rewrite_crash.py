@@ -14,6 +14,7 @@ there or not, once at most.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
@@ -121,3 +122,14 @@ def test_kill_during_empty_rewrites_loses_and_brings_back_nothing(
     assert rewrites_before > 10 * ROUNDS
     # Some kills found an acknowledged item waiting (the seed makes it so).
     assert checked_present > 0
+    # A graceful stop leaves no spare file behind (a kill may: replay deletes it).
+    with server.connect() as sock:
+        buf = bytearray()
+        for n in range(20):
+            data = _item(ROUNDS, n)
+            sock.sendall(b"set q 0 0 %d\r\n%s\r\n" % (len(data), data))
+            assert _reply(sock, buf, b"\r\n") == b"STORED\r\n"
+            assert _get(sock, buf) == data
+    assert server.stop() == 0
+    assert "rewritten (empty)" in server.new_log()
+    assert os.listdir(server.queue_path) == ["q"]
