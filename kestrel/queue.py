@@ -1077,8 +1077,8 @@ class PersistentQueue:
                     journal.size + journal.archived_size > cfg.max_journal_size)
 
     def _rewrite_empty_journal(self) -> None:
-        # (the journal logs the rewrite: one line, as it is frequent and its
-        # cost is on the reactor thread)
+        # (the journal logs the rewrite, at debug: it is frequent and routine,
+        # and a log line's cost is on the reactor thread)
         self._rewrite_journal()
 
 

@@ -78,12 +78,14 @@ class KestrelProcess:
 
     def __init__(self, root: Path, protocols: tuple[str, ...] = ("memcache",),
                  config: Mapping[str, Any] | None = None, host: str = "127.0.0.1",
-                 launcher: str = "module") -> None:
+                 launcher: str = "module", log_level: str | None = None) -> None:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {LAUNCHERS}, not {launcher!r}")
         self.root = root
         self.host = host
         self.launcher = launcher
+        #: C{--log-level} of the C{module} launcher (default: twist's, info).
+        self.log_level = log_level
         root.mkdir(parents=True, exist_ok=True)
         self.queue_path = root / "queues"
         self.status_file = root / "status"
@@ -124,7 +126,8 @@ class KestrelProcess:
         """The command line that starts this server, per its launcher."""
         if self.launcher == "twistd":
             return [twistd_path(), "-n", "kestrel", "--config", str(self.config_path)]
-        return [sys.executable, "-m", "twisted", "--log-format=text", "kestrel",
+        level = [f"--log-level={self.log_level}"] if self.log_level else []
+        return [sys.executable, "-m", "twisted", "--log-format=text", *level, "kestrel",
                 "--config", str(self.config_path)]
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
@@ -216,13 +219,17 @@ class KestrelProcess:
 @pytest.fixture(scope="module")
 def kestrel_factory(tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[Callable[..., KestrelProcess]]:
-    """Build and start servers (`protocols`, `config`, `start`, `launcher`); all stop at the end."""
+    """
+    Build and start servers (`protocols`, `config`, `start`, `launcher`,
+    `log_level`); all stop at the end.
+    """
     made: list[KestrelProcess] = []
 
     def make(protocols: tuple[str, ...] = ("memcache",), config: Mapping[str, Any] | None = None,
-             start: bool = True, launcher: str = "module") -> KestrelProcess:
+             start: bool = True, launcher: str = "module",
+             log_level: str | None = None) -> KestrelProcess:
         server = KestrelProcess(tmp_path_factory.mktemp("kestrel"), protocols, config,
-                                launcher=launcher)
+                                launcher=launcher, log_level=log_level)
         made.append(server)
         if start:
             server.start()
