@@ -1221,8 +1221,8 @@ class FileJournal:
         self.size = new.position
         self.archived_size = 0  # (rewrite() found no rotated files)
         # (debug: routine, up to every default_journal_size bytes of a busy
-        # queue, and a log line costs the reactor thread about as much as the
-        # rest of this rewrite; the queue's journal_rewrites stat counts them)
+        # queue, and a log line is among this rewrite's costlier steps on the
+        # reactor thread; the queue's journal_rewrites stat counts them)
         self._log.debug("Journal {queue}: rewritten (empty)", queue=self.queue_name)
 
     def _replacement_synced(self, result: object, acknowledge: Callable[..., None]) -> None:
