@@ -59,6 +59,7 @@ def journal_fd(queue: bytes) -> int:
         fd = JOURNALS[queue] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     return fd
 
+
 #: The listen() backlog, txkestrel's default `listen_backlog`.
 BACKLOG = 1024
 

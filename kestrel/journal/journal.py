@@ -421,8 +421,8 @@ class FileJournal:
         self._known_without_rotated = False
         floor = self._name_floor
         if floor is None:
-            name = naming.unique_rotated_name(self.queue_path, self.queue_name, self._now_ms())
-            floor = int(name[len(self.queue_name) + 1:])
+            floor = naming.free_rotated_timestamp(self.queue_path, self.queue_name,
+                                                  self._now_ms())
         else:
             floor = max(floor, self._now_ms())
         self._name_floor = floor + 1
@@ -1188,8 +1188,7 @@ class FileJournal:
             except FileNotFoundError:
                 spare = None  # (a replay deleted it)
         if spare is None:
-            name, f = self._new_temp(buffering=0)
-            f.close()
+            name = self._new_empty_temp()
             try:
                 os.rename(self._path(name), current)
             except BaseException:
@@ -1233,10 +1232,9 @@ class FileJournal:
         """
         self._maintenance = None
         if isinstance(result, str):
+            self._spare = result
             if self.closed:
-                self._drop_spare(result)
-            else:
-                self._spare = result
+                self._drop_spare()
         if isinstance(result, Failure):
             self._log.error("Journal {queue}: fsync after an empty rewrite failed: {error}",
                             queue=self.queue_name, error=result.value)
@@ -1253,28 +1251,31 @@ class FileJournal:
         the next one renames over C{<q>}, so that creating it costs the
         reactor thread nothing; C{None} if it could not be made or the
         journal was erased or rewritten since C{epoch} (an erase holds
-        C{_install_lock} too, so no spare outlives it).
+        C{_install_lock} too, so no spare outlives it; one made while the
+        journal closes is deleted on the reactor thread).
         """
         with self._install_lock:
-            if self._epoch != epoch or self.closed:
+            if self._epoch != epoch:
                 return None
             try:
-                name, f = self._new_temp(buffering=0)
-                f.close()
+                return self._new_empty_temp()
             except OSError as e:
                 self._log.warn("Journal {queue}: no spare file for the next rewrite: {error}",
                                queue=self.queue_name, error=e)
                 return None
-            return name
 
-    def _drop_spare(self, name: str | None = None) -> None:
-        """Delete the spare file C{name} (by default the one kept), if it is there."""
-        if name is None:
-            name, self._spare = self._spare, None
-            if name is None:
-                return
-        with contextlib.suppress(OSError):
-            os.unlink(self._path(name))
+    def _new_empty_temp(self) -> str:
+        """Create an empty C{<q>~~<ms>} file and return its name."""
+        name, f = self._new_temp(buffering=0)
+        f.close()
+        return name
+
+    def _drop_spare(self) -> None:
+        """Delete the spare file kept for the next empty rewrite, if any."""
+        name, self._spare = self._spare, None
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._path(name))
 
     def _reopen(self) -> None:
         self._writer = self._open_writer()

@@ -63,8 +63,13 @@ def packed_order(timed: Iterable[tuple[int, bool, str]]) -> list[str]:
 
 def unique_timestamp(now_ms: int, directory: str, prefix: str) -> int:
     """Return C{now_ms} or more: above every timestamp used after C{prefix} in C{directory}."""
+    return _timestamp_above(now_ms, list_names(directory), prefix)
+
+
+def _timestamp_above(now_ms: int, names: Iterable[str], prefix: str) -> int:
+    """Return C{now_ms} or more: above every timestamp after C{prefix} in C{names}."""
     ts = now_ms
-    for name in list_names(directory):
+    for name in names:
         if name.startswith(prefix):
             rest = name[len(prefix):].split(".", 1)[0].split("~", 1)[0]
             if rest.isdigit() and rest.isascii():
@@ -72,15 +77,19 @@ def unique_timestamp(now_ms: int, directory: str, prefix: str) -> int:
     return ts
 
 
-def unique_rotated_name(queue_path: str, queue_name: str, now_ms: int, suffix: str = "") -> str:
-    """Return a new C{<q>.<ms><suffix>} whose timestamp sorts after every existing file."""
-    ts = max(unique_timestamp(now_ms, queue_path, queue_name + "."),
-             unique_timestamp(now_ms, queue_path, queue_name + TEMP_INFIX))
+def free_rotated_timestamp(queue_path: str, queue_name: str, now_ms: int) -> int:
+    """
+    Return C{now_ms} or more: a timestamp above every one in C{queue_name}'s
+    rotated, pack and C{~~} file names in C{queue_path} (one listing), for
+    which neither C{<q>.<ms>} nor C{<q>.<ms>.pack} exists.
+    """
+    names = list_names(queue_path)
+    ts = max(_timestamp_above(now_ms, names, queue_name + "."),
+             _timestamp_above(now_ms, names, queue_name + TEMP_INFIX))
     while True:
-        name = f"{queue_name}.{ts}"
-        path = os.path.join(queue_path, name)
+        path = os.path.join(queue_path, f"{queue_name}.{ts}")
         if not (os.path.lexists(path) or os.path.lexists(path + PACK_SUFFIX)):
-            return name + suffix
+            return ts
         ts += 1
 
 
