@@ -4,7 +4,7 @@ is rewritten over and over, next to the same load without rewrites.
 
 Run from the repository root:
 
-    python benchmarks/rewrite_latency.py                 # 10 connections, 5 s, 3 rounds
+    python benchmarks/rewrite_latency.py                 # 10 connections, 5 s, 5 rounds
     python benchmarks/rewrite_latency.py --seconds 1 --rounds 1   # smoke run
 
 Each connection sends set + get pairs of --item-size bytes to a queue of its
@@ -21,7 +21,10 @@ sync_journal: never; --sync-journal sets the policy of both servers). It
 prints, per server and round, the set latency p50/p99/p99.9,
 set+get pairs per second, the server's CPU µs per pair (utime + stime from
 /proc/<pid>/stat), the journal rewrites counted by `stats`, and the load
-average; then the medians and the p99 ratio (rewrites / no rewrites).
+average; then the medians, the p99 ratio of the medians (rewrites / no
+rewrites) and the spread of the ratio round by round (each round's two runs
+follow each other, so a round's ratio is the one least moved by a machine
+whose load drifts).
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=10)
     parser.add_argument("--item-size", type=int, default=1024)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one run")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (median)")
     parser.add_argument("--rewrite-size", default="256KiB",
                         help="default_journal_size of the server that rewrites (with "
                              "--backlog: its max_journal_size)")
@@ -169,6 +172,10 @@ def main() -> None:
               f"server CPU {m['cpu_us']:.0f} µs/pair, {m['rewrites']:.0f} rewrites")
     ratio = medians["rewrites"]["p99"] / medians["no rewrites"]["p99"]
     print(f"p99 with rewrites / without: {ratio:.2f}x (load average {os.getloadavg()[0]:.2f})")
+    by_round = sorted(with_["p99"] / without["p99"] for without, with_
+                      in zip(results["no rewrites"], results["rewrites"], strict=True))
+    print(f"p99 ratio round by round: median {statistics.median(by_round):.2f}x, "
+          f"range {by_round[0]:.2f}x-{by_round[-1]:.2f}x over {len(by_round)} rounds")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown
 from kestrel.item import QItem
+from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
@@ -96,7 +97,9 @@ class QueueCollection(Service):
 
     An C{on_fsync} observer (L{FsyncObserver}: C{(seconds, write_delays)})
     is handed to the journal of every queue created with C{keep_journal}, so
-    it hears of every fsync that makes journal writes durable. A
+    it hears of every fsync that makes journal writes durable, and
+    C{run_in_thread} and C{file_chores} (see L{FileJournal}) to each such
+    journal, for its work off the reactor thread. A
     C{queue_observer} factory is asked, by name, for the L{QueueObserver} of
     every queue as it is created (journal rewrite, rotation and read-behind
     times, request and queue sizes). C{on_delete} is called with the name of
@@ -118,6 +121,7 @@ class QueueCollection(Service):
 
     def __init__(self, config: ServerConfig, clock: IReactorTime, *,
                  run_in_thread: RunInThread | None = None,
+                 file_chores: Callable[[Chore], None] | None = None,
                  stats: ServerStats | None = None,
                  status: ServerStatus | None = None,
                  on_fsync: FsyncObserver | None = None,
@@ -130,6 +134,7 @@ class QueueCollection(Service):
         self.config = config
         self._clock = clock
         self._run_in_thread = run_in_thread
+        self._file_chores = file_chores
         self._on_fsync = on_fsync
         self._queue_observer = queue_observer
         #: Called with the name of every deleted queue (see L{delete}); may be set later.
@@ -518,6 +523,7 @@ class QueueCollection(Service):
             journal: IJournal = FileJournal(self._path, name, self._clock, config.sync_journal,
                                        archive_path=self._archive_path,
                                        run_in_thread=self._run_in_thread,
+                                       chores=self._file_chores,
                                        coalescer=self.write_coalescer,
                                        on_fsync=self._on_fsync,
                                        file_mode=self.config.journal_file_mode)

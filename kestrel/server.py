@@ -23,6 +23,7 @@ from kestrel.budget import ClientMemory
 from kestrel.collection import QueueCollection, RunInThread
 from kestrel.config import ServerConfig, dump_queue_config, load_config
 from kestrel.errors import ConfigError
+from kestrel.journal.chores import Chore
 from kestrel.metrics import GLOBAL_METRICS, Metrics
 from kestrel.session import ClientSession, ExternalReads
 from kestrel.stats import (
@@ -109,6 +110,7 @@ class KestrelServer:
     def from_config(cls, config: ServerConfig, clock: IReactorTime, *,
                     config_path: str | os.PathLike[str] | None = None,
                     run_in_thread: RunInThread | None = None,
+                    file_chores: Callable[[Chore], None] | None = None,
                     version: str = __version__,
                     on_shutdown: Callable[[], object] | None = None) -> KestrelServer:
         """
@@ -125,7 +127,8 @@ class KestrelServer:
                               config.status_change_grace_period or 0.0)
         metrics = Metrics()
         collection = QueueCollection(config, clock, run_in_thread=run_in_thread,
-                                     status=status, on_fsync=metrics.record_fsync,
+                                     file_chores=file_chores, status=status,
+                                     on_fsync=metrics.record_fsync,
                                      queue_observer=metrics.queue,
                                      on_delete=metrics.remove_queue)
         return cls(config, clock, collection, status, config_path=config_path, version=version,

@@ -44,6 +44,7 @@ from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, KestrelError, ShuttingDown
+from kestrel.journal.chores import FileChores
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.protocols.text import TextFactory
 from kestrel.server import KestrelServer
@@ -188,11 +189,13 @@ class KestrelService(MultiService):
     def __init__(self, server: KestrelServer, reactor: Any,
                  listeners: Sequence[ListenerService], *,
                  zookeeper: IService | None = None,
-                 install_signal_handlers: bool = True) -> None:
+                 install_signal_handlers: bool = True,
+                 file_chores: FileChores | None = None) -> None:
         super().__init__()
         self.server = server
         self.reactor = reactor
         self.zookeeper = zookeeper
+        self.file_chores = file_chores
         self.install_signal_handlers = install_signal_handlers
         for listener in listeners:
             listener.setServiceParent(self)
@@ -300,8 +303,9 @@ class KestrelService(MultiService):
 
     def stopService(self) -> Deferred[None]:
         """
-        Stop in order: ZooKeeper, listeners (waited for), live sessions, then
-        the queue collection (pending fsyncs, journals closed).
+        Stop in order: ZooKeeper, listeners (waited for), live sessions, the
+        queue collection (pending fsyncs, journals closed), then the
+        journals' file chores.
         """
         if self._stopping is not None:
             return self._stopping
@@ -316,9 +320,15 @@ class KestrelService(MultiService):
         d.addCallback(lambda _: self._disconnect_clients())
         d.addCallback(lambda _: self.server.collection.stopService())
         d.addErrback(self._logged, "Stopping the queues failed")
+        d.addCallback(lambda _: self._stop_file_chores())
         d.addCallback(lambda _: self._log.info("kestrel stopped"))
         self._stopping = d
         return d
+
+    def _stop_file_chores(self) -> None:
+        """Let the journals' file chores (closing replaced files) finish: 5 seconds at most."""
+        if self.file_chores is not None and not self.file_chores.stop(timeout=5.0):
+            self._log.warn("File chores still running at stop; the process exits without them")
 
     def _logged(self, failure: Failure, why: str) -> None:
         self._log.failure(why, failure)
@@ -392,8 +402,12 @@ def make_kestrel_service(config: ServerConfig, reactor: Any,
     config). Nothing touches the disk or the network until C{startService}
     (except creating C{queue_path}).
     """
+    run_in_thread = _run_in_thread(reactor)
+    # Chores need a thread as run_in_thread does: without it (a test reactor)
+    # the journals do that work inline.
+    chores = FileChores() if run_in_thread is not None else None
     server = KestrelServer.from_config(config, reactor, config_path=config_path,
-                                       run_in_thread=_run_in_thread(reactor),
+                                       run_in_thread=run_in_thread, file_chores=chores,
                                        on_shutdown=DelayedStop(reactor))
     listeners = _listeners(config, server, reactor)
     zookeeper = None
@@ -402,4 +416,5 @@ def make_kestrel_service(config: ServerConfig, reactor: Any,
             config.zookeeper, server.status, _advertised(listeners, config.listen_address),
             reactor)
     return KestrelService(server, reactor, listeners, zookeeper=zookeeper,
-                          install_signal_handlers=install_signal_handlers)
+                          install_signal_handlers=install_signal_handlers,
+                          file_chores=chores)

@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 from kestrel.item import QItem
 from kestrel.journal import naming
 from kestrel.journal import records as rec
+from kestrel.journal.chores import Chore
 from kestrel.journal.events import legacy_item
 from kestrel.journal.naming import PACK_SUFFIX, TEMP_INFIX, journal_queue_name
 from kestrel.journal.pack import (
@@ -154,7 +155,10 @@ class FileJournal:
     other operation on the file (sync, rotate, rewrite, close) flushes first.
     An C{on_fsync} observer is handed to every current file it opens, so it
     hears of each fsync that makes records of this queue durable (see
-    L{kestrel.journal.syncfile.FsyncObserver}).
+    L{kestrel.journal.syncfile.FsyncObserver}). With C{run_in_thread}, no
+    rotation, rewrite or pack fsyncs on the calling thread; with C{chores}
+    too (a L{kestrel.journal.chores.FileChores}), an empty rewrite under the
+    C{never} policy hands the file it replaced to them (L{_rewrite_empty}).
 
     @ivar size: bytes in the current file C{<q>}.
     @ivar archived_size: bytes in the rotated files.
@@ -169,7 +173,8 @@ class FileJournal:
                  write: Callable[[int, bytes], int] = os.write,
                  run_in_thread: RunInThread | None = None,
                  coalescer: WriteCoalescer | None = None,
-                 on_fsync: FsyncObserver | None = None, file_mode: int = 0o600) -> None:
+                 on_fsync: FsyncObserver | None = None, file_mode: int = 0o600,
+                 chores: Callable[[Chore], None] | None = None) -> None:
         self.queue_path = queue_path
         self._file_mode = file_mode
         self.queue_name = queue_name
@@ -179,6 +184,7 @@ class FileJournal:
         self._fsync = fsync
         self._os_write = write
         self._run_in_thread = run_in_thread
+        self._chores = chores
         self._coalescer = coalescer
         self._on_fsync = on_fsync
         self._writer: PeriodicSyncFile | _NotOpen = _NotOpen()
@@ -218,9 +224,11 @@ class FileJournal:
         # Held while the pack rule runs (a pack being put in place in a
         # thread, replay, an inline rewrite, erase): never two at once.
         self._install_lock = threading.Lock()
-        # An empty C{<q>~~<ms>} made in the thread job of the last empty
-        # rewrite, for the next one to rename over C{<q>} (see _rewrite_empty).
-        self._spare: str | None = None
+        # An empty C{<q>~~<ms>} (its name and a descriptor open on it for
+        # appending) made off this thread after the last empty rewrite, for
+        # the next one to rename over C{<q>} and write to (see
+        # _rewrite_empty). Set and taken under _install_lock.
+        self._spare: tuple[str, int] | None = None
         # Above every timestamp in this queue's file names, once known (see
         # _unique_rotated_name); None: read the folder.
         self._name_floor: int | None = None
@@ -533,7 +541,7 @@ class FileJournal:
         with self._install_lock:
             # (a reload after a failure: a pack installed in a thread meanwhile
             # is either done or finds its ~~ file gone and gives up)
-            self._spare = None
+            self._close_spare()
             self._name_floor = None
             self._known_without_rotated = False
             temps = [n for n in self._list() if n.startswith(self.queue_name + TEMP_INFIX)]
@@ -586,13 +594,14 @@ class FileJournal:
         self._writer = self._open_writer()
         self.size = self._writer.position
 
-    def _open_writer(self) -> PeriodicSyncFile:
+    def _open_writer(self, fd: int | None = None) -> PeriodicSyncFile:
+        """The writer of C{<q>}: opened here, or C{fd} (open on C{<q>} for appending)."""
         run_in_thread = None if self._run_in_thread is None else self._writer_thread
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
                                 fsync=self._writer_fsync, run_in_thread=run_in_thread,
                                 coalescer=self._coalescer, on_fsync=self._on_fsync,
                                 on_error=self._writer_failed, write=self._os_write,
-                                mode=self._file_mode)
+                                mode=self._file_mode, fd=fd)
 
     def _writer_fsync(self, fd: int) -> None:
         """The current files' fsync: C{fsync}, except the one close of a file just fsynced."""
@@ -1161,19 +1170,23 @@ class FileJournal:
         Replace C{<q>} by a new file holding only SAVE_XID, with no fsync and
         no freeing of the old file's blocks on this thread.
 
-        An empty C{<q>~~<ms>} is renamed over C{<q>} and the old writer
-        closed; a duplicate of its descriptor keeps the old file alive until
-        the one thread job of the rewrite fsyncs the directory and closes it,
-        so that the kernel frees the old file's blocks there (cutting a
-        16 MiB journal to nothing in place took about 4 ms on the calling
-        thread). That job then makes the empty file the next empty rewrite
-        renames (L{_make_spare}); only the first one creates its own here.
-        Under the C{never} sync policy the job fsyncs nothing: a power
-        loss may then undo the rewrite, and the old file replays, as any
-        write under that policy may be undone.
-        Until that job ends the new file's fsyncs wait, as after a
-        rotation; then the old file's writes are acknowledged (what they did
-        is cut: the queue is empty), or failed if the directory fsync
+        An empty C{<q>~~<ms>} is renamed over C{<q>} and becomes the writer.
+        It is the spare the last rewrite left, made and opened off this
+        thread (L{_make_spare}); only a queue's first empty rewrite, or one
+        whose spare is gone, creates its own here. The old file's last
+        descriptor is closed off this thread, so that the kernel frees its
+        blocks there (cutting a 16 MiB journal to nothing in place took
+        about 4 ms on the calling thread).
+
+        Under the C{never} sync policy nothing is fsynced and nothing waits:
+        given C{chores}, the old descriptor goes to them with the making of
+        the next spare, and nothing comes back to this thread. A power loss
+        may undo the rewrite, and the old file then replays, as any write
+        under that policy may be undone. Under any other policy (or without
+        chores) one thread job fsyncs the directory, closes the old file and
+        makes the spare; until it ends the new file's fsyncs wait, as after
+        a rotation; then the old file's writes are acknowledged (what they
+        did is cut: the queue is empty), or failed if the directory fsync
         failed. SAVE_XID is made durable by the sync policy, as any write.
         """
         self._epoch += 1
@@ -1181,41 +1194,51 @@ class FileJournal:
         self._clear_checkpoint()
         old.flush()
         current = self._path(self.queue_name)
-        spare, self._spare = self._spare, None
+        with self._install_lock:
+            spare, self._spare = self._spare, None
         if spare is not None:
             try:
-                os.rename(self._path(spare), current)
+                os.rename(self._path(spare[0]), current)
             except FileNotFoundError:
-                spare = None  # (a replay deleted it)
+                os.close(spare[1])  # (deleted by hand: make one)
+                spare = None
         if spare is None:
-            name = self._new_empty_temp()
+            spare = self._open_spare()
             try:
-                os.rename(self._path(name), current)
+                os.rename(self._path(spare[0]), current)
             except BaseException:
+                os.close(spare[1])
                 with contextlib.suppress(OSError):
-                    os.unlink(self._path(name))
+                    os.unlink(self._path(spare[0]))
                 raise
-        keep = os.dup(old.fileno())
-        acknowledge = self._close_presynced(old)
-        self._writer = new = self._open_writer()
-        queue_path = self.queue_path
         epoch = self._epoch
-        # With sync_journal: never nothing is fsynced, this neither: the
-        # directory fsync (a file system commit) was what a rewrite cost the
-        # other connections most (docs/performance.md).
-        sync_directory = self._policy is not None
+        chores = self._chores
+        handed = old.hand_over() if chores is not None and self._policy is None else None
+        if handed is not None:
+            assert chores is not None
+            self._writer = new = self._open_writer(spare[1])
+            chores(lambda: self._free_then_make_spare(handed, epoch))
+        else:
+            keep = os.dup(old.fileno())
+            acknowledge = self._close_presynced(old)
+            self._writer = new = self._open_writer(spare[1])
+            queue_path = self.queue_path
+            # With sync_journal: never nothing is fsynced, this neither: the
+            # directory fsync was what a rewrite cost the other connections
+            # most (docs/performance.md).
+            sync_directory = self._policy is not None
 
-        def sync_directory_then_free() -> str | None:
-            try:
-                if sync_directory:
-                    self._fsync_dir(queue_path)
-            finally:
-                os.close(keep)
-            return self._make_spare(epoch)
+            def sync_directory_then_free() -> None:
+                try:
+                    if sync_directory:
+                        self._fsync_dir(queue_path)
+                finally:
+                    os.close(keep)
+                self._make_spare(epoch)
 
-        done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
-        self._maintenance = done
-        done.addBoth(self._replacement_synced, acknowledge)
+            done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
+            self._maintenance = done
+            done.addBoth(self._replacement_synced, acknowledge)
         new.write(rec.SaveXid(xid_counter).encode()).addErrback(_log_failure)
         self.size = new.position
         self.archived_size = 0  # (rewrite() found no rotated files)
@@ -1224,17 +1247,20 @@ class FileJournal:
         # reactor thread; the queue's journal_rewrites stat counts them)
         self._log.debug("Journal {queue}: rewritten (empty)", queue=self.queue_name)
 
+    def _free_then_make_spare(self, fd: int, epoch: int) -> None:
+        """The chore of an empty rewrite under C{never}: close the old file, make the next spare."""
+        try:
+            os.close(fd)
+        finally:
+            self._make_spare(epoch)
+
     def _replacement_synced(self, result: object, acknowledge: Callable[..., None]) -> None:
         """
-        The directory fsync after an empty rewrite ended (the old file is
-        freed): acknowledge the old file's writes, or fail them and report
-        the failure, and let the new file sync.
+        The thread job of an empty rewrite ended (the directory fsynced, the
+        old file freed): acknowledge the old file's writes, or fail them and
+        report the failure, and let the new file sync.
         """
         self._maintenance = None
-        if isinstance(result, str):
-            self._spare = result
-            if self.closed:
-                self._drop_spare()
         if isinstance(result, Failure):
             self._log.error("Journal {queue}: fsync after an empty rewrite failed: {error}",
                             queue=self.queue_name, error=result.value)
@@ -1245,34 +1271,48 @@ class FileJournal:
             acknowledge()
         self._release_gated()
 
-    def _make_spare(self, epoch: int) -> str | None:
+    def _make_spare(self, epoch: int) -> None:
         """
-        In the thread job of an empty rewrite: create the empty C{<q>~~<ms>}
-        the next one renames over C{<q>}, so that creating it costs the
-        reactor thread nothing; C{None} if it could not be made or the
-        journal was erased or rewritten since C{epoch} (an erase holds
-        C{_install_lock} too, so no spare outlives it; one made while the
-        journal closes is deleted on the reactor thread).
+        Off the reactor thread, after an empty rewrite: make and open the
+        empty C{<q>~~<ms>} the next one renames over C{<q>}, so that creating
+        and opening it costs the reactor thread nothing. Nothing is made if
+        the journal was closed, erased or rewritten since C{epoch} (all of
+        which take C{_install_lock}, as this does, to drop a spare, so none
+        outlives them), or if it cannot be made (logged; the next rewrite
+        then makes its own).
         """
         with self._install_lock:
-            if self._epoch != epoch:
-                return None
+            if self._epoch != epoch or self.closed or self._spare is not None:
+                return
             try:
-                return self._new_empty_temp()
+                self._spare = self._open_spare()
             except OSError as e:
                 self._log.warn("Journal {queue}: no spare file for the next rewrite: {error}",
                                queue=self.queue_name, error=e)
-                return None
 
-    def _new_empty_temp(self) -> str:
-        """Create an empty C{<q>~~<ms>} file and return its name."""
-        name, f = self._new_temp(buffering=0)
-        f.close()
-        return name
+    def _open_spare(self) -> tuple[str, int]:
+        """Create an empty C{<q>~~<ms>} file; return its name and a descriptor appending to it."""
+        ts = self._now_ms()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
+        while True:
+            name = f"{self.queue_name}{TEMP_INFIX}{ts}"
+            try:
+                return name, os.open(self._path(name), flags, self._file_mode)
+            except FileExistsError:
+                ts += 1
+
+    def _close_spare(self) -> str | None:
+        """Forget the spare (the caller holds C{_install_lock}); return its name, if any."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        os.close(spare[1])
+        return spare[0]
 
     def _drop_spare(self) -> None:
-        """Delete the spare file kept for the next empty rewrite, if any."""
-        name, self._spare = self._spare, None
+        """Close and delete the spare kept for the next empty rewrite, if any."""
+        with self._install_lock:
+            name = self._close_spare()
         if name is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self._path(name))

@@ -193,6 +193,9 @@ class PeriodicSyncFile:
     fsync, the one at L{close} included, is reported to it; each write then
     also notes its clock time. Without one, nothing is timed.
 
+    With C{fd}, the file is that descriptor, already open on C{path} for
+    appending (O_APPEND), instead of one this opens.
+
     @ivar position: the size of the file in bytes (every byte written).
     """
 
@@ -204,7 +207,8 @@ class PeriodicSyncFile:
                  coalescer: WriteCoalescer | None = None,
                  on_fsync: FsyncObserver | None = None,
                  on_error: ErrorObserver | None = None,
-                 write: Callable[[int, bytes], int] = os.write, mode: int = 0o600) -> None:
+                 write: Callable[[int, bytes], int] = os.write, mode: int = 0o600,
+                 fd: int | None = None) -> None:
         self.path = path
         self._os_write = write
         self._clock = clock
@@ -212,7 +216,8 @@ class PeriodicSyncFile:
         self._fsync = fsync
         self._run_in_thread = run_in_thread
         # O_NOFOLLOW: a symbolic link planted in the queue folder is never written through.
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
+        self._fd = fd if fd is not None else os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
         self.position: int = os.fstat(self._fd).st_size
         #: Bytes known durable: the file's size at open, then what each
         #: successful fsync covered.
@@ -464,6 +469,22 @@ class PeriodicSyncFile:
         done, fire = self.close_deferring()
         fire()
         return done
+
+    def hand_over(self) -> int | None:
+        """
+        Close this file without an fsync and return its descriptor, which the
+        caller then owns (and closes); or return C{None} and do nothing if a
+        write still waits to be durable, bytes are held back or an fsync runs
+        (then L{close} it). Under the C{None} policy only an explicit L{sync}
+        leaves anything waiting.
+        """
+        if self._closed or self._pending or self._held or self._syncing:
+            return None
+        self._closed = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        return self._fd
 
     def close_deferring(self) -> tuple[Deferred[None], Callable[..., None]]:
         """

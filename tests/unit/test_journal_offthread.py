@@ -263,11 +263,11 @@ def test_no_spare_outlives_an_erase_or_a_failed_creation(tmp_path, clock: Clock,
     journal.remove()
     journal.rewrite([], [], xid_counter=1)
 
-    def no_space(buffering: int = 0) -> Any:
+    def no_space() -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch, capturedLogs() as events:
-        patch.setattr(journal, "_new_temp", no_space)
+        patch.setattr(journal, "_open_spare", no_space)
         thread.run_all()
     assert any("no spare file" in e.get("log_format", "") for e in events)
     assert sorted(os.listdir(tmp_path)) == ["q"]
@@ -581,3 +581,136 @@ def test_a_rewrite_whose_pack_cannot_be_written_leaves_the_files(tmp_path,
     assert replayed(tmp_path, clock) == [rec.SaveXid(7), rec.Add(b"1", 1_767_225_600_000, 0),
                                          rec.Add(b"2", 1_767_225_600_000, 0)]
     value(journal.close())
+
+
+class Chores:
+    """The journal's C{chores}: kept until L{run_all}, run as if on the chores thread."""
+
+    def __init__(self, thread: ThreadFlag) -> None:
+        self.thread = thread
+        self.pending: list[Any] = []
+
+    def __call__(self, chore: Any) -> None:
+        self.pending.append(chore)
+
+    def run_all(self) -> None:
+        pending, self.pending = self.pending, []
+        self.thread.running = True
+        try:
+            for chore in pending:
+                chore()
+        finally:
+            self.thread.running = False
+
+
+def open_never_journal(path, clock: Clock) -> tuple[FileJournal, ThreadFlag, Chores, Fsyncs]:
+    thread = ThreadFlag()
+    chores = Chores(thread)
+    fsyncs = Fsyncs(thread)
+    journal = FileJournal(str(path), "q", clock, None, fsync=fsyncs, run_in_thread=thread,
+                          chores=chores)
+    journal.replay(lambda record: None)
+    return journal, thread, chores, fsyncs
+
+
+def test_empty_rewrite_under_never_hands_the_old_file_to_the_chores(tmp_path, clock: Clock,
+                                                                    monkeypatch: Any) -> None:
+    """
+    Under C{never}, with chores, an empty rewrite runs no thread-pool job and
+    waits for nothing: the old file's descriptor goes to a chore, which
+    closes it (its blocks are freed there) and makes and opens the next
+    spare; the next rewrite renames that spare over C{q} and writes to it
+    through the chore's descriptor, opening no file on the calling thread.
+    """
+    journal, thread, chores, fsyncs = open_never_journal(tmp_path, clock)
+    for _ in range(20):
+        journal.add(item(b"x" * 1000))
+        journal.remove()
+    journal.rewrite([], [], xid_counter=4)
+    assert thread.jobs == [] and not journal.maintaining and len(chores.pending) == 1
+    # The handed descriptor still holds the old file: it was not closed here.
+    assert deleted_but_open(tmp_path) == [f"{tmp_path / 'q'} (deleted)"]
+    chores.run_all()
+    assert deleted_but_open(tmp_path) == []
+    spare = spare_name(tmp_path)
+    spare_inode = os.stat(tmp_path / spare).st_ino
+    journal.add(item(b"one"))
+    journal.remove()
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "open", counting_open)
+        journal.rewrite([], [], xid_counter=5)
+        after = journal.add(item(b"after"))
+    assert opened == []
+    assert os.stat(tmp_path / "q").st_ino == spare_inode
+    assert value(after) is None
+    chores.run_all()
+    assert thread.jobs == [] and fsyncs.inline == 0 and fsyncs.in_thread == 0
+    assert sorted(os.listdir(tmp_path)) == ["q", spare_name(tmp_path)]
+    value(journal.close())
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert replayed(tmp_path, clock) == [rec.SaveXid(5),
+                                         rec.Add(b"after", 1_767_225_600_000, 0)]
+
+
+def test_chores_overtaken_by_a_rewrite_close_or_erase_leave_no_spare(tmp_path,
+                                                                      clock: Clock) -> None:
+    """
+    A rewrite made before the last one's chore ran makes its own empty file;
+    a chore overtaken by a later rewrite, a close or an erase still frees its
+    old file but makes no spare, so no spare outlives the journal.
+    """
+    journal, _, chores, _ = open_never_journal(tmp_path, clock)
+    journal.add(item(b"one"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=1)
+    journal.add(item(b"two"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=2)  # the first chore has not run
+    assert len(chores.pending) == 2
+    chores.run_all()
+    assert deleted_but_open(tmp_path) == []
+    spare_name(tmp_path)  # exactly one: the second chore's
+    journal.add(item(b"three"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=3)
+    value(journal.close())
+    chores.run_all()
+    assert deleted_but_open(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == ["q"]
+    assert replayed(tmp_path, clock) == [rec.SaveXid(3)]
+
+    journal, _, chores, _ = open_never_journal(tmp_path, clock)
+    journal.add(item(b"four"))
+    journal.remove()
+    journal.rewrite([], [], xid_counter=4)
+    journal.erase()
+    chores.run_all()
+    assert os.listdir(tmp_path) == [] and deleted_but_open(tmp_path) == []
+
+
+def test_empty_rewrite_during_an_fsync_under_never_takes_the_thread_job(tmp_path,
+                                                                        clock: Clock) -> None:
+    """
+    An fsync asked for under C{never} (read-behind starts with one) still runs
+    on the old descriptor: the rewrite then closes it as under the other
+    policies, through a thread job, and the fsync's Deferred fires.
+    """
+    journal, thread, chores, _ = open_never_journal(tmp_path, clock)
+    journal.add(item(b"one"))
+    journal.remove()
+    synced = journal._writer.sync()
+    assert value(synced) is PENDING
+    journal.rewrite([], [], xid_counter=6)
+    assert chores.pending == [] and journal.maintaining
+    thread.run_all()
+    assert value(synced) is None and not journal.maintaining
+    assert deleted_but_open(tmp_path) == []
+    value(journal.close())
+    assert replayed(tmp_path, clock) == [rec.SaveXid(6)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +12,11 @@ import pytest
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IReactorThreads
 from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
 from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from kestrel.config import DEFAULT_CONFIG, ServerConfig
 from kestrel.errors import KestrelError
@@ -287,3 +292,63 @@ def test_server_sets_that_cannot_be_joined_after_replay_stop_the_server(
     assert service.start_error == "zookeeper: no endpoint to publish"
     assert any("cannot join its ZooKeeper" in e.get("log_format", "") for e in events)
     service.stopService()
+
+
+class _InlinePool:
+    """A thread pool that runs each job at once, on the calling thread."""
+
+    def callInThreadWithCallback(self, on_result: Any, job: Any,  # noqa: N802 - Twisted's name
+                                 *args: Any, **kwargs: Any) -> None:
+        try:
+            result = job(*args, **kwargs)
+        except BaseException:
+            on_result(False, Failure())
+        else:
+            on_result(True, result)
+
+
+@implementer(IReactorThreads)
+class ThreadedMemoryReactor(MemoryReactorClock):
+    """A MemoryReactorClock that has threads (IReactorThreads): its pool runs jobs inline."""
+
+    def getThreadPool(self) -> Any:  # noqa: N802 - Twisted's name
+        return _InlinePool()
+
+    def callFromThread(self, f: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N802
+        f(*args, **kwargs)
+
+    def callInThread(self, f: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N802
+        f(*args, **kwargs)
+
+    def suggestThreadPoolSize(self, size: int) -> None:  # noqa: N802 - Twisted's name
+        pass
+
+
+def test_journals_hand_replaced_files_to_file_chores_stopped_with_the_service(
+        tmp_path: Path) -> None:
+    """
+    With a reactor that has threads, the journals' empty rewrites hand the
+    replaced files to the service's file chores (one thread); stopping the
+    service ends that thread with every replaced file closed and no spare
+    file left.
+    """
+    config = config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0)
+    config = attrs.evolve(config, default=attrs.evolve(config.default,
+                                                       default_journal_size=1024))
+    service = build(config, ThreadedMemoryReactor())
+    assert service.file_chores is not None
+    service.startService()
+    collection = service.server.collection
+    for _ in range(10):
+        assert collection.add("q", b"x" * 2000).result is True
+        assert collection.remove("q").result is not None
+    assert int(dict(collection.queue("q").dump_stats())["journal_rewrites"]) >= 5
+    assert service.file_chores.join(timeout=10)
+    assert "kestrel-file-chores" in {t.name for t in threading.enumerate()}
+    service.stopService()
+    assert "kestrel-file-chores" not in {t.name for t in threading.enumerate()}
+    queue_path = tmp_path / "queues"
+    assert sorted(os.listdir(queue_path)) == ["q"]
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert not [t for t in held if t.startswith(str(queue_path))]
