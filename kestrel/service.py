@@ -181,6 +181,9 @@ class KestrelService(MultiService):
     L{startService}, once the queue collection has listed the queues to
     load; and they stop before the queue collection, in the order
     L{stopService} spells out. C{loaded} fires once every queue is loaded.
+
+    @ivar file_chores: the journals' L{FileChores} (None on a reactor
+        without threads), stopped last.
     """
 
     _log = Logger()
