@@ -1058,7 +1058,7 @@ class PersistentQueue:
         rewrites = not journal.packing
         if (rewrites and (aggressive or self._allow_rewrites)
                 and size >= cfg.default_journal_size and self.length == 0):
-            self._rewrite_empty_journal()
+            self._rewrite_journal()
             if not aggressive and journal.size >= cfg.default_journal_size // 2:
                 self._disallow_rewrites_for_delay()
         elif (rewrites and self._allow_rewrites
@@ -1070,16 +1070,11 @@ class PersistentQueue:
             self._disallow_rewrites_for_delay()
         elif size > cfg.max_memory_size:
             if rewrites and not aggressive and self.length == 0:
-                self._rewrite_empty_journal()
+                self._rewrite_journal()
             if journal.size > cfg.max_memory_size:
                 self._log.info("Rotating journal of {queue}", queue=self.name)
                 self._rotate_journal(
                     journal.size + journal.archived_size > cfg.max_journal_size)
-
-    def _rewrite_empty_journal(self) -> None:
-        # (the journal logs the rewrite, at debug: it is frequent and routine,
-        # and a log line's cost is on the reactor thread)
-        self._rewrite_journal()
 
 
 class _PendingRead:

@@ -30,7 +30,7 @@ import struct
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -1043,22 +1043,25 @@ class FileJournal:
         """The records of a compact journal (L{pack.dump_records}), empty items stamped now."""
         return dump_records(xid_counter, reserved_items, middle, items, self._now_ms())
 
-    def _new_temp(self, buffering: int = 1024 * 1024) -> tuple[str, BinaryIO]:
-        """Create a new, empty C{<q>~~<ms>} file; return its name and the file, open for writing."""
+    def _create_temp(self, flags: int = 0) -> tuple[str, int]:
+        """
+        Create a new, empty C{<q>~~<ms>} file; return its name and a
+        descriptor open on it for writing (with C{flags} too, e.g. C{O_APPEND}).
+        """
         ts = self._now_ms()
         while True:
             name = f"{self.queue_name}{TEMP_INFIX}{ts}"
             try:
-                return name, open(self._path(name), "xb", buffering=buffering,
-                                  opener=self._opener)
+                return name, self._opener(self._path(name),
+                                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags)
             except FileExistsError:
                 ts += 1
 
     def _write_temp(self, parts: Iterable[bytes]) -> tuple[str, int]:
         """Write C{parts} to a new C{<q>~~<ms>} file and fsync it; return its name and size."""
-        name, f = self._new_temp()
+        name, fd = self._create_temp()
         try:
-            with f:
+            with os.fdopen(fd, "wb", buffering=1024 * 1024) as f:
                 for part in parts:
                     f.write(part)
                 f.flush()
@@ -1203,7 +1206,7 @@ class FileJournal:
                 os.close(spare[1])  # (deleted by hand: make one)
                 spare = None
         if spare is None:
-            spare = self._open_spare()
+            spare = self._create_temp(os.O_APPEND)
             try:
                 os.rename(self._path(spare[0]), current)
             except BaseException:
@@ -1213,32 +1216,12 @@ class FileJournal:
                 raise
         epoch = self._epoch
         chores = self._chores
-        handed = old.hand_over() if chores is not None and self._policy is None else None
-        if handed is not None:
-            assert chores is not None
-            self._writer = new = self._open_writer(spare[1])
+        if (chores is not None and self._policy is None
+                and (handed := old.hand_over()) is not None):
             chores(lambda: self._free_then_make_spare(handed, epoch))
         else:
-            keep = os.dup(old.fileno())
-            acknowledge = self._close_presynced(old)
-            self._writer = new = self._open_writer(spare[1])
-            queue_path = self.queue_path
-            # With sync_journal: never nothing is fsynced, this neither: the
-            # directory fsync was what a rewrite cost the other connections
-            # most (docs/performance.md).
-            sync_directory = self._policy is not None
-
-            def sync_directory_then_free() -> None:
-                try:
-                    if sync_directory:
-                        self._fsync_dir(queue_path)
-                finally:
-                    os.close(keep)
-                self._make_spare(epoch)
-
-            done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
-            self._maintenance = done
-            done.addBoth(self._replacement_synced, acknowledge)
+            self._free_in_thread(old, epoch)
+        self._writer = new = self._open_writer(spare[1])
         new.write(rec.SaveXid(xid_counter).encode()).addErrback(_log_failure)
         self.size = new.position
         self.archived_size = 0  # (rewrite() found no rotated files)
@@ -1246,6 +1229,32 @@ class FileJournal:
         # queue, and a log line is among this rewrite's costlier steps on the
         # reactor thread; the queue's journal_rewrites stat counts them)
         self._log.debug("Journal {queue}: rewritten (empty)", queue=self.queue_name)
+
+    def _free_in_thread(self, old: PeriodicSyncFile, epoch: int) -> None:
+        """
+        Close C{old} on this thread without an fsync, keeping a duplicate of
+        its descriptor for one thread job that fsyncs the directory (not
+        under C{never}, which fsyncs nothing), closes the duplicate (freeing
+        the old file there) and makes the next spare. Until the job ends the
+        new file's fsyncs wait; then C{old}'s writes are acknowledged, or
+        failed with the directory fsync (L{_replacement_synced}).
+        """
+        keep = os.dup(old.fileno())
+        acknowledge = self._close_presynced(old)
+        queue_path = self.queue_path
+        sync_directory = self._policy is not None
+
+        def sync_directory_then_free() -> None:
+            try:
+                if sync_directory:
+                    self._fsync_dir(queue_path)
+            finally:
+                os.close(keep)
+            self._make_spare(epoch)
+
+        done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
+        self._maintenance = done
+        done.addBoth(self._replacement_synced, acknowledge)
 
     def _free_then_make_spare(self, fd: int, epoch: int) -> None:
         """The chore of an empty rewrite under C{never}: close the old file, make the next spare."""
@@ -1285,21 +1294,10 @@ class FileJournal:
             if self._epoch != epoch or self.closed or self._spare is not None:
                 return
             try:
-                self._spare = self._open_spare()
+                self._spare = self._create_temp(os.O_APPEND)
             except OSError as e:
                 self._log.warn("Journal {queue}: no spare file for the next rewrite: {error}",
                                queue=self.queue_name, error=e)
-
-    def _open_spare(self) -> tuple[str, int]:
-        """Create an empty C{<q>~~<ms>} file; return its name and a descriptor appending to it."""
-        ts = self._now_ms()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
-        while True:
-            name = f"{self.queue_name}{TEMP_INFIX}{ts}"
-            try:
-                return name, os.open(self._path(name), flags, self._file_mode)
-            except FileExistsError:
-                ts += 1
 
     def _close_spare(self) -> str | None:
         """Forget the spare (the caller holds C{_install_lock}); return its name, if any."""

@@ -263,11 +263,11 @@ def test_no_spare_outlives_an_erase_or_a_failed_creation(tmp_path, clock: Clock,
     journal.remove()
     journal.rewrite([], [], xid_counter=1)
 
-    def no_space() -> Any:
+    def no_space(flags: int = 0) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch, capturedLogs() as events:
-        patch.setattr(journal, "_open_spare", no_space)
+        patch.setattr(journal, "_create_temp", no_space)
         thread.run_all()
     assert any("no spare file" in e.get("log_format", "") for e in events)
     assert sorted(os.listdir(tmp_path)) == ["q"]
