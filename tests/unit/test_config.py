@@ -900,3 +900,62 @@ def test_parse_and_render_come_from_the_declaration() -> None:
         queue_key("no_such_key")
     assert dump_queue_config(QueueConfig()) == [
         f"{f.name}={queue_key(f.name).render(f.default)}" for f in attrs.fields(QueueConfig)]
+
+
+# -- one declaration per server and zookeeper key --------------------------------------------
+
+
+def docs_table(heading: str) -> list[str]:
+    """The table lines of the docs/config.md section under C{heading} (up to the next one)."""
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text.split(heading + "\n", 1)[1].split("\n#", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+def test_docs_server_keys_table_is_the_declaration() -> None:
+    """docs/config.md's server-level table is exactly what the ServerConfig declaration renders."""
+    from kestrel.config import server_keys_table
+
+    assert docs_table("## Server-level keys") == server_keys_table()
+    assert [row.split("`")[1] for row in server_keys_table()[2:]] == SERVER_KEYS
+
+
+def test_docs_zookeeper_keys_table_is_the_declaration() -> None:
+    """The zookeeper table is the ZooKeeperConfig declaration; the docs' example uses its keys."""
+    from kestrel.config import zookeeper_keys_table
+
+    assert docs_table("### `zookeeper`") == zookeeper_keys_table()
+    text = (ROOT / "docs" / "config.md").read_text().split("### `zookeeper`", 1)[1]
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert set(yaml.safe_load(example)["zookeeper"]) == set(attrs.fields_dict(ZooKeeperConfig))
+    assert parse_config(example).zookeeper == ZooKeeperConfig(
+        host="zk.example.com", path_prefix="/kestrel/prod", advertise_host="10.0.0.5")
+
+
+def test_docs_server_default_column_parses_to_the_default() -> None:
+    """Each server key's default as the docs show it reads back as the built-in value."""
+    from kestrel.config import server_key
+
+    for name in SERVER_KEYS:
+        shown = server_key(name).shown
+        if name == "default":
+            assert shown == "(built-ins)"
+            continue
+        document = f"{name}: {shown.strip('`')}\n"
+        assert getattr(parse_config(document), name) == getattr(DEFAULT_CONFIG, name), name
+
+
+def test_every_scalar_server_key_parses_in_the_file_and_on_the_command_line() -> None:
+    """The file and with_overrides take one key's value through the same declared parser."""
+    from kestrel.config import server_key
+
+    scalars = [name for name in SERVER_KEYS if server_key(name).parse is not None]
+    assert "zookeeper" not in scalars and "queues" not in scalars
+    assert len(scalars) == len(SERVER_KEYS) - 4
+    for name in scalars:
+        with pytest.raises(ConfigError, match=f"^k.yaml:1: {name}: "):
+            parse_config(f"{name}: [1]\n", "k.yaml")
+        with pytest.raises(ConfigError, match=f"^<overrides>: {name}: "):
+            DEFAULT_CONFIG.with_overrides(**{name: [1]})
+    with pytest.raises(KeyError):
+        server_key("warnings")
