@@ -154,7 +154,9 @@ def test_leaky_reader(server: KestrelProcess) -> None:
 
 def test_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that refuses connections is reported, exit status 1."""
-    monkeypatch.setattr(load, "CONNECT_PATIENCE", 0.1)
+    from kestrel.tools.load import clients
+
+    monkeypatch.setattr(clients, "CONNECT_PATIENCE", 0.1)
     out = io.StringIO()
     from tests.support import free_port
     port = free_port()

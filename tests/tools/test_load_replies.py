@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kestrel.tools.load import Connection, LoadError, mc_value
+from kestrel.tools.load.clients import Connection, LoadError, mc_value
 
 
 def feed(chunks: list[bytes]) -> Connection:
