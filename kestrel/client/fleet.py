@@ -31,7 +31,7 @@ aborted on arrival.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
@@ -48,6 +48,7 @@ from kestrel.client.errors import (
 )
 from kestrel.client.health import Backoff, Health
 from kestrel.client.pool import Connection, Connector, Pool, tcp_connector
+from kestrel.client.stream import ReadStream
 
 
 def _reason(error: BaseException | Failure) -> str:
@@ -138,8 +139,9 @@ class _Race:
     """
 
     def __init__(self, client: KestrelClient, queue: str, servers: Sequence[str],
-                 timeout: float) -> None:
+                 timeout: float, skipped: Sequence[str] = ()) -> None:
         self.client = client
+        self.skipped = list(skipped)
         self.queue = queue
         self.timeout_ms = max(1, int(timeout * 1000))
         self.result: Deferred[ReadHandle | None] = Deferred(self._cancel)
@@ -200,7 +202,9 @@ class _Race:
                 self._decide(None)
             else:
                 self.decided = True
-                self.result.errback(AllServersFailed(f"read from {self.queue}", self.attempts))
+                self.result.errback(AllServersFailed(
+                    f"read from {self.queue}",
+                    self.attempts + self.client._not_tried(self.skipped)))
 
     def _decide(self, handle: ReadHandle | None) -> None:
         self._stop_others()
@@ -304,6 +308,10 @@ class KestrelClient:
             attempts.append((server, _reason(e)))
             return None
 
+    def _not_tried(self, servers: Sequence[str]) -> list[tuple[str, str]]:
+        """C{(server, why it was not tried)} for each of C{servers}: those left out by health."""
+        return [(server, self.health.left_out(server) or "not tried") for server in servers]
+
     def _order(self, servers: Sequence[str]) -> list[str]:
         """Healthy servers in random order, then those left out (soonest back first)."""
         healthy, out = self.health.split(list(servers))
@@ -381,7 +389,10 @@ class KestrelClient:
 
         Fires with a L{ReadHandle}, or None when no item came within
         C{timeout} seconds (None or 0: do not wait). Fails with
-        L{AllServersFailed} when no read server answered at all.
+        L{AllServersFailed} when no read server answered at all; its
+        C{attempts} name every read server: those asked, with their failure,
+        and those left out by an earlier failure (a read asks them only when
+        every server is left out), with why and for how long.
         """
         return Deferred.fromCoroutine(self._read(queue, timeout))
 
@@ -430,8 +441,9 @@ class KestrelClient:
             if got is not None:
                 return ReadHandle(self, conn, queue, got[0], got[1])
             self.pool.release(conn)
+        skipped = [s for s in servers if s not in healthy]
         if len(attempts) == len(healthy) and not timeout:
-            raise AllServersFailed(f"read from {queue}", attempts)
+            raise AllServersFailed(f"read from {queue}", attempts + self._not_tried(skipped))
         if not timeout:
             return None
         # All empty (or failed): wait on every read server at once, the
@@ -440,15 +452,14 @@ class KestrelClient:
         left = timeout - (self.reactor.seconds() - started)  # the sweep counts too
         if left <= 0:
             return None
-        return await _Race(self, queue, waiting_on, left).result
+        return await _Race(self, queue, waiting_on, left,
+                           [s for s in servers if s not in waiting_on]).result
 
     # -- worker loops and lifetime
 
-    def read_stream(self, queue: str, handler: Any, concurrency: int = 1,
-                    **options: Any) -> Any:
+    def read_stream(self, queue: str, handler: Callable[[bytes], Any], concurrency: int = 1,
+                    **options: Any) -> ReadStream:
         """Start a L{kestrel.client.stream.ReadStream} of C{concurrency} workers on C{queue}."""
-        from kestrel.client.stream import ReadStream
-
         stream = ReadStream(self, queue, handler, concurrency, **options)
         stream.start()
         return stream

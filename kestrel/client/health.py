@@ -81,6 +81,14 @@ class Health:
         state = self._states.get(server)
         return 0.0 if state is None else state.down_until
 
+    def left_out(self, server: str) -> str:
+        """Why and for how long C{server} is left out (for error messages); "" when it is not."""
+        state = self._states.get(server)
+        if state is None or state.down_until <= self._now():
+            return ""
+        return (f"left out for {state.down_until - self._now():.2f}s more after "
+                f"{state.failures} failure(s) in a row ({state.reason})")
+
     def split(self, servers: list[str]) -> tuple[list[str], list[str]]:
         """C{servers} as (healthy, left out), the left-out ones soonest back first."""
         if not self._states:

@@ -12,21 +12,52 @@ C{stop()} stops taking new items: a waiting read is cancelled (its
 connections are closed, so the servers keep or return their items), a
 handler already running is allowed to finish and its item is confirmed or
 aborted; the Deferred it returns fires when every worker has ended.
+
+A stream needs only what L{ReadSource} and L{OpenRead} describe, which
+L{kestrel.client.fleet.KestrelClient} and its L{ReadHandle} provide; this
+module does not import the fleet client (the fleet client imports it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, maybeDeferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.client.health import Backoff
 
-if TYPE_CHECKING:
-    from kestrel.client.fleet import KestrelClient
+
+class OpenRead(Protocol):
+    """One item of an open reliable read: its bytes, where it came from, and how to settle it."""
+
+    @property
+    def data(self) -> bytes:
+        """The item."""
+
+    @property
+    def server(self) -> str:
+        """The server that handed it out (for log lines)."""
+
+    def confirm(self) -> Deferred[None]:
+        """Remove the item for good."""
+
+    def abort(self) -> Deferred[None]:
+        """Give the item back to its queue."""
+
+
+class ReadSource(Protocol):
+    """What a stream reads through: a reactor for its pauses, and reliable reads."""
+
+    @property
+    def reactor(self) -> IReactorTime:
+        """The reactor the stream's backoff pauses are scheduled on."""
+
+    def read(self, queue: str, timeout: float | None = None) -> Deferred[Any]:
+        """Open a reliable read: fire with an L{OpenRead}, or None when none came in time."""
 
 
 class ReadStream:
@@ -39,7 +70,7 @@ class ReadStream:
 
     log = Logger()
 
-    def __init__(self, client: KestrelClient, queue: str,
+    def __init__(self, client: ReadSource, queue: str,
                  handler: Callable[[bytes], Any], concurrency: int = 1, *,
                  poll: float = 1.0, backoff: Backoff | None = None) -> None:
         if concurrency < 1:
@@ -89,7 +120,7 @@ class ReadStream:
             read = self.client.read(self.queue, self.poll)
             self._reads.add(read)
             try:
-                handle = await read
+                handle: OpenRead | None = await read
             except CancelledError:
                 break
             except Exception as e:

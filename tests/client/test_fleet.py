@@ -220,6 +220,43 @@ def test_race_skips_a_down_server_and_fails_when_none_answers(net: Net) -> None:
         settle(net, client.read("q", timeout=1.0))
 
 
+def test_failed_read_names_every_server_even_those_left_out(net: Net) -> None:
+    """A read that fails lists the servers it skipped (in backoff) too, not only those asked."""
+    client = fleet(net, A, B, C)
+    net.down(A)
+    assert settle(net, client.read("q")) is None  # A fails and is left out; B and C are empty
+    assert not client.health.healthy(A)
+    connects = net.connects.count(A)
+    net.down(B)
+    net.down(C)
+    with pytest.raises(AllServersFailed) as info:
+        settle(net, client.read("q"))
+    reasons = dict(info.value.attempts)
+    assert set(reasons) == {A, B, C}
+    assert reasons[A].startswith("left out for ") and "1 failure(s) in a row" in reasons[A]
+    assert "refused" in reasons[A].lower()
+    assert "left out" not in reasons[B] and "left out" not in reasons[C]
+    assert net.connects.count(A) == connects  # named, but not asked while in backoff
+    assert f"{A}: left out for " in str(info.value)
+
+
+def test_failed_race_names_the_servers_it_did_not_wait_on(net: Net) -> None:
+    """A waiting read whose contenders all fail names the left-out servers as well."""
+    client = fleet(net, A, B, C)
+    net.down(A)
+    assert settle(net, client.read("q")) is None
+    d = client.read("q", timeout=0.8)
+    net.run(0.05)
+    net.down(B)
+    net.down(C)
+    net.run(0.05)
+    with pytest.raises(AllServersFailed) as info:
+        resolved(d)
+    reasons = dict(info.value.attempts)
+    assert set(reasons) == {A, B, C}
+    assert reasons[A].startswith("left out for ")
+
+
 def test_cancelled_race_closes_its_waits(net: Net) -> None:
     client = fleet(net, A, B)
     d = client.read("q", timeout=5.0)
