@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -22,6 +23,10 @@ from kestrel.tap import Options, StartError, StartErrors, makeService
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: For a start that gets past the "kazoo is not installed" check to a later one.
+needs_kazoo = pytest.mark.skipif(importlib.util.find_spec("kazoo") is None,
+                                 reason="needs kazoo (the zookeeper extra)")
 
 
 def parse(*args: str) -> Options:
@@ -264,6 +269,7 @@ def test_port_in_use_as_a_daemon(tmp_path: Path) -> None:
     assert f"127.0.0.1:{port} for the memcache listener" in (tmp_path / "k.log").read_text()
 
 
+@needs_kazoo
 def test_zookeeper_with_loopback_address_is_one_line(tmp_path: Path) -> None:
     """A zookeeper section while listening on loopback cannot be advertised: one line."""
     (tmp_path / "k.yaml").write_text("zookeeper: {host: 127.0.0.1, path_prefix: /kestrel}\n")
@@ -273,6 +279,7 @@ def test_zookeeper_with_loopback_address_is_one_line(tmp_path: Path) -> None:
     assert line.endswith("(listen_address is 127.0.0.1)")
 
 
+@needs_kazoo
 def test_zookeeper_with_nothing_to_advertise_is_one_line(tmp_path: Path) -> None:
     """A zookeeper section with every client listener disabled: one line saying so."""
     (tmp_path / "k.yaml").write_text("zookeeper: {host: 127.0.0.1, path_prefix: /kestrel}\n")
