@@ -45,7 +45,7 @@ def _find_malloc_trim() -> Callable[[int], int] | None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    return trim  # type: ignore[no-any-return]
+    return trim
 
 
 _MALLOC_TRIM = _find_malloc_trim()

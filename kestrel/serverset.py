@@ -38,6 +38,7 @@ from typing import Any
 import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger, LogLevel
 from twisted.python.threadpool import ThreadPool
@@ -172,7 +173,7 @@ def member_data(main: tuple[str, int], endpoints: Mapping[str, tuple[str, int]],
 class _KazooLogBridge(logging.Handler):
     """Hands kazoo's (stdlib) log records to the Twisted logger, on the reactor thread."""
 
-    def __init__(self, reactor: Any, log: Logger) -> None:
+    def __init__(self, reactor: IReactorFromThreads, log: Logger) -> None:
         super().__init__(logging.WARNING)
         self._reactor = reactor
         self._log = log
@@ -229,7 +230,7 @@ class ServerSetPublisher(Service):
     def __init__(self, hosts: str, path_prefix: str, status: ServerStatus,
                  endpoints: Mapping[str, tuple[str, int]]
                  | Callable[[], Mapping[str, tuple[str, int]]],
-                 reactor: Any, *, session_timeout: float = 10.0,
+                 reactor: IReactorFromThreads, *, session_timeout: float = 10.0,
                  interfaces: Callable[[], list[InterfaceAddress]] = interface_addresses,
                  client_factory: Callable[..., Any] | None = None,
                  advertise_host: str | None = None) -> None:
@@ -258,7 +259,7 @@ class ServerSetPublisher(Service):
     def from_config(cls, zookeeper: Any, status: ServerStatus,
                     endpoints: Mapping[str, tuple[str, int]]
                     | Callable[[], Mapping[str, tuple[str, int]]],
-                    reactor: Any) -> ServerSetPublisher:
+                    reactor: IReactorFromThreads) -> ServerSetPublisher:
         """
         Build a publisher from the C{zookeeper:} config section.
 

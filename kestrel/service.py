@@ -30,14 +30,22 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService, Service
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort, IReactorThreads
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IListeningPort,
+    IReactorFromThreads,
+    IReactorTCP,
+    IReactorThreads,
+    IReactorTime,
+)
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -51,12 +59,62 @@ from kestrel.server import KestrelServer
 from kestrel.serverset import ServerSetPublisher
 
 __all__ = ["DelayedStop", "KestrelService", "ListenerError", "ListenerService",
-           "SHUTDOWN_DELAY", "make_kestrel_service"]
+           "SHUTDOWN_DELAY", "ServerReactor", "make_kestrel_service", "server_reactor"]
 
 #: Seconds between a C{shutdown} command and the start of the stop (as Kestrel's 100 ms).
 SHUTDOWN_DELAY = 0.1
 
 _log = Logger()
+
+
+@runtime_checkable
+class ServerReactor(Protocol):
+    """
+    The reactor the server runs on, as far as this module uses it directly:
+    its lifecycle (C{IReactorCore}: C{running}, C{stop}, C{callWhenRunning}),
+    timers (C{IReactorTime}), TCP (C{IReactorTCP}) and the hop from a signal
+    handler (C{IReactorFromThreads}). Where a Twisted or kestrel API takes one
+    of those interfaces, the reactor is adapted to it (C{IReactorTCP(reactor)}),
+    which checks that it provides it. Every Twisted reactor is one; tests pass
+    C{MemoryReactorClock}, which lacks only the hop that signal handlers make.
+    """
+
+    @property
+    def running(self) -> bool:
+        """Whether the reactor is running (C{IReactorCore.running})."""
+
+    def stop(self) -> None:
+        """Stop the reactor (C{IReactorCore.stop})."""
+
+    def callWhenRunning(self, callable: Callable[..., Any], *args: Any,
+                        **kwargs: Any) -> Any:
+        """Call C{callable} once the reactor runs (C{IReactorCore.callWhenRunning})."""
+
+    def seconds(self) -> float:
+        """The current time (C{IReactorTime.seconds})."""
+
+    def callLater(self, delay: float, callable: Callable[..., Any], *args: Any,
+                  **kwargs: Any) -> IDelayedCall:
+        """Call C{callable} in C{delay} seconds (C{IReactorTime.callLater})."""
+
+    def callFromThread(self, callable: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Call C{callable} on the reactor thread (C{IReactorFromThreads.callFromThread})."""
+
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50,
+                  interface: str = "") -> IListeningPort:
+        """Listen on a TCP port (C{IReactorTCP.listenTCP})."""
+
+
+def server_reactor(reactor: object) -> ServerReactor:
+    """
+    Return C{reactor} as a L{ServerReactor}, or raise C{TypeError} when it
+    lacks a member the server needs (checked at run time, for the launcher's
+    global reactor).
+    """
+    if not isinstance(reactor, ServerReactor):
+        raise TypeError(f"{type(reactor).__name__} cannot run the server: it needs "
+                        "IReactorCore, IReactorTime, IReactorTCP and IReactorFromThreads")
+    return reactor
 
 
 class ListenerError(CannotListenError):
@@ -81,6 +139,8 @@ class ListenerService(StreamServerEndpointService):
     the listener, address and port) when the port cannot be opened;
     C{port} is the listening port while it runs.
     """
+
+    name: str
 
     def __init__(self, name: str, endpoint: Any, factory: Any) -> None:
         super().__init__(endpoint, factory)
@@ -115,7 +175,7 @@ class ListenerService(StreamServerEndpointService):
 
 
 def _listeners(config: ServerConfig, server: KestrelServer,
-               reactor: Any) -> list[ListenerService]:
+               reactor: ServerReactor) -> list[ListenerService]:
     """The listeners of every enabled port, in a fixed order (memcache, text, thrift, admin)."""
     listeners = []
     for name, port, make in [
@@ -126,7 +186,8 @@ def _listeners(config: ServerConfig, server: KestrelServer,
     ]:
         if port:
             address = config.admin_address if name == "admin" else config.listen_address
-            endpoint = TCP4ServerEndpoint(reactor, port, backlog=config.listen_backlog,
+            endpoint = TCP4ServerEndpoint(IReactorTCP(reactor), port,
+                                          backlog=config.listen_backlog,
                                           interface=address)
             listeners.append(ListenerService(name, endpoint, make(server)))
     return listeners
@@ -144,12 +205,20 @@ def _admin_site(server: KestrelServer) -> Any:
     return make_admin_site(server)
 
 
+def port_number(port: IListeningPort) -> int:
+    """The TCP port number C{port} listens on."""
+    address = port.getHost()
+    if not isinstance(address, IPv4Address | IPv6Address):
+        raise TypeError(f"not a TCP listener: {address!r}")
+    return address.port
+
+
 def _advertised(listeners: Sequence[ListenerService],
                 address: str) -> Callable[[], Mapping[str, tuple[str, int]]]:
     """A function returning the bound memcache, thrift and text listeners as C{(host, port)}."""
 
     def endpoints() -> dict[str, tuple[str, int]]:
-        return {listener.name: (address, listener.port.getHost().port)
+        return {listener.name: (address, port_number(listener.port))
                 for listener in listeners
                 if listener.port is not None and listener.name in ("memcache", "thrift", "text")}
     return endpoints
@@ -161,9 +230,9 @@ class DelayedStop:
     L{SHUTDOWN_DELAY} seconds after the first request; later requests change nothing.
     """
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: ServerReactor) -> None:
         self.reactor = reactor
-        self._call: Any = None
+        self._call: IDelayedCall | None = None
 
     def __call__(self) -> None:
         """Schedule the stop, once."""
@@ -189,7 +258,7 @@ class KestrelService(MultiService):
     _log = Logger()
     name = "kestrel"
 
-    def __init__(self, server: KestrelServer, reactor: Any,
+    def __init__(self, server: KestrelServer, reactor: ServerReactor,
                  listeners: Sequence[ListenerService], *,
                  zookeeper: IService | None = None,
                  install_signal_handlers: bool = True,
@@ -258,7 +327,7 @@ class KestrelService(MultiService):
             server.collection.stopService()
             self.running = False
             raise
-        bound = {name: port.getHost().port for name, port in self.ports.items()}
+        bound = {name: port_number(port) for name, port in self.ports.items()}
         listeners = " ".join(f"{name}={port}" for name, port in bound.items()) or "no ports"
         loading = server.collection.queues_loading()
         if loading:
@@ -385,17 +454,18 @@ class KestrelService(MultiService):
             self._log.info("Config reloaded on SIGHUP")
 
 
-def _run_in_thread(reactor: Any) -> Callable[[Callable[[], Any]], Deferred[Any]] | None:
+def _run_in_thread(reactor: ServerReactor) -> Callable[[Callable[[], Any]], Deferred[Any]] | None:
     """Run blocking work (fsync) in the reactor's thread pool, when it has one."""
     if not IReactorThreads.providedBy(reactor):
         return None
+    threads = IReactorThreads(reactor)
 
     def run(work: Callable[[], Any]) -> Deferred[Any]:
-        return deferToThreadPool(reactor, reactor.getThreadPool(), work)
+        return deferToThreadPool(threads, threads.getThreadPool(), work)
     return run
 
 
-def make_kestrel_service(config: ServerConfig, reactor: Any,
+def make_kestrel_service(config: ServerConfig, reactor: ServerReactor,
                          config_path: str | None = None, *,
                          install_signal_handlers: bool = True) -> KestrelService:
     """
@@ -409,7 +479,7 @@ def make_kestrel_service(config: ServerConfig, reactor: Any,
     # Chores need a thread as run_in_thread does: without it (a test reactor)
     # the journals do that work inline.
     chores = FileChores() if run_in_thread is not None else None
-    server = KestrelServer.from_config(config, reactor, config_path=config_path,
+    server = KestrelServer.from_config(config, IReactorTime(reactor), config_path=config_path,
                                        run_in_thread=run_in_thread, file_chores=chores,
                                        on_shutdown=DelayedStop(reactor))
     listeners = _listeners(config, server, reactor)
@@ -417,7 +487,10 @@ def make_kestrel_service(config: ServerConfig, reactor: Any,
     if config.zookeeper is not None:
         zookeeper = ServerSetPublisher.from_config(
             config.zookeeper, server.status, _advertised(listeners, config.listen_address),
-            reactor)
+            # callFromThread is all IReactorFromThreads declares, and a ServerReactor has
+            # it; zope interfaces are nominal to mypy. (Not adapted: a test reactor such as
+            # MemoryReactorClock does not declare it, and a publisher not started never hops.)
+            cast(IReactorFromThreads, reactor))
     return KestrelService(server, reactor, listeners, zookeeper=zookeeper,
                           install_signal_handlers=install_signal_handlers,
                           file_chores=chores)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from twisted.application.service import IService, Service
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IReactorCore
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.reflect import qual
@@ -175,7 +175,8 @@ class StartErrors(Service):
 
     _log = Logger()
 
-    def __init__(self, inner: IService, options: Options, reactor: Any = None) -> None:
+    def __init__(self, inner: IService, options: Options,
+                 reactor: IReactorCore | None = None) -> None:
         self.inner = inner
         self.options = options
         self.reactor = reactor
@@ -265,10 +266,11 @@ def makeService(options: Options) -> IService:
     """
     from twisted.internet import reactor
 
-    from kestrel.service import make_kestrel_service
+    from kestrel.service import make_kestrel_service, server_reactor
 
     try:
-        service = make_kestrel_service(options.config, reactor, config_path=options["config"])
+        service = make_kestrel_service(options.config, server_reactor(reactor),
+                                       config_path=options["config"])
     except ConfigError as e:
         where = f" (set by {options.source_of('queue-path')})" if "queue_path" in str(e) else ""
         raise StartError(f"{e}{where}") from e

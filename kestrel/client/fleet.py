@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.logger import Logger
@@ -52,11 +52,10 @@ from kestrel.client.stream import ReadStream
 
 
 def _reason(error: BaseException | Failure) -> str:
-    if isinstance(error, Failure):
-        error = error.value
-    if isinstance(error, ClientError):
-        return str(error)
-    return f"{type(error).__name__}: {error}"
+    exception = error.value if isinstance(error, Failure) else error
+    if isinstance(exception, ClientError):
+        return str(exception)
+    return f"{type(exception).__name__}: {exception}"
 
 
 class ReadHandle:
@@ -109,7 +108,7 @@ class ReadHandle:
                 raise HandleClosed(f"{self.server}: the read on {self.queue} was no longer "
                                    "open (auto-aborted); the item will be delivered again")
 
-        def failed(f: Failure) -> None:
+        def failed(f: Failure) -> NoReturn:
             self._client.pool.discard(conn)
             self._client._failed(conn.server, f)
             raise HandleClosed(f"{self.server}: {what} on {self.queue} failed "
@@ -117,9 +116,9 @@ class ReadHandle:
                                "(memcache: at once; thrift: at its auto-abort)")
 
         operation = conn.confirm if what == "confirm" else conn.abort
-        d = operation(self.queue, self.xid)
-        d.addErrback(failed)
-        return d.addCallback(done)
+        settling = operation(self.queue, self.xid)
+        settling.addErrback(failed)
+        return settling.addCallback(done)
 
     def __repr__(self) -> str:
         return f"<ReadHandle {self.queue}@{self.server} {len(self.data)} bytes>"

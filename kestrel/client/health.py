@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 
 import attrs
+from twisted.internet.interfaces import IReactorTime
 
 
 @attrs.frozen
@@ -43,7 +44,7 @@ class Health:
     C{clock} gives the time (C{seconds()}); C{rand} the jitter.
     """
 
-    def __init__(self, clock: object, backoff: Backoff | None = None,
+    def __init__(self, clock: IReactorTime, backoff: Backoff | None = None,
                  rand: Callable[[], float] = random.random) -> None:
         self.clock = clock
         self.backoff = backoff or Backoff()
@@ -51,7 +52,7 @@ class Health:
         self._states: dict[str, _State] = {}
 
     def _now(self) -> float:
-        return self.clock.seconds()  # type: ignore[attr-defined, no-any-return]
+        return self.clock.seconds()
 
     def healthy(self, server: str) -> bool:
         """Whether C{server} may be used now (never failed, or its backoff is over)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
@@ -57,7 +57,10 @@ class PipelinedConnection(Protocol, Generic[P]):
     C{on_lost} callbacks run once, with the connection, when it ends.
     """
 
-    def __init__(self, server: str, clock: Any, reply_timeout: float) -> None:
+    #: A TCP connection's transport (it can be aborted); None until connected.
+    transport: ITCPTransport | None
+
+    def __init__(self, server: str, clock: IReactorTime, reply_timeout: float) -> None:
         self.server = server
         self.clock = clock
         self.reply_timeout = reply_timeout
@@ -86,11 +89,13 @@ class PipelinedConnection(Protocol, Generic[P]):
         if not self.alive:
             d.errback(ConnectionGone(f"{self.server}: not connected"))
             return d
+        transport = self.transport
+        assert transport is not None  # alive: between connectionMade and connectionLost
         data = encode()
         request.on_cancel = self.close
         request.timer = self.clock.callLater(timeout, self._timed_out, timeout)
         self._pending.append(request)
-        self.transport.write(data)
+        transport.write(data)
         return d
 
     def _next_reply(self) -> P:

@@ -11,7 +11,7 @@ when it closes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Union, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory
@@ -55,8 +55,9 @@ def tcp_connector(reactor: Any, connect_timeout: float = 3.0, reply_timeout: flo
     def connect(server: str) -> Deferred[Connection]:
         host, port = split_address(server)
         endpoint = HostnameEndpoint(reactor, host, port, timeout=connect_timeout)
-        d: Deferred[Connection] = endpoint.connect(Factory.forProtocol(lambda: build(server)))
-        return d
+        # The factory builds only Connections, so the protocol it fires with is one.
+        return cast("Deferred[Connection]",
+                    endpoint.connect(Factory.forProtocol(lambda: build(server))))
 
     return connect
 

@@ -26,11 +26,13 @@ from kestrel.client.pipeline import Pending, PipelinedConnection
 from kestrel.protocols.thrift import kestrel_thrift
 
 try:
-    from thriftpy2.protocol.cybin import TCyBinaryProtocol as TBinaryProtocol
+    from thriftpy2.protocol.cybin import (  # type: ignore[attr-defined]
+        TCyBinaryProtocol as TBinaryProtocol,
+    )
     from thriftpy2.transport.memory import TCyMemoryBuffer as TMemoryBuffer
 except ImportError:  # pragma: no cover - thriftpy2 built without its C extensions
-    from thriftpy2.protocol.binary import TBinaryProtocol  # type: ignore[assignment]
-    from thriftpy2.transport.memory import TMemoryBuffer  # type: ignore[assignment]
+    from thriftpy2.protocol.binary import TBinaryProtocol
+    from thriftpy2.transport.memory import TMemoryBuffer
 
 _SERVICE = kestrel_thrift.Kestrel
 _HEADER = struct.Struct(">i")
@@ -141,10 +143,10 @@ class ThriftConnection(PipelinedConnection[_Call]):
             result = getattr(_SERVICE, call.api + "_result")()
             result.read(proto)
         except Exception as e:
-            error = e if isinstance(e, ClientError) else ProtocolError(
+            failure = e if isinstance(e, ClientError) else ProtocolError(
                 f"{self.server}: undecodable reply: {e}")
             if not call.cancelled and not call.deferred.called:
-                call.deferred.errback(error)
-            raise error from None
+                call.deferred.errback(failure)
+            raise failure from None
         if not call.deferred.called:
             call.deferred.callback(result.success)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -261,6 +261,11 @@ def _status_converter(value: Status | str) -> Status:
     return parse_settable_status(value)
 
 
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    """Return C{value} as a tuple (the C{warnings} converter)."""
+    return tuple(value)
+
+
 def _alias_converter(value: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
     """Return a read-only mapping of alias name to a tuple of destination names."""
     return types.MappingProxyType({k: tuple(v) for k, v in value.items()})
@@ -425,7 +430,7 @@ class ServerConfig:
     aliases: Mapping[str, tuple[str, ...]] = _server_setting(
         None, "mapping", "`{}`", "alias name -> non-empty list of destination queue names",
         factory=dict, converter=_alias_converter)
-    warnings: tuple[str, ...] = attrs.field(default=(), eq=False, converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), eq=False, converter=_strings)
 
     def queue_config(self, name: str) -> QueueConfig:
         """

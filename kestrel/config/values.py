@@ -40,7 +40,8 @@ _SIZE_UNITS = {
     "mb": 1024 ** 2, "mib": 1024 ** 2,
     "gb": 1024 ** 3, "gib": 1024 ** 3,
 }
-_DURATION_UNITS = {"": 1, "ms": Fraction(1, 1000), "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_UNITS: dict[str, int | Fraction] = {
+    "": 1, "ms": Fraction(1, 1000), "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE_EXPECTED = "expected a size: bytes, or a string like '512KiB', '16MiB', '1GiB'"
 _DURATION_EXPECTED = "expected a duration like '250ms', '30s', '5m', '1h', '1d' or seconds"
 _STATUS_EXPECTED = "expected up, readonly, quiescent or writeavoid"

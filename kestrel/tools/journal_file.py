@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 from kestrel import __version__
 from kestrel.journal import records as rec
@@ -111,7 +111,7 @@ def duration_to_text(ms: int) -> str:
     """
     if ms == 0:
         return "0.seconds"
-    parts = []
+    parts: list[str] = []
     rest = ms
     for name, unit in _DURATION_UNITS:
         value = int(rest / unit)  # truncates toward zero, as Java's TimeUnit.convert
@@ -140,13 +140,13 @@ class ToolParser(argparse.ArgumentParser):
         self.add_argument("--version", action="version",
                           version=f"%(prog)s (txkestrel) {__version__}")
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: object = None) -> None:
         if message:
             stream = self._err if file is sys.stderr else self._out
             stream.write(message.encode())
             stream.flush()
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         """Print the usage and the problem on stderr, then exit 1."""
         self.print_usage(sys.stderr)
         self.exit(1, f"{self.prog}: error: {message}\n")

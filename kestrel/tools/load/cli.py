@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import NoReturn, TextIO
 
 from kestrel.tools.load.clients import LoadError, Output
 from kestrel.tools.load.fleet import fleet
@@ -20,7 +20,7 @@ from kestrel.tools.load.scenarios import flood, leaky_reader, many_clients, pack
 class _Parser(argparse.ArgumentParser):
     """An argument parser that exits with status 1 on bad usage, as Kestrel's tools did."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         """Print the usage and the problem, then exit 1."""
         self.print_usage(sys.stderr)
         self.exit(1, f"{self.prog}: error: {message}\n")

@@ -34,8 +34,9 @@ def fleet(args: argparse.Namespace, out: Output) -> int:
     from kestrel.client.blocking import running_reactor
 
     reactor = running_reactor()
-    return blockingCallFromThread(  # type: ignore[no-any-return]
-        reactor, lambda: Deferred.fromCoroutine(_fleet_run(reactor, args, out)))
+    # mypy cannot choose _R between the arms of blockingCallFromThread's union.
+    return blockingCallFromThread(reactor, lambda: Deferred.fromCoroutine(  # type: ignore[arg-type]
+        _fleet_run(reactor, args, out)))
 
 
 async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int:
@@ -43,6 +44,7 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
 
     from twisted.internet.defer import Deferred, DeferredList
     from twisted.internet.task import deferLater
+    from twisted.python.failure import Failure
 
     from kestrel.client import ClientError, KestrelClient, ZooKeeperServers
     from kestrel.client.discovery import parse_servers, parse_zookeeper
@@ -135,8 +137,8 @@ async def _fleet_run(reactor: Any, args: argparse.Namespace, out: Output) -> int
     duration = (time.perf_counter() - started) * 1000.0
     ticker.stop()
     await client.close()
-    for ok, value in results:
-        if not ok:
+    for _, value in results:
+        if isinstance(value, Failure):
             raise LoadError(value.getErrorMessage())
     out(f"Finished in {int(duration)} msec "
         f"({duration * 1000.0 / max(1, state['read']):.1f} usec/item throughput).")

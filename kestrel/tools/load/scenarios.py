@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from kestrel.metrics import Histogram
@@ -183,7 +184,7 @@ def put_many(args: argparse.Namespace, out: Output) -> int:
     def cycle(getting: bool) -> None:
         timings = [Histogram() for _ in range(clients)]
         _, duration = run_threads([
-            (lambda i=i: session(names[i], timings[i], getting)) for i in range(clients)])
+            partial(session, names[i], timings[i], getting) for i in range(clients)])
         out(f"Finished in {int(duration)} msec "
             f"({duration * 1000.0 / max(1, total):.1f} usec/put throughput).")
         if failures[0]:
