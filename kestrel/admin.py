@@ -50,6 +50,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 from twisted.logger import Logger
+from twisted.web import http
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
@@ -112,8 +113,8 @@ def stats_report(server: KestrelServer) -> dict[str, dict[str, Any]]:
         name = queue.name
         for counter, value in queue.counters.items():
             counters[f"q/{name}/{counter}"] = value
-        for gauge, value in _queue_gauges(queue).items():
-            gauges[f"q/{name}/{gauge}"] = value
+        for gauge, reading in _queue_gauges(queue).items():
+            gauges[f"q/{name}/{gauge}"] = reading
     for alias in server.alias_reports():
         counters[f"q/{alias.name}/put_items"] = alias.put_items
         counters[f"q/{alias.name}/put_bytes"] = alias.put_bytes
@@ -139,7 +140,7 @@ class KestrelCollector:
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family, built from the server's current state."""
         server = self.server
-        per_queue = {
+        per_queue: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "items": GaugeMetricFamily("kestrel_queue_items",
                                        "Items in the queue, open reads excluded", labels=["queue"]),
             "bytes": GaugeMetricFamily("kestrel_queue_bytes", "Payload bytes in the queue",
@@ -159,15 +160,15 @@ class KestrelCollector:
                                            labels=["queue"]),
         }
         for queue in server.queue_reports():
-            name = [queue.name]
-            per_queue["items"].add_metric(name, queue.items)
-            per_queue["bytes"].add_metric(name, queue.bytes)
-            per_queue["open"].add_metric(name, queue.open_transactions)
-            per_queue["waiters"].add_metric(name, queue.waiters)
-            per_queue["journal"].add_metric(name, queue.journal_bytes)
-            per_queue["adds"].add_metric(name, queue.counters["put_items"])
-            per_queue["removes"].add_metric(name, queue.counters["get_items_hit"])
-            per_queue["expired"].add_metric(name, queue.counters["expired_items"])
+            label = [queue.name]
+            per_queue["items"].add_metric(label, queue.items)
+            per_queue["bytes"].add_metric(label, queue.bytes)
+            per_queue["open"].add_metric(label, queue.open_transactions)
+            per_queue["waiters"].add_metric(label, queue.waiters)
+            per_queue["journal"].add_metric(label, queue.journal_bytes)
+            per_queue["adds"].add_metric(label, queue.counters["put_items"])
+            per_queue["removes"].add_metric(label, queue.counters["get_items_hit"])
+            per_queue["expired"].add_metric(label, queue.counters["expired_items"])
         yield from per_queue.values()
 
         state = server.server_report()
@@ -282,7 +283,8 @@ class AdminGuard:
         """Why C{request} (a POST) must be refused, or None when it may run."""
         headers = request.requestHeaders
         host = (headers.getRawHeaders(b"host") or [b""])[0].decode("latin-1")
-        origin = (headers.getRawHeaders(b"origin") or [None])[0]
+        origins = headers.getRawHeaders(b"origin")
+        origin = origins[0] if origins else None
         if origin is not None:
             netloc = urlsplit(origin.decode("latin-1")).netloc.lower()
             if not netloc or netloc != host.strip().lower():
@@ -467,7 +469,7 @@ def _is_loopback(address: str) -> bool:
 class AdminSite(Site):
     """The admin HTTP site; requests are not access-logged (scrapes would flood the log)."""
 
-    def log(self, request: Request) -> None:
+    def log(self, request: http.Request) -> None:
         """Log nothing per request."""
 
 

@@ -112,6 +112,15 @@ def test_metrics_registry_names() -> None:
     assert report["delivery_latency_msec"]["maximum"] == 7
 
 
+def test_queue_metrics_declares_every_name_for_the_type_checker() -> None:
+    """QueueMetrics annotates exactly the QUEUE_METRICS names, in order, as histograms."""
+    from kestrel.metrics import QueueMetrics
+
+    assert tuple(QueueMetrics.__annotations__) == QUEUE_METRICS
+    assert set(QueueMetrics.__annotations__.values()) == {"Histogram"}
+    assert dict(QueueMetrics().items()).keys() == set(QUEUE_METRICS)
+
+
 def reference_counts(values: list[int | float]) -> tuple[int, int, int, int, list[int]]:
     """Count, total, minimum, maximum and buckets of C{values}, one value at a time."""
     buckets = [0] * BUCKETS

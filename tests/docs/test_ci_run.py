@@ -4,7 +4,7 @@
 The real command installs Debian packages; here C{apt-get}, C{python3} and
 the virtual environment's programs are stand-ins on C{PATH} that record what
 they were asked to do, so the test checks the mechanism (extraction from the
-README, activation inside C{bash -c}, ruff in the activated environment), not
+README, activation inside C{bash -c}, ruff and mypy in the activated environment), not
 Debian.
 """
 
@@ -54,7 +54,7 @@ def test_readme_start_command_uses_a_venv() -> None:
 
 
 def test_ci_run_runs_the_readme_command_in_its_venv(tmp_path: Path) -> None:
-    """.ci/run runs the README command; pytest and then ruff run inside the activated venv."""
+    """.ci/run runs the README command; pytest, ruff and mypy run inside the activated venv."""
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
@@ -71,7 +71,7 @@ cat > .venv/bin/activate <<'END'
 VIRTUAL_ENV="$PWD/.venv"; export VIRTUAL_ENV
 PATH="$VIRTUAL_ENV/bin:$PATH"; export PATH
 END
-for tool in pip python ruff; do
+for tool in pip python ruff mypy; do
   printf '#!/bin/sh\\n{record}' > .venv/bin/$tool
   chmod +x .venv/bin/$tool
 done
@@ -89,4 +89,5 @@ done
         f"pip install -e .[test,analytics] --config-settings editable_mode=compat {venv}",
         f"python -m pytest {venv}",
         f"ruff check . {venv}",
+        f"mypy kestrel twisted/plugins {venv}",
     ]

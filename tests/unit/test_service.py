@@ -352,3 +352,14 @@ def test_journals_hand_replaced_files_to_file_chores_stopped_with_the_service(
     held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
             if os.path.exists(f"/proc/self/fd/{fd}")]
     assert not [t for t in held if t.startswith(str(queue_path))]
+
+
+def test_server_reactor_checks_the_members_the_service_uses() -> None:
+    """The launcher's reactor passes; one without a thread hop (signal handlers) is refused."""
+    from twisted.internet import reactor
+
+    from kestrel.service import server_reactor
+
+    assert server_reactor(reactor) is reactor
+    with pytest.raises(TypeError, match="^MemoryReactorClock cannot run the server"):
+        server_reactor(MemoryReactorClock())

@@ -64,13 +64,13 @@ class KestrelServiceMaker(ServiceMaker):
     """
 
     @property
-    def options(self) -> Any:  # type: ignore[override]
+    def options(self) -> Any:
         """C{kestrel.tap.Options}, once the package is known to be ours."""
         self._check()
         return super().options
 
     @property
-    def makeService(self) -> Any:  # type: ignore[override]  # noqa: N802 - Twisted's name
+    def makeService(self) -> Any:  # noqa: N802 - Twisted's name
         """C{kestrel.tap.makeService}, once the package is known to be ours."""
         self._check()
         return super().makeService
