@@ -9,7 +9,7 @@ Files in the queue directory (see docs/journal.md):
     spare of the next empty rewrite; deleted at replay (the spare at close too);
   - C{<q>.<ms>.pack}: a finished pack; it replaces every rotated file whose
     timestamp is at most its own (the "pack rule", applied when a pack is put
-    in place, by replay and by the inline rewrite; listings while the journal
+    in place and by replay; listings while the journal
     serves only read the files as the rule would leave them).
 
 Every rename is followed by an fsync of the directory (but the empty
@@ -30,7 +30,7 @@ import struct
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -52,12 +52,8 @@ from kestrel.journal.pack import (
     dump_records,
     pack_layout,
 )
-from kestrel.journal.syncfile import (
-    FsyncObserver,
-    PeriodicSyncFile,
-    RunInThread,
-    WriteCoalescer,
-)
+from kestrel.journal.runner import RunInThread, run_inline
+from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile, WriteCoalescer
 
 _T = TypeVar("_T")
 
@@ -86,20 +82,57 @@ class JournalNotOpenError(RuntimeError):
     """A write was asked of a journal that has not been replayed (opened) yet."""
 
 
-class _NotOpen:
-    """The writer of a journal before L{FileJournal.replay} opens the real one."""
+class ClosedWriter:
+    """
+    The writer of a journal that has no open current file: before
+    L{FileJournal.replay} opens it, and after L{FileJournal.recover} gave it
+    up. It has the members of L{PeriodicSyncFile} that the journal uses: a
+    write fails with L{JournalNotOpenError}; everything else does nothing.
+    """
 
     position = 0
-    closed = False
+    durable_position = 0
+    closed = True
+    failed: OSError | None = None
 
     def write(self, data: bytes) -> Deferred[None]:
+        """Fail: nothing can be written before the journal is replayed."""
         return fail(JournalNotOpenError("journal written before replay() opened it"))
 
+    def flush(self) -> bool:
+        """Nothing is held back: nothing to flush."""
+        return True
+
     def sync(self) -> Deferred[None]:
+        """Nothing to make durable: fire at once."""
         return succeed(None)
 
     def close(self) -> Deferred[None]:
+        """Already closed: fire at once."""
         return succeed(None)
+
+    def close_deferring(self) -> tuple[Deferred[None], Callable[..., None]]:
+        """Already closed: a fired Deferred, and no acknowledgement to fire."""
+        return succeed(None), _no_op
+
+    def abandon(self, error: Exception) -> Deferred[None]:
+        """Already closed: fire at once."""
+        return succeed(None)
+
+    def hand_over(self) -> int | None:
+        """No descriptor to hand over."""
+        return None
+
+    def fileno(self) -> int:
+        """There is no descriptor: raise L{JournalNotOpenError}."""
+        raise JournalNotOpenError("the journal has no open current file")
+
+
+#: The writer of every journal with no open current file (it holds no state).
+CLOSED_WRITER = ClosedWriter()
+
+Writer = PeriodicSyncFile | ClosedWriter
+"""The current file's writer: open, or the L{ClosedWriter}."""
 
 
 class _Reader:
@@ -155,9 +188,12 @@ class FileJournal:
     other operation on the file (sync, rotate, rewrite, close) flushes first.
     An C{on_fsync} observer is handed to every current file it opens, so it
     hears of each fsync that makes records of this queue durable (see
-    L{kestrel.journal.syncfile.FsyncObserver}). With C{run_in_thread}, no
-    rotation, rewrite or pack fsyncs on the calling thread; with C{chores}
-    too (a L{kestrel.journal.chores.FileChores}), an empty rewrite under the
+    L{kestrel.journal.syncfile.FsyncObserver}). Every fsync, rename and
+    pack write of a rotation, rewrite or pack runs through C{run_in_thread}
+    (a L{kestrel.journal.runner.RunInThread}: the server's thread pool, or
+    the default L{kestrel.journal.runner.InlineRunner} of tests and tools,
+    which runs it at once; the code path is the same). With C{chores} (a
+    L{kestrel.journal.chores.FileChores}), an empty rewrite under the
     C{never} policy hands the file it replaced to them (L{_rewrite_empty}).
 
     @ivar size: bytes in the current file C{<q>}.
@@ -171,7 +207,7 @@ class FileJournal:
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
                  write: Callable[[int, bytes], int] = os.write,
-                 run_in_thread: RunInThread | None = None,
+                 run_in_thread: RunInThread = run_inline,
                  coalescer: WriteCoalescer | None = None,
                  on_fsync: FsyncObserver | None = None, file_mode: int = 0o600,
                  chores: Callable[[Chore], None] | None = None) -> None:
@@ -187,7 +223,7 @@ class FileJournal:
         self._chores = chores
         self._coalescer = coalescer
         self._on_fsync = on_fsync
-        self._writer: PeriodicSyncFile | _NotOpen = _NotOpen()
+        self._writer: Writer = CLOSED_WRITER
         self._reader: _Reader | None = None
         self._reader_file: str | None = None
         self._replay_file: str | None = None
@@ -217,12 +253,12 @@ class FileJournal:
         # nothing written after the rotation is acknowledged before the
         # rotated file and the directory are durable.
         self._maintenance: Deferred[None] | None = None
-        self._gated: list[tuple[Callable[[], object], Deferred[object]]] = []
+        self._gated: list[tuple[Callable[[], Any], Deferred[Any]]] = []
         # The descriptor whose next fsync, on the thread that set it, is
         # skipped: a file a thread has just fsynced, now being closed.
         self._presynced: tuple[int, int] | None = None
         # Held while the pack rule runs (a pack being put in place in a
-        # thread, replay, an inline rewrite, erase): never two at once.
+        # thread, replay, erase): never two at once.
         self._install_lock = threading.Lock()
         # An empty C{<q>~~<ms>} (its name and a descriptor open on it for
         # appending) made off this thread after the last empty rewrite, for
@@ -340,7 +376,7 @@ class FileJournal:
         The pack rule: a C{<q>.<ms>.pack} file holds everything of the rotated
         files with a timestamp up to C{ms}; those are disposed of and the
         pack is renamed C{<q>.<ms>}. It runs on the calling thread (replay,
-        the inline rewrite, offline tools), never at the same time as a pack
+        offline tools), never at the same time as a pack
         being put in place in a thread (L{_install_pack}).
         """
         notes: _Notes = []
@@ -596,9 +632,8 @@ class FileJournal:
 
     def _open_writer(self, fd: int | None = None) -> PeriodicSyncFile:
         """The writer of C{<q>}: opened here, or C{fd} (open on C{<q>} for appending)."""
-        run_in_thread = None if self._run_in_thread is None else self._writer_thread
         return PeriodicSyncFile(self._path(self.queue_name), self._clock, self._policy,
-                                fsync=self._writer_fsync, run_in_thread=run_in_thread,
+                                fsync=self._writer_fsync, run_in_thread=self._writer_thread,
                                 coalescer=self._coalescer, on_fsync=self._on_fsync,
                                 on_error=self._writer_failed, write=self._os_write,
                                 mode=self._file_mode, fd=fd)
@@ -613,20 +648,18 @@ class FileJournal:
 
     def _writer_thread(self, job: Callable[[], _T]) -> Deferred[_T]:
         """The current files' C{run_in_thread}: held back while a rotation's fsyncs run."""
-        assert self._run_in_thread is not None
         if self._maintenance is None:
             return self._run_in_thread(job)
         d: Deferred[_T] = Deferred()
-        self._gated.append((job, d))  # type: ignore[arg-type]
+        self._gated.append((job, d))
         return d
 
     def _release_gated(self) -> None:
-        assert self._run_in_thread is not None
         gated, self._gated = self._gated, []
         for job, d in gated:
             self._run_in_thread(job).chainDeferred(d)
 
-    def _close_presynced(self, writer: PeriodicSyncFile) -> Callable[..., None]:
+    def _close_presynced(self, writer: Writer) -> Callable[..., None]:
         """
         Close C{writer} without an fsync; return the function that fires its
         pending acknowledgements (or, given a L{Failure}, fails them). The
@@ -686,8 +719,8 @@ class FileJournal:
         self._stop_reader()
         self._clear_checkpoint()
         writer = self._writer
-        if not isinstance(writer, PeriodicSyncFile):
-            # A recovery that failed before: finish cutting the file back.
+        if writer.closed:
+            # Not open, or a recovery that failed before: finish cutting the file back.
             keep = self._pending_cut
             if keep is None:
                 return succeed(0)
@@ -697,7 +730,7 @@ class FileJournal:
                 return fail(e)
             self._pending_cut = None
             return succeed(keep)
-        self._writer = _NotOpen()
+        self._writer = CLOSED_WRITER
         if kind == "fsync" and self._policy is not None:
             done = writer.abandon(error)
         else:
@@ -916,29 +949,11 @@ class FileJournal:
 
     def _close_writer(self) -> None:
         """Close the writer (its final fsync runs inline) and remember the close."""
-        self._close_writer_deferring()()
-
-    def _close_writer_deferring(self) -> Callable[[], None]:
-        """
-        Close the writer (its final fsync runs inline); return the function
-        that fires the acknowledgements that fsync covered.
-
-        Rotation and rewrite call that function only once the new current
-        file is in place: an acknowledgement may set off more writes to this
-        journal (a pipelined request served at once), and those must go to
-        the new file, never to the closed one or into a file about to be
-        replaced.
-        """
-        writer = self._writer
-        if isinstance(writer, PeriodicSyncFile):
-            d, fire = writer.close_deferring()
-        else:
-            d, fire = writer.close(), _no_op
+        d = self._writer.close()
         d.addErrback(_log_failure)
         if not d.called:
             self._closing.append(d)
             d.addBoth(self._closed_one, d)
-        return fire
 
     def _closed_one(self, result: object, d: Deferred[None]) -> object:
         if d in self._closing:
@@ -949,53 +964,30 @@ class FileJournal:
         """
         Move C{<q>} to a new C{<q>.<ms>} and start a fresh C{<q>}.
 
-        The old file is fsynced before the rename and the directory after it.
-        A read-behind reader on C{<q>} follows the renamed file. With
-        C{set_checkpoint}, and no checkpoint pending, remember the rotated file
-        and C{reserved_items} (the open reads) as the checkpoint.
-
-        With C{run_in_thread}, those two fsyncs run in a thread: the rename
-        happens now and writes go to the new C{<q>} at once, but the writes
-        to the old file are acknowledged, and the new file is fsynced (so
-        its writes are acknowledged), only once both fsyncs have ended.
-        While they run, another rotation or a rewrite is skipped (the queue
-        asks again on a later operation).
+        The rename happens now and writes go to the new C{<q>} at once. The
+        old file is fsynced, then the directory, through C{run_in_thread};
+        the writes to the old file are acknowledged, and the new file is
+        fsynced (so its writes are acknowledged), only once both fsyncs have
+        ended. While they run, another rotation or a rewrite is skipped (the
+        queue asks again on a later operation). A read-behind reader on
+        C{<q>} follows the renamed file. With C{set_checkpoint}, and no
+        checkpoint pending, remember the rotated file and C{reserved_items}
+        (the open reads) as the checkpoint. A journal with no open current
+        file is not rotated.
         """
         if self._maintenance is not None:
             self._log.debug("Journal {queue}: rotation skipped: the last one is still syncing",
                             queue=self.queue_name)
             return
         writer = self._writer
-        if (self._run_in_thread is not None and isinstance(writer, PeriodicSyncFile)
-                and not writer.closed):
-            self._rotate_in_thread(writer, reserved_items, set_checkpoint)
+        if writer.closed:
+            self._log.debug("Journal {queue}: rotation skipped: no current file is open",
+                            queue=self.queue_name)
             return
-        old_size = self._writer.position
-        acknowledge = self._close_writer_deferring()
-        try:
-            rotated = self._unique_rotated_name()
-            os.rename(self._path(self.queue_name), self._path(rotated))
-        except Exception:
-            self._writer = self._open_writer()
-            acknowledge()
-            raise
-        self.size = 0
-        self.archived_size += old_size
-        self._writer = self._open_writer()
-        if self._reader_file == self.queue_name:
-            self._reader_file = rotated
-        if set_checkpoint and self.checkpoint is None:
-            self.checkpoint = Checkpoint(rotated, tuple(reserved_items))
-            self._head_ops = array("q")
-        try:
-            self._fsync_dir(self.queue_path)
-        finally:
-            acknowledge()
-        self._log.info("Journal {queue}: rotated to {file}", queue=self.queue_name,
-                       file=rotated)
+        self._rotate(writer, reserved_items, set_checkpoint)
 
-    def _rotate_in_thread(self, old: PeriodicSyncFile, reserved_items: Iterable[QItem],
-                          set_checkpoint: bool) -> None:
+    def _rotate(self, old: Writer, reserved_items: Iterable[QItem],
+                set_checkpoint: bool) -> None:
         old.flush()
         rotated = self._unique_rotated_name()
         os.rename(self._path(self.queue_name), self._path(rotated))
@@ -1009,7 +1001,7 @@ class FileJournal:
             self._fsync(fd)
             self._fsync_dir(queue_path)
 
-        done = self._run_in_thread(sync_both)  # type: ignore[misc]
+        done = self._run_in_thread(sync_both)
         self._maintenance = done
         self._writer = new
         if self._reader_file == self.queue_name:
@@ -1019,7 +1011,7 @@ class FileJournal:
             self._head_ops = array("q")
         done.addBoth(self._rotation_synced, old, rotated)
 
-    def _rotation_synced(self, result: object, old: PeriodicSyncFile, rotated: str) -> None:
+    def _rotation_synced(self, result: object, old: Writer, rotated: str) -> None:
         """The fsyncs of a rotation ended: acknowledge the old file's writes, let the new sync."""
         self._maintenance = None
         if isinstance(result, Failure):
@@ -1078,38 +1070,36 @@ class FileJournal:
     def rewrite(self, reserved_items: Iterable[QItem], items: Iterable[QItem],
                 xid_counter: int = 0) -> None:
         """
-        Replace every journal file of the queue by one compact C{<q>}.
+        Replace every journal file of the queue by one compact C{<q>}, with
+        no write, rename or fsync of its files on this thread (all of them
+        run through C{run_in_thread}).
 
-        The new file holds SAVE_XID(C{xid_counter}), then ADDX +
+        What replays afterwards: SAVE_XID(C{xid_counter}), then ADDX +
         REMOVE_TENTATIVE_XID for each open read in C{reserved_items} (in the
-        order given), then ADDX for each of C{items}. It is written to a
-        C{~~} file and fsynced before any rename. Without rotated files or an
-        archive it then replaces C{<q>} in one rename; otherwise C{<q>} is
-        rotated and the new file goes through the pack rule. The directory is
-        fsynced after every rename. Read-behind ends and any checkpoint is
-        dropped: the queue must then hold every item in memory.
+        order given), then ADDX for each of C{items}. Read-behind ends and
+        any checkpoint is dropped: the queue must then hold every item in
+        memory.
 
-        With C{run_in_thread}, an empty queue with no open reads and no
-        rotated files or archive is rewritten with no fsync on this thread
-        (L{_rewrite_empty}): an empty file is renamed over C{<q>} and
-        SAVE_XID(C{xid_counter}) written to it; the old file is freed in a
-        thread, and its writes are acknowledged once a directory fsync in a
-        thread has made the replacement durable. A crash at any point
-        replays to an empty queue (or, before the replacement is durable, to
-        the old contents, as a crash just before the rewrite would).
+        An empty queue with no open reads and no rotated files or archive
+        is rewritten by L{_rewrite_empty}: an empty file is renamed over
+        C{<q>} and SAVE_XID(C{xid_counter}) written to it; the old file is
+        freed off this thread, and its writes are acknowledged once a
+        directory fsync has made the replacement durable. A crash at any
+        point replays to an empty queue (or, before the replacement is
+        durable, to the old contents, as a crash just before the rewrite
+        would).
 
-        With C{run_in_thread}, any other queue is rewritten through a pack,
-        with no write, rename or fsync of its files on this thread: a
-        checkpoint still pending is given up, C{<q>} is rotated with a new
-        checkpoint (its fsyncs in a thread, as L{rotate} does), and a pack of
-        the checkpoint holding exactly what the new file would hold is
-        written, fsynced and put in place in a thread (L{start_pack}), which
-        leaves it and the new C{<q>} as the queue's only files. Until then
-        the old files are still there, and a crash replays them, as a crash
-        just before the rewrite would.
+        Any other queue is rewritten through a pack: a checkpoint still
+        pending is given up, C{<q>} is rotated with a new checkpoint (as
+        L{rotate} does), and a pack of the checkpoint holding exactly what
+        the new file would hold is written, fsynced and put in place
+        (L{start_pack}), which leaves it (C{<q>.<ms>}) and the new C{<q>} as
+        the queue's only files. Until then the old files are still there,
+        and a crash replays them, as a crash just before the rewrite would.
 
-        During a rotation whose fsyncs still run, or while a pack is being
-        written, the rewrite is skipped (the queue asks again later).
+        During a rotation whose fsyncs still run, while a pack is being
+        written, or with no current file open, the rewrite is skipped (the
+        queue asks again later).
         """
         if self._maintenance is not None:
             self._log.debug("Journal {queue}: rewrite skipped: a rotation is still syncing",
@@ -1119,47 +1109,30 @@ class FileJournal:
             self._log.debug("Journal {queue}: rewrite skipped: a pack is still being written",
                             queue=self.queue_name)
             return
+        writer = self._writer
+        if writer.closed:
+            self._log.debug("Journal {queue}: rewrite skipped: no current file is open",
+                            queue=self.queue_name)
+            return
         if not isinstance(reserved_items, (list, tuple)):
             reserved_items = list(reserved_items)
         if not isinstance(items, (list, tuple)):
             items = list(items)
-        writer = self._writer
-        if (self._run_in_thread is not None and not reserved_items and not items
-                and isinstance(writer, PeriodicSyncFile) and not writer.closed
-                and self.archive_path is None and self._without_rotated_files()):
+        if (not reserved_items and not items and self.archive_path is None
+                and self._without_rotated_files()):
             self._rewrite_empty(writer, xid_counter)
             return
-        if (self._run_in_thread is not None and isinstance(writer, PeriodicSyncFile)
-                and not writer.closed):
-            # A checkpoint still pending (its reader never got past it) is
-            # given up, as the inline rewrite gives it up: no pack of it is
-            # being written (checked above), and the rewrite's own pack
-            # replaces every file up to a newer checkpoint.
-            self._clear_checkpoint()
-            self._rewrite_by_packing(writer, reserved_items, items, xid_counter)
-            return
-        temp, _ = self._write_temp(self._dump(xid_counter, reserved_items, (), items))
-        self._epoch += 1
-        self._stop_reader()
+        # A checkpoint still pending (its reader never got past it) is given
+        # up: no pack of it is being written (checked above), and the
+        # rewrite's own pack replaces every file up to a newer checkpoint.
         self._clear_checkpoint()
-        acknowledge = self._close_writer_deferring()
-        try:
-            self._replace_current(temp)
-        except Exception:
-            # Whatever step failed, the files on disk replay to the queue
-            # (see docs/journal.md), and <q> is the right file to append to.
-            self._reopen()
-            acknowledge()
-            raise
-        self._reopen()
-        self._log.info("Journal {queue}: rewritten", queue=self.queue_name)
-        acknowledge()
+        self._rewrite_by_packing(writer, reserved_items, items, xid_counter)
 
-    def _rewrite_by_packing(self, writer: PeriodicSyncFile, reserved_items: Sequence[QItem],
+    def _rewrite_by_packing(self, writer: Writer, reserved_items: Sequence[QItem],
                             items: Sequence[QItem], xid_counter: int) -> None:
         """A rewrite as a rotation with a checkpoint and a pack of it, both off this thread."""
         self._stop_reader()
-        self._rotate_in_thread(writer, reserved_items, True)
+        self._rotate(writer, reserved_items, True)
         checkpoint = self.checkpoint
         assert checkpoint is not None
         self._log.info("Journal {queue}: rewriting through a pack of {file}",
@@ -1168,7 +1141,7 @@ class FileJournal:
         # the open reads, then every item, as the rewritten file would.
         self.start_pack(checkpoint, reserved_items, items, xid_counter)
 
-    def _rewrite_empty(self, old: PeriodicSyncFile, xid_counter: int) -> None:
+    def _rewrite_empty(self, old: Writer, xid_counter: int) -> None:
         """
         Replace C{<q>} by a new file holding only SAVE_XID, with no fsync and
         no freeing of the old file's blocks on this thread.
@@ -1230,7 +1203,7 @@ class FileJournal:
         # reactor thread; the queue's journal_rewrites stat counts them)
         self._log.debug("Journal {queue}: rewritten (empty)", queue=self.queue_name)
 
-    def _free_in_thread(self, old: PeriodicSyncFile, epoch: int) -> None:
+    def _free_in_thread(self, old: Writer, epoch: int) -> None:
         """
         Close C{old} on this thread without an fsync, keeping a duplicate of
         its descriptor for one thread job that fsyncs the directory (not
@@ -1252,7 +1225,7 @@ class FileJournal:
                 os.close(keep)
             self._make_spare(epoch)
 
-        done = self._run_in_thread(sync_directory_then_free)  # type: ignore[misc]
+        done = self._run_in_thread(sync_directory_then_free)
         self._maintenance = done
         done.addBoth(self._replacement_synced, acknowledge)
 
@@ -1315,28 +1288,6 @@ class FileJournal:
             with contextlib.suppress(OSError):
                 os.unlink(self._path(name))
 
-    def _reopen(self) -> None:
-        self._writer = self._open_writer()
-        self.size = self._writer.position
-        self._compute_archived_size()
-
-    def _replace_current(self, temp: str) -> None:
-        """Make the fsynced file C{temp} the only journal file of the queue."""
-        current = self._path(self.queue_name)
-        if self.archive_path is None and not self.archived_files():
-            os.replace(self._path(temp), current)
-            self._fsync_dir(self.queue_path)
-            return
-        if os.path.lexists(current):
-            os.rename(current, self._path(self._unique_rotated_name()))
-            self._fsync_dir(self.queue_path)
-        pack = self._unique_rotated_name(PACK_SUFFIX)
-        os.rename(self._path(temp), self._path(pack))
-        self._fsync_dir(self.queue_path)
-        files = self.archived_files()
-        os.rename(self._path(files[-1]), current)
-        self._fsync_dir(self.queue_path)
-
     def start_pack(self, checkpoint: Checkpoint, open_items: Iterable[QItem],
                    queue_items: Iterable[QItem], xid_counter: int = 0) -> None:
         """
@@ -1353,11 +1304,10 @@ class FileJournal:
         opens interleave; this layout replays exactly.
         It is written to a C{~~} file and fsynced; then the current file is
         fsynced, the pack is renamed C{<checkpoint>.pack} (directory
-        fsynced) and the pack rule puts it in place (L{_install_pack}). With
-        C{run_in_thread} every one of these steps runs in a thread (the
-        current file's fsync as its writer's fsyncs do), else before this
-        returns. A pack that a rewrite, recovery or erase overtook is thrown
-        away. L{close} waits for it.
+        fsynced) and the pack rule puts it in place (L{_install_pack}). Every
+        one of these steps runs through C{run_in_thread} (the current file's
+        fsync as its writer's fsyncs do). A pack that a rewrite, recovery or
+        erase overtook is thrown away. L{close} waits for it.
         """
         if not os.path.lexists(self._path(checkpoint.filename)):
             self._log.warn("Journal {queue}: checkpoint file {file} is gone; not packing",
@@ -1371,9 +1321,6 @@ class FileJournal:
                        file=checkpoint.filename)
         parts = self._dump(xid_counter, checkpoint.reserved_items, slots, rest)
         epoch = self._epoch
-        if self._run_in_thread is None:
-            self._finish_pack(self._write_temp(parts), checkpoint, epoch)
-            return
         written: list[str] = []
         d = self._run_in_thread(lambda: self._write_temp(parts))
         d.addCallback(self._sync_then_finish_pack, checkpoint, epoch, written)
@@ -1382,7 +1329,7 @@ class FileJournal:
         d.addBoth(self._pack_ended, d)
 
     def _sync_then_finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint,
-                               epoch: int, written: list[str]) -> Deferred[None] | None:
+                               epoch: int, written: list[str]) -> Deferred[None]:
         written.append(temp[0])
         if self._writer.closed:
             # Closing fsynced the current file already.
@@ -1392,29 +1339,18 @@ class FileJournal:
         return d
 
     def _finish_pack(self, temp: tuple[str, int], checkpoint: Checkpoint,
-                     epoch: int) -> Deferred[None] | None:
+                     epoch: int) -> Deferred[None]:
         """
-        Put a written pack in place (L{_install_pack}), unless a rewrite or
-        erase overtook it: in a thread with C{run_in_thread} (the Deferred
-        fires once it is in place), else now, after an fsync of the current file.
+        Put a written pack in place (L{_install_pack}) through C{run_in_thread},
+        unless a rewrite or erase overtook it; the Deferred fires once it is
+        in place (or discarded).
         """
         name = temp[0]
-        if self._run_in_thread is not None:
-            notes: _Notes = []
-            d = self._run_in_thread(lambda: self._install_pack(name, checkpoint, epoch, notes))
-            d.addBoth(self._log_notes_then, notes)
-            d.addCallback(self._pack_installed, checkpoint)
-            return d
-        writer = self._writer
-        if isinstance(writer, PeriodicSyncFile) and not writer.closed:
-            self._fsync(writer.fileno())
-        notes = []
-        try:
-            installed = self._install_pack(name, checkpoint, epoch, notes)
-        finally:
-            self._log_notes(notes)
-        self._pack_installed(installed, checkpoint)
-        return None
+        notes: _Notes = []
+        d = self._run_in_thread(lambda: self._install_pack(name, checkpoint, epoch, notes))
+        d.addBoth(self._log_notes_then, notes)
+        d.addCallback(self._pack_installed, checkpoint)
+        return d
 
     def _log_notes_then(self, result: _T, notes: _Notes) -> _T:
         self._log_notes(notes)
@@ -1429,7 +1365,7 @@ class FileJournal:
         return C{True}. A pack overtaken by a rewrite, a recovery or an erase
         (or whose checkpoint file is gone) is deleted instead: C{False}.
 
-        Runs on a thread of C{run_in_thread} when there is one: it holds
+        Runs through C{run_in_thread} (on a thread of the server's): it holds
         C{_install_lock}, reads C{_epoch} (bumped on the reactor thread
         before anything there changes the files) and touches no other state;
         what it did goes to C{notes}, logged on the reactor thread.
