@@ -113,7 +113,8 @@ def warnings_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 SMALL = [rec.Add(b"one", 1, 0), rec.RemoveTentativeXid(1), rec.Add(b"", 2, 5),
-         rec.Continue(1, b"two", 3, 0), rec.Unremove(4), rec.ConfirmRemove(4), rec.Remove(),
+         rec.Continue(1, b"two", 3, 0), rec.RemoveTentativeXid(4), rec.Unremove(4),
+         rec.RemoveTentativeXid(4), rec.ConfirmRemove(4), rec.Remove(),
          rec.SaveXid(9), rec.AddXid(2, b"three", 4, 0)]
 
 
