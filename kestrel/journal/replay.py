@@ -77,11 +77,10 @@ class OpenXids:
 
     def see(self, record: rec.Record) -> None:
         """Note what C{record} (any record but an ADDX) does to the open xids."""
-        cls = type(record)
-        if cls is rec.RemoveTentativeXid:
-            self._open.add(record.xid)  # type: ignore[union-attr]
-        elif cls is rec.ConfirmRemove or cls is rec.Unremove or cls is rec.Continue:
-            xid: int = record.xid  # type: ignore[union-attr]
+        if isinstance(record, rec.RemoveTentativeXid):
+            self._open.add(record.xid)
+        elif isinstance(record, (rec.ConfirmRemove, rec.Unremove, rec.Continue)):
+            xid = record.xid
             if xid in self._open:
                 self._open.remove(xid)
             elif self._unnumbered:
@@ -90,7 +89,7 @@ class OpenXids:
                 self.unknown += 1
                 if self.first_unknown is None:
                     self.first_unknown = xid
-        elif cls is rec.RemoveTentative:
+        elif isinstance(record, rec.RemoveTentative):
             self._unnumbered += 1
 
 
@@ -246,10 +245,9 @@ def _replay_records(buf: mmap.mmap | bytes, end: int, name: str, files: JournalF
                 if got is None:
                     return pos, "truncated record"
                 record, nxt = got
-                cls = type(record)
-                if cls is not add:
-                    if cls is legacy:
-                        item = legacy_item(record, files.now_ms())  # type: ignore[arg-type]
+                if type(record) is not add:
+                    if isinstance(record, legacy):
+                        item = legacy_item(record, files.now_ms())
                         record = add(item.data, item.add_time_ms, item.expiry_ms)
                     else:
                         see(record)
