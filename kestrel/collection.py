@@ -35,6 +35,7 @@ from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
+from kestrel.journal.runner import run_inline
 from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
 from kestrel.loading import LoadingQueue
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
@@ -522,7 +523,8 @@ class QueueCollection(Service):
         if config.keep_journal:
             journal: IJournal = FileJournal(self._path, name, self._clock, config.sync_journal,
                                        archive_path=self._archive_path,
-                                       run_in_thread=self._run_in_thread,
+                                       run_in_thread=(run_inline if self._run_in_thread is None
+                                                      else self._run_in_thread),
                                        chores=self._file_chores,
                                        coalescer=self.write_coalescer,
                                        on_fsync=self._on_fsync,

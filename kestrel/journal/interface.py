@@ -10,7 +10,7 @@ C{IJournal} and touches nothing else of it; the contract tests
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred
@@ -74,6 +74,18 @@ class IJournal(Protocol):
         Call C{apply} with every record, oldest first, then open the journal
         for writing. C{reset} is called when damage makes what was applied so
         far untrustworthy: the caller forgets it and replay goes on.
+        """
+        ...
+
+    def replay_steps(self, apply: Callable[[rec.Record], None],
+                     reset: Callable[[], None] | None = None,
+                     slice_bytes: int | None = None) -> Iterator[int]:
+        """
+        L{replay} a slice at a time: a generator pausing (yielding the offset
+        reached) after about every C{slice_bytes} bytes of journal read, and
+        between files. Exhausted, the journal is open as after L{replay};
+        closed before its end, it leaves the journal unopened and its files
+        as they were (the journal must then be closed, not written).
         """
         ...
 

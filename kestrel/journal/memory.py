@@ -8,7 +8,7 @@ what a queue would have journaled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
@@ -56,6 +56,12 @@ class MemoryJournal:
     def replay(self, apply: Callable[[rec.Record], None],
                reset: Callable[[], None] | None = None) -> None:
         """Replay nothing: a memory journal starts empty."""
+
+    def replay_steps(self, apply: Callable[[rec.Record], None],
+                     reset: Callable[[], None] | None = None,
+                     slice_bytes: int | None = None) -> Iterator[int]:
+        """Replay nothing, in no steps: a memory journal starts empty."""
+        return iter(())
 
     def add(self, item: QItem) -> Deferred[None]:
         """Record an add."""

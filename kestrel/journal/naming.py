@@ -15,6 +15,10 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 
+from twisted.logger import Logger
+
+_log = Logger(namespace="kestrel.journal.naming")
+
 #: Marks a file being written (a rewrite or a pack): C{<q>~~<ms>}; deleted at replay.
 TEMP_INFIX = "~~"
 #: Ends a finished pack: C{<q>.<ms>.pack}.
@@ -157,3 +161,48 @@ def archive_file(queue_path: str, queue_name: str, name: str, archive: str, now_
         fsync_dir(archive)
         fsync_dir(queue_path)
     return target
+
+
+def queue_names_in(path: str) -> set[str]:
+    """
+    Return the names of the queues with journal files in C{path}.
+
+    Only regular files named C{<q>}, C{<q>.<digits>} or
+    C{<q>.<digits>.pack} name a queue C{<q>}; C{~~} files (a rewrite or
+    pack in progress, cleaned up by the replay of their queue) are
+    passed over silently. Every other regular file is left untouched
+    and logged as a warning naming it; subdirectories are passed over.
+    """
+    return set(queue_sizes_in(path))
+
+
+def queue_sizes_in(path: str) -> dict[str, int]:
+    """
+    Return the bytes of journal (every file: current, rotated, packs) of
+    each queue with journal files in C{path}, found and logged as
+    L{queue_names_in} says.
+    """
+    names: dict[str, int] = {}
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        return names
+    for entry in entries:
+        name = entry.name
+        if entry.is_symlink():
+            _log.warn("Ignoring symbolic link {file!r} in queue directory {path}: "
+                      "journals are never followed out of it", file=name, path=path)
+            continue
+        if TEMP_INFIX in name or not entry.is_file():
+            continue
+        queue = journal_queue_name(name)
+        if queue is None:
+            _log.warn("Ignoring file {file!r} in queue directory {path}: not a journal file",
+                      file=name, path=path)
+        else:
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+            names[queue] = names.get(queue, 0) + size
+    return names

@@ -12,7 +12,6 @@ pack must hold, and L{dump_records} into its records. See docs/journal.md.
 from __future__ import annotations
 
 import collections
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
@@ -40,7 +39,7 @@ class Checkpoint:
     reserved_items: tuple[QItem, ...]
 
 
-def pack_layout(head_ops: array[int], reserved: Sequence[QItem], open_items: list[QItem],
+def pack_layout(head_ops: Iterable[int], reserved: Sequence[QItem], open_items: list[QItem],
                 memory: list[QItem]) -> tuple[list[QItem | None], list[QItem]]:
     """
     Work out what a pack must hold so that the files after the checkpoint replay onto it.

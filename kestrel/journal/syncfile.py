@@ -19,10 +19,12 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kestrel.journal.runner import RunInThread, run_inline
+
 _T = TypeVar("_T")
 
-RunInThread = Callable[[Callable[[], Any]], Deferred[Any]]
-"""Runs a blocking callable off the reactor thread; its Deferred fires on the reactor thread."""
+__all__ = ["ErrorObserver", "FsyncObserver", "PeriodicSyncFile", "RunInThread",
+           "SyncFileClosedError", "WriteCoalescer"]
 
 ErrorObserver = Callable[[str, OSError], None]
 """
@@ -181,8 +183,10 @@ class PeriodicSyncFile:
     runs wait for the next one. An fsync error fails the Deferred of every
     write it covered, and is logged.
 
-    With C{run_in_thread} set, fsync runs off the reactor thread; with
-    C{None} it runs inline (what unit tests under C{task.Clock} use).
+    Every fsync but the one of L{close} runs through C{run_in_thread} (a
+    L{kestrel.journal.runner.RunInThread}): the server's thread pool, or the
+    default L{kestrel.journal.runner.InlineRunner}, which runs it at once
+    (what unit tests under C{task.Clock} and offline tools use).
 
     With a C{coalescer}, writes made while its batch is open are held in
     memory and reach the OS in one C{os.write} at L{flush} (which the
@@ -203,7 +207,7 @@ class PeriodicSyncFile:
 
     def __init__(self, path: str, clock: IReactorTime, sync_policy: float | None, *,
                  fsync: Callable[[int], None] = os.fsync,
-                 run_in_thread: RunInThread | None = None,
+                 run_in_thread: RunInThread = run_inline,
                  coalescer: WriteCoalescer | None = None,
                  on_fsync: FsyncObserver | None = None,
                  on_error: ErrorObserver | None = None,
@@ -415,16 +419,8 @@ class PeriodicSyncFile:
         self._sync_again = False
         self._sync_target = self.position
         fd = self._fd
-        if self._run_in_thread is None:
-            try:
-                self._fsync(fd)
-            except Exception:
-                self._sync_done(Failure(), covered)
-            else:
-                self._sync_done(None, covered)
-        else:
-            d = self._run_in_thread(lambda: self._fsync(fd))
-            d.addBoth(self._sync_done, covered)
+        d = self._run_in_thread(lambda: self._fsync(fd))
+        d.addBoth(self._sync_done, covered)
 
     def _sync_done(self, result: object, covered: list[Deferred[None]]) -> None:
         # Writes made by the callbacks below (writers acknowledged, writing

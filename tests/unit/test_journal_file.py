@@ -6,10 +6,13 @@ read-behind, archiving, erase and queue discovery.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
-from twisted.logger import capturedLogs
+from twisted.logger import LogLevel, capturedLogs
 
 from kestrel.item import QItem
 from kestrel.journal import journal as journal_module
+from kestrel.journal import naming
 from kestrel.journal import records as rec
 from kestrel.journal.journal import Checkpoint, FileJournal, JournalNotOpenError
 from tests.compat.model import queue_state
@@ -34,20 +38,51 @@ class Crash(BaseException):
 class Fsync:
     """
     A real fsync that logs whether each call was on a directory, and on call
-    C{crash_at} raises C{error} (a L{Crash} unless told otherwise).
+    C{crash_at} raises C{error} (a L{Crash} unless told otherwise), first
+    calling C{on_crash} (which may copy the folder as the crash leaves it:
+    a Crash raised in a Deferred's callback does not stop the process).
     """
 
     def __init__(self, crash_at: int | None = None) -> None:
         self.calls: list[str] = []
         self.crash_at = crash_at
         self.error: BaseException = Crash()
+        self.on_crash: Callable[[], object] | None = None
 
     def __call__(self, fd: int) -> None:
         kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
         self.calls.append(kind)
         if self.crash_at is not None and len(self.calls) == self.crash_at:
+            if self.on_crash is not None:
+                self.on_crash()
             raise self.error
         os.fsync(fd)
+
+
+def crash_at_every_fsync(tmp_path: Path, build: Callable[[Path, Fsync], Callable[[], object]],
+                         check: Callable[[Path], None]) -> int:
+    """
+    For n = 1, 2, ...: C{build} a fresh journal history in a new folder and
+    return its operation; run it with the n-th fsync after the build
+    crashing, and C{check} a copy of the folder taken at that moment (the
+    files a power cut there leaves). Stop at the first n the operation never
+    reaches; return how many crash points were checked.
+    """
+    n = 1
+    while True:
+        folder = tmp_path / f"crash{n}"
+        fsync = Fsync()
+        operation = build(folder, fsync)
+        fsync.crash_at = len(fsync.calls) + n
+        after = tmp_path / f"after{n}"
+        fsync.on_crash = lambda folder=folder, after=after: shutil.copytree(folder, after)
+        with contextlib.suppress(Crash), capturedLogs():
+            operation()
+        if len(fsync.calls) < fsync.crash_at:
+            return n - 1
+        check(after)
+        assert not any("~~" in f or f.endswith(".pack") for f in files(after)), (n, files(after))
+        n += 1
 
 
 def open_journal(path: Path, clock: Clock, policy: float | None = None,
@@ -78,7 +113,8 @@ def warnings_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 SMALL = [rec.Add(b"one", 1, 0), rec.RemoveTentativeXid(1), rec.Add(b"", 2, 5),
-         rec.Continue(1, b"two", 3, 0), rec.Unremove(4), rec.ConfirmRemove(4), rec.Remove(),
+         rec.Continue(1, b"two", 3, 0), rec.RemoveTentativeXid(4), rec.Unremove(4),
+         rec.RemoveTentativeXid(4), rec.ConfirmRemove(4), rec.Remove(),
          rec.SaveXid(9), rec.AddXid(2, b"three", 4, 0)]
 
 
@@ -305,22 +341,32 @@ def test_rewrite_writes_compact_journal(tmp_path: Path, clock: Clock, rotations:
     assert queue_state(replayed(tmp_path, clock)) == EXPECTED
     reserved, items = rewrite_args()
     j.rewrite(reserved, items, 3)
-    assert files(tmp_path) == ["q"]
+    # The rewrite goes through a pack: the compact file is the pack, in place
+    # as the only rotated file, and <q> is the fresh current file.
+    left = files(tmp_path)
+    assert len(left) == 2 and left[0] == "q" and naming.timed_files("q", left[1:])
+    assert (tmp_path / "q").stat().st_size == 0
     assert replayed(tmp_path, clock) == [
         rec.SaveXid(3), rec.Add(item(0).data, 1000, 0), rec.RemoveTentativeXid(3),
         *(rec.Add(i.data, i.add_time_ms, 0) for i in items)]
-    assert j.size == (tmp_path / "q").stat().st_size and j.archived_size == 0
+    assert j.size == 0 and j.archived_size == (tmp_path / left[1]).stat().st_size
     j.confirm_remove(3)
     j.close()
     assert queue_state(replayed(tmp_path, clock)) == (EXPECTED[0], {})
 
 
 def test_rewrite_fsyncs_new_file_before_rename(tmp_path: Path, clock: Clock) -> None:
-    """Without rotated files: fsync the ~~ file, close the old file, rename, fsync the dir."""
+    """
+    A rewrite through a pack: the rotation fsyncs the old file then the
+    directory; the pack's ~~ file and the current file are fsynced before
+    the pack is renamed into place, and the directory after every rename.
+    """
     fsync = Fsync()
     j = build_history(tmp_path, clock, 0, fsync=fsync)
     j.rewrite(*rewrite_args())
-    assert fsync.calls == ["file", "file", "dir"]
+    # rotation: old <q>, dir; pack: ~~ file, current <q>, dir (.pack name),
+    # dir (the rotated file disposed of), dir (the pack under its final name)
+    assert fsync.calls == ["file", "dir", "file", "file", "dir", "dir", "dir"]
     j.close()
 
 
@@ -332,55 +378,48 @@ def test_rewrite_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock, rot
     A crash at any fsync of a rewrite (before the data or a rename is durable)
     leaves files that replay to the same queue, with no ~~ or .pack left after.
     """
-    n = 1
-    while True:
-        d = tmp_path / f"crash{n}"
-        kwargs: dict[str, Any] = {"archive_path": str(tmp_path / f"arch{n}")} if archive else {}
-        fsync = Fsync()
-        j = build_history(d, clock, rotations, fsync=fsync, **kwargs)
-        fsync.crash_at = len(fsync.calls) + n
-        try:
-            j.rewrite(*rewrite_args())
-        except Crash:
-            pass
-        else:
-            break
-        assert queue_state(replayed(d, clock)) == EXPECTED, (n, files(d))
-        assert not any("~~" in f or f.endswith(".pack") for f in files(d))
-        n += 1
-    assert n > 3
+    def build(folder: Path, fsync: Fsync) -> Callable[[], object]:
+        kwargs: dict[str, Any] = {"archive_path": str(folder) + ".archive"} if archive else {}
+        j = build_history(folder, clock, rotations, fsync=fsync, **kwargs)
+        return lambda: j.rewrite(*rewrite_args())
+
+    def check(after: Path) -> None:
+        assert queue_state(replayed(after, clock)) == EXPECTED, files(after)
+
+    assert crash_at_every_fsync(tmp_path, build, check) >= 5
 
 
 @pytest.mark.parametrize("rotations", [0, 3])
 def test_rewrite_io_error_leaves_journal_usable(tmp_path: Path, clock: Clock,
                                                 rotations: int) -> None:
     """
-    An I/O error at any step of a rewrite propagates, yet the journal stays
-    writable and its files replay to the queue plus the writes made after.
+    An I/O error at any step of a rewrite is reported (logged as an error; a
+    failed fsync of a journal file also told to on_failure), yet the journal
+    stays writable and its files replay to the queue plus the writes made after.
     """
     clean = Fsync()
     j = build_history(tmp_path / "clean", clock, rotations, fsync=clean)
     before = len(clean.calls)
     j.rewrite(*rewrite_args())
     steps = len(clean.calls) - before
-    raised = 0
+    assert steps >= 5
     for n in range(1, steps + 1):
         d = tmp_path / f"error{n}"
         fsync = Fsync()
         j = build_history(d, clock, rotations, fsync=fsync)
         fsync.crash_at = len(fsync.calls) + n
         fsync.error = OSError(errno.EIO, "I/O error")
-        try:
-            with capturedLogs():
-                j.rewrite(*rewrite_args())
-        except OSError:
-            raised += 1
+        told: list[str] = []
+        j.on_failure = lambda kind, error, told=told: told.append(kind)
+        with capturedLogs() as events:
+            j.rewrite(*rewrite_args())
+        assert [e for e in events if e["log_level"] == LogLevel.error], n
         done: list[object] = []
         j.add(QItem(b"later", 9)).addCallback(done.append)
         assert done == [None]
         j.close()
         assert queue_state(replayed(d, clock)) == ([*EXPECTED[0], b"later"], EXPECTED[1]), n
-    assert raised >= 2
+        assert told in ([], ["fsync"]), n
 
 
 @pytest.mark.parametrize("leftover", [
@@ -532,21 +571,14 @@ def test_pack_layout(tmp_path: Path, clock: Clock) -> None:
 
 def test_pack_crash_at_every_fsync_recovers(tmp_path: Path, clock: Clock) -> None:
     """A crash at any fsync of a pack leaves files that replay to the same queue."""
-    n = 1
-    while True:
-        d = tmp_path / f"crash{n}"
-        fsync = Fsync()
-        j, checkpoint, memory = pack_scenario(d, clock, fsync)
-        fsync.crash_at = len(fsync.calls) + n
-        try:
-            j.start_pack(checkpoint, [OPEN], memory, 9)
-        except Crash:
-            pass
-        else:
-            break
-        assert queue_state(replayed(d, clock)) == PACK_EXPECTED, (n, files(d))
-        n += 1
-    assert n > 3
+    def build(folder: Path, fsync: Fsync) -> Callable[[], object]:
+        j, checkpoint, memory = pack_scenario(folder, clock, fsync)
+        return lambda: j.start_pack(checkpoint, [OPEN], memory, 9)
+
+    def check(after: Path) -> None:
+        assert queue_state(replayed(after, clock)) == PACK_EXPECTED, files(after)
+
+    assert crash_at_every_fsync(tmp_path, build, check) >= 4
 
 
 def test_pack_in_thread_lets_writes_go_on(tmp_path: Path, clock: Clock) -> None:
@@ -693,7 +725,8 @@ def test_archive_path_receives_rewritten_files(tmp_path: Path, clock: Clock) -> 
     j = build_history(qdir, clock, 2, archive_path=str(adir))
     before = {f: (qdir / f).read_bytes() for f in files(qdir)}
     j.rewrite(*rewrite_args())
-    assert files(qdir) == ["q"]
+    left = files(qdir)
+    assert len(left) == 2 and left[0] == "q" and naming.timed_files("q", left[1:])
     archived = {f: (adir / f).read_bytes() for f in files(adir)}
     assert len(archived) == 3
     assert sorted(archived.values()) == sorted(before.values())

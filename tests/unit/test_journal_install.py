@@ -275,10 +275,10 @@ def test_every_step_of_an_install_replays_to_the_same_queue(tmp_path: Path, cloc
     newer = [n for n in sorted(os.listdir(folder))
              if n.startswith("q.") and n > checkpoint.filename and "~~" not in n]
     assert len(newer) == 1
-    follows = {name: j._file_after(name) for name in newer}
+    follows = {name: j.files.file_after(name) for name in newer}
     assert follows == {newer[0]: "q"}
     seen: list[dict[str, str | None]] = []
-    snaps.probe = lambda: seen.append({name: j._file_after(name) for name in newer})
+    snaps.probe = lambda: seen.append({name: j.files.file_after(name) for name in newer})
     snaps.armed = True
     thread.run_all()
     assert thread.inline_fsyncs == 0
@@ -639,7 +639,7 @@ def test_the_listing_without_the_rule_is_what_the_rule_leaves(files: dict[int, s
             if kind in ("pack", "both"):
                 Path(tmp, f"q.{ts}.pack").write_bytes(b"")
         j = FileJournal(tmp, "q", clock, None)
-        listed = j._listed_files()
+        listed = j.files.listed()
         assert sorted(os.listdir(tmp)) == sorted(
             [f"q.{t}" for t, k in files.items() if k != "pack"]
             + [f"q.{t}.pack" for t, k in files.items() if k != "file"])

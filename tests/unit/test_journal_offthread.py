@@ -267,7 +267,7 @@ def test_no_spare_outlives_an_erase_or_a_failed_creation(tmp_path, clock: Clock,
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch, capturedLogs() as events:
-        patch.setattr(journal, "_create_temp", no_space)
+        patch.setattr(journal.files, "create_temp", no_space)
         thread.run_all()
     assert any("no spare file" in e.get("log_format", "") for e in events)
     assert sorted(os.listdir(tmp_path)) == ["q"]

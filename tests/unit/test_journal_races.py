@@ -17,12 +17,13 @@ from twisted.internet.task import Clock
 
 from kestrel.config import QueueConfig
 from kestrel.journal.journal import FileJournal
+from kestrel.journal.runner import run_inline
 from kestrel.queue import PersistentQueue
 from tests.support import ManualThread
 from tests.unit.test_queue import datas, value
 
 
-def open_queue(path, clock: Clock, *, sync_policy=0.2, run_in_thread=None,
+def open_queue(path, clock: Clock, *, sync_policy=0.2, run_in_thread=run_inline,
                **config) -> PersistentQueue:
     journal = FileJournal(str(path), "q", clock, sync_policy, run_in_thread=run_in_thread)
     q = PersistentQueue("q", QueueConfig(**config), journal, clock)

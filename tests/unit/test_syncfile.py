@@ -16,6 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
+from kestrel.journal.runner import RunInThread, run_inline
 from kestrel.journal.syncfile import PeriodicSyncFile, SyncFileClosedError
 from tests.support import ManualThread
 
@@ -41,7 +42,7 @@ def fired(d: Deferred[Any]) -> bool:
 
 
 def make(tmp_path: Path, clock: Clock, policy: float | None,
-         run_in_thread: ManualThread | None = None) -> tuple[PeriodicSyncFile, CountingFsync]:
+         run_in_thread: RunInThread = run_inline) -> tuple[PeriodicSyncFile, CountingFsync]:
     fsync = CountingFsync()
     f = PeriodicSyncFile(str(tmp_path / "q"), clock, policy, fsync=fsync,
                          run_in_thread=run_in_thread)

@@ -1,0 +1,160 @@
+"""
+Read-behind: reading a queue's items back from its journal files, Kestrel's
+C{fillReadBehind}.
+
+When a queue holds more than its memory allows, further adds stay on disk
+only; a reader then follows the journal, one record at a time, from where
+the writer (or the replayer) stood when read-behind started, through every
+later file, until it catches up with the writer. Items come out through
+L{kestrel.journal.events.item_of}, the one place that says which records
+add an item.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from twisted.logger import Logger
+
+from kestrel.item import QItem
+from kestrel.journal import records as rec
+from kestrel.journal.events import item_of
+from kestrel.journal.files import JournalFiles
+from kestrel.journal.pack import Checkpoint
+
+#: How much the read-behind reader reads from a file at a time.
+READ_CHUNK = 256 * 1024
+
+
+class _Reader:
+    """Reads records one at a time from a journal file that may still be growing."""
+
+    def __init__(self, path: str, position: int) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        self.position = position
+        self._buf = b""
+        self._off = 0
+
+    def read(self) -> rec.Record | None:
+        """
+        Return the next complete record, or C{None} at the end of the file.
+
+        @raise rec.CorruptRecord: the next bytes are not a record.
+        """
+        while True:
+            got = rec.read_record(self._buf, self._off)
+            if got is not None:
+                record, nxt = got
+                self.position += nxt - self._off
+                self._off = nxt
+                return record
+            held = len(self._buf) - self._off
+            chunk = os.pread(self._fd, max(READ_CHUNK, held), self.position + held)
+            if not chunk:
+                return None
+            self._buf = self._buf[self._off:] + chunk
+            self._off = 0
+
+    def close(self) -> None:
+        """Close the file."""
+        os.close(self._fd)
+
+
+class ReadBehind:
+    """
+    The read-behind reader of one queue's journal files.
+
+    @ivar reader: the open reader, or C{None} when the queue is not in read-behind.
+    @ivar file: the file the reader reads (C{None} with no reader).
+    """
+
+    _log = Logger()
+
+    def __init__(self, files: JournalFiles) -> None:
+        self._files = files
+        self.reader: _Reader | None = None
+        self.file: str | None = None
+
+    def start(self, name: str, position: int) -> None:
+        """Open the reader on file C{name} at C{position} (closing any open one)."""
+        self.stop()
+        self.reader = _Reader(self._files.path(name), position)
+        self.file = name
+        self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
+                        queue=self._files.queue_name, file=name, offset=position)
+
+    def stop(self) -> None:
+        """Close the reader, if open: read-behind ends."""
+        if self.reader is not None:
+            self.reader.close()
+        self.reader = None
+        self.file = None
+
+    def renamed(self, old: str, new: str) -> None:
+        """File C{old} was renamed C{new} (a rotation): a reader on it follows."""
+        if self.file == old:
+            self.file = new
+
+    def fill(self, got_item: Callable[[QItem], None],
+             got_checkpoint: Callable[[Checkpoint], None], *, end: tuple[str, int],
+             sync: Callable[[], None] | None, checkpoint: Checkpoint | None) -> None:
+        """
+        Read forward one record, as Kestrel's C{fillReadBehind}.
+
+        An add or a continue calls C{got_item}; other records are skipped.
+        At the end of a rotated file the reader moves to the next file (and
+        calls C{got_checkpoint} if it just left C{checkpoint}'s file), then
+        reads again. At the end of the current file it calls C{sync} (the
+        writer's fsync; C{None} during replay) and retries once. When the
+        reader reaches C{end} (the file and offset of the writer, or of the
+        replayer), read-behind ends.
+        """
+        reader = self.reader
+        if reader is None:
+            return
+        name, pos = end
+        reader_file = self.file
+        if reader.position == pos and reader_file == name:
+            self.stop()
+            return
+        record = self._read_one(reader, reader_file)
+        if record is None and reader_file == self._files.queue_name and sync is not None:
+            sync()
+            record = self._read_one(reader, reader_file)
+        if record is None:
+            self._next_file(got_item, got_checkpoint, end, sync, checkpoint)
+            return
+        item = item_of(record, self._files.now_ms)
+        if item is not None:
+            got_item(item)
+
+    def _read_one(self, reader: _Reader, name: str | None) -> rec.Record | None:
+        try:
+            return reader.read()
+        except rec.CorruptRecord as e:
+            self._log.warn("Journal {queue} file {file}: read-behind found {problem} at "
+                           "offset {offset}; skipping the rest of the file",
+                           queue=self._files.queue_name, file=name, problem=e.reason,
+                           offset=reader.position)
+            return None
+
+    def _next_file(self, got_item: Callable[[QItem], None],
+                   got_checkpoint: Callable[[Checkpoint], None], end: tuple[str, int],
+                   sync: Callable[[], None] | None, checkpoint: Checkpoint | None) -> None:
+        old = self.file
+        assert old is not None
+        queue = self._files.queue_name
+        following = self._files.file_after(old)
+        self.stop()
+        if following is None:
+            self._log.warn("Journal {queue}: read-behind reached the end of {file} with no "
+                           "file after it; leaving read-behind", queue=queue, file=old)
+            return
+        self.reader = _Reader(self._files.path(following), 0)
+        self.file = following
+        self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
+                       queue=queue, old=old, file=following)
+        if checkpoint is not None and checkpoint.filename == old:
+            got_checkpoint(checkpoint)
+        self.fill(got_item, got_checkpoint, end=end, sync=sync, checkpoint=checkpoint)
