@@ -235,9 +235,12 @@ class Maintenance:
         self._busy = None
         queue = self._files.queue_name
         if isinstance(result, Failure):
+            error = result.value
             self._log.error("Journal {queue}: fsync after rotating to {file} failed: {error}",
-                            queue=queue, file=rotated, error=result.value)
-            old.abandon(result.value).addErrback(ignore_failure)
+                            queue=queue, file=rotated, error=error)
+            if not isinstance(error, Exception):
+                error = OSError(str(error))
+            old.abandon(error).addErrback(ignore_failure)
             if isinstance(result.value, OSError):
                 self._journal.writer_failed("fsync", result.value)
         else:

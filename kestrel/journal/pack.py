@@ -71,9 +71,9 @@ def pack_layout(head_ops: Iterable[int], reserved: Sequence[QItem], open_items: 
             if op == OP_OPEN:
                 where[xid] = placeholder
         elif op == OP_UNREMOVE:
-            placeholder = where.pop(xid, None)
-            if placeholder is not None:
-                put_back.appendleft(placeholder)
+            gone = where.pop(xid, None)
+            if gone is not None:
+                put_back.appendleft(gone)
         else:
             where.pop(xid, None)
     slots: list[QItem | None] = [None] * taken

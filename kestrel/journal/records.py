@@ -315,7 +315,10 @@ def read_record(buf: bytes | bytearray | memoryview | mmap.mmap,
 
 
 _QQ = struct.Struct("<qq")
-_XID_RECORDS = {4: SaveXid, 5: Unremove, 6: ConfirmRemove, 9: RemoveTentativeXid}
+_XidRecord = type[SaveXid | Unremove | ConfirmRemove | RemoveTentativeXid]
+_XID_RECORDS: dict[int, _XidRecord] = {
+    4: SaveXid, 5: Unremove, 6: ConfirmRemove, 9: RemoveTentativeXid,
+}
 
 
 def iter_records(buf: bytes | bytearray | memoryview,
