@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Protocol
 
 #: Requests of one enqueue + dequeue, and of one enqueue + reserve + ack, per protocol.
@@ -59,7 +60,10 @@ async def _line(reader: Reader) -> bytes:
 
 
 async def _block(reader: Reader, length: int) -> bytes:
-    block = await reader.readexactly(length + 2)
+    try:
+        block = await reader.readexactly(length + 2)
+    except asyncio.IncompleteReadError:
+        raise ProtocolError(f"connection closed inside a data block of {length} bytes") from None
     if block[-2:] != b"\r\n":
         raise ProtocolError(f"data block of {length} bytes not followed by CRLF")
     return block[:-2]
@@ -305,6 +309,7 @@ class BeanstalkConnection(QueueConnection):
 
     async def ack(self, queue: bytes, handle: object) -> None:
         """C{delete <id>}; the reply must be C{DELETED}."""
+        assert isinstance(handle, int)
         self.writer.write(b"delete %d\r\n" % handle)
         await read_beanstalk_status(self.reader, b"DELETED")
 
@@ -373,7 +378,7 @@ def run_pairs(protocol: str, port: int, queue: str, conns: int, pairs: int, size
             if reliable:
                 await conn.ack(key, handle)
 
-    jobs = [lambda c, n=n: job(c, n) for n in _shares(pairs, conns)]
+    jobs: list[Job] = [partial(job, count=n) for n in _shares(pairs, conns)]
     return pairs, _timed(protocol, port, jobs)
 
 
@@ -387,7 +392,7 @@ def run_enqueues(protocol: str, port: int, queue: str, conns: int, items: int, s
         for _ in range(count):
             await conn.enqueue(key, payload)
 
-    jobs = [lambda c, n=n: job(c, n) for n in _shares(items, conns)]
+    jobs: list[Job] = [partial(job, count=n) for n in _shares(items, conns)]
     return items, _timed(protocol, port, jobs)
 
 
