@@ -85,6 +85,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -611,9 +612,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command_line(argv: list[str] | None) -> str:
-    """The command that reproduces this run (paths as given)."""
+    """The command that reproduces this run (paths as given, quoted for a shell: `--redis ''`)."""
     words = sys.argv[1:] if argv is None else argv
-    return " ".join(["python3 benchmarks/cost.py", *words])
+    return shlex.join(["python3", "benchmarks/cost.py", *words])
 
 
 def render(info: dict[str, object], load_start: tuple[float, float, float],

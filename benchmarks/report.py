@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.json or Path(tmp) / "cost.json"
             cost.main([*rest, "--json", str(out)])
             data = json.loads(out.read_text())
-            data["command"] = " ".join(["python3 benchmarks/report.py", *rest])
+            data["command"] = shlex.join(["python3", "benchmarks/report.py", *rest])
             out.write_text(json.dumps(data, indent=1))
     section = render(data)
     if args.print:
