@@ -1,11 +1,14 @@
 """
-Per-request cost of txkestrel next to darner and memcached, measured in one run.
+Per-request cost of txkestrel next to darner, memcached, Redis and
+beanstalkd, measured in one run.
 
 Not a test. It starts every server once (txkestrel from this checkout, and
 with --baseline-src a second txkestrel from another checkout; memcached;
-darner when --darner names its binary), then runs each workload against each
-server in turn, alternating the order every repetition, --runs times. For
-every (workload, server) it prints the median over the runs, with min-max, of
+darner when --darner names its binary; Redis and beanstalkd, each as a
+plain and a durable instance), then runs each workload against each server
+that speaks it, in turn, alternating the order every repetition, --runs
+times. For every (workload, server) it prints the median over the runs, with
+min-max, of
 
 * the server's CPU time per unit of work: utime + stime of the server process
   (every thread) from /proc/<pid>/stat, before and after the run, divided by
@@ -24,10 +27,22 @@ Workloads (1 KiB items):
   sets and gets interleaved on one queue; a pair is one set and one get;
 * pipelined-10x16: 10 connections, each writing 16 set+get pairs at once and
   reading the 32 replies (the asyncio client of benchmarks/flood.py);
-* durable-50: 50 connections with one set outstanding each. txkestrel runs a
-  second server with `sync_journal: always` and `durable_acks: true`
-  (STORED only after the fsync that covers the set), darner gets
-  `set <queue>/sync` (it fsyncs that write); memcached has no durable mode;
+* dequeue-1: enqueue + dequeue of one item at a time, one request at a time,
+  1 connection, with the one asyncio client of benchmarks/queue_client.py
+  for every server: txkestrel, darner, memcached and the floors `set` +
+  `get`; Redis `LPUSH` + `RPOP`; beanstalkd `put` + `reserve-with-timeout 0`
+  + `delete` (three requests);
+* reliable-1: enqueue + reliable dequeue + acknowledgement, one request at a
+  time, 1 connection: txkestrel and darner `set`, `get q/open`,
+  `get q/close`; Redis `LPUSH`, `LMOVE q q:reserved RIGHT LEFT`,
+  `LREM q:reserved 1 item`; beanstalkd `put`, `reserve-with-timeout 0`,
+  `delete` (memcached and the floors have no reliable read);
+* durable-50: 50 connections with one enqueue outstanding each (the same
+  client). txkestrel runs a second server with `sync_journal: always` and
+  `durable_acks: true` (STORED only after the fsync that covers the set),
+  darner gets `set <queue>/sync` (it fsyncs that write), Redis a second
+  server with `appendfsync always`, beanstalkd a second one with `-f 0`;
+  memcached has no durable mode;
 * with --floor, benchmarks/floor_server.py (a bare Twisted memcache queue
   on txkestrel's reactor: no journal, no metrics) runs beside the others as
   "twisted-floor": the part of txkestrel's cost that is the reactor's and
@@ -46,6 +61,10 @@ Workloads (1 KiB items):
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
 
+Redis (`--appendonly yes --save ''`, `--appendfsync no` for the plain
+workloads) and beanstalkd (`-b DIR -F`, never fsync, for the plain ones)
+are Debian's `redis-server` and `beanstalkd`, each on a free loopback port
+with its own data folder; `--redis ''` or `--beanstalkd ''` leaves one out.
 darner is not part of this project: build it yourself and pass --darner
 PATH (its `db` client is looked up beside it). Without --darner (and --db)
 the db workloads are replaced by "one-at-a-time-1/10": the asyncio client
@@ -55,6 +74,7 @@ replies (one pair at a time, not one request).
     python benchmarks/cost.py --help
     python benchmarks/cost.py --darner ~/darner/darner --runs 5 --json cost.json
     python benchmarks/cost.py --runs 1 --pairs 2000 --no-strace      # smoke run
+    python benchmarks/cost.py --only dequeue reliable durable --runs 5   # the peers' workloads
 """
 
 from __future__ import annotations
@@ -65,6 +85,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -78,38 +99,40 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
+import queue_client
 from flood import flood
+from queue_client import PAIR_REQUESTS, RELIABLE_REQUESTS
 from servers import (
     ROOT,
+    beanstalkd_process,
+    cpu_seconds,
     darner_process,
     floor_process,
     free_port,
     kestrel_process,
     memcached_process,
+    redis_process,
 )
 
-TICKS = os.sysconf("SC_CLK_TCK")
 DURABLE_CONFIG = "default:\n  sync_journal: always\n  durable_acks: true\n"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process C{pid}, every thread included, in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    # The command name (field 2) may hold spaces: split after its closing ")".
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+#: The memcache set+get workloads: Kestrel's dialect and plain memcache, two requests a pair.
+MEMCACHE_PAIR = {"kestrel": 2, "memcache": 2}
 
 
 @dataclass
 class Server:
-    """A running server: its label, memcache port, pid and how its queues are named."""
+    """
+    A running server: its label, port, pid, how its queues are named, and the
+    protocol of benchmarks/queue_client.py it speaks (C{kestrel}, C{memcache},
+    C{resp} or C{beanstalk}).
+    """
 
     name: str
     port: int
     pid: int
     durable: bool = False
     queue_suffix: str = ""
+    protocol: str = "kestrel"
 
     @property
     def in_memory(self) -> bool:
@@ -210,50 +233,6 @@ def run_pipelined(port: int, conns: int, depth: int, pairs: int, size: int) -> t
     """The flood.py client: C{depth} pairs per write on C{conns} connections."""
     rate = asyncio.run(flood(port, pairs, conns, depth, size))
     return pairs, pairs / rate
-
-
-async def _setter(port: int, queue: bytes, count: int, payload: bytes) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    request = b"set %s 0 0 %d\r\n%s\r\n" % (queue, len(payload), payload)
-    try:
-        for _ in range(count):
-            writer.write(request)
-            line = await reader.readline()
-            if line != b"STORED\r\n":
-                raise RuntimeError(f"set answered {line!r}")
-    finally:
-        writer.close()
-        await writer.wait_closed()
-
-
-def run_sets(port: int, queue: str, conns: int, sets: int, size: int) -> tuple[int, float]:
-    """C{sets} sets over C{conns} connections, one outstanding on each; (sets, seconds)."""
-    payload = b"d" * size
-    share = [sets // conns + (1 if i < sets % conns else 0) for i in range(conns)]
-
-    async def run() -> float:
-        started = time.perf_counter()
-        await asyncio.gather(*(_setter(port, queue.encode(), n, payload) for n in share))
-        return time.perf_counter() - started
-    return sets, asyncio.run(run())
-
-
-def drain(port: int, queue: str) -> None:
-    """Read C{queue} empty (so the next run starts from an empty queue)."""
-    async def run() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while True:
-                writer.write(b"get %s\r\n" % queue.encode())
-                line = await reader.readline()
-                if line == b"END\r\n":
-                    return
-                length = int(line.split()[3])
-                await reader.readexactly(length + 2 + 5)
-        finally:
-            writer.close()
-            await writer.wait_closed()
-    asyncio.run(run())
 
 
 async def _paced(port: int, queue: bytes, count: int, interval: float, start: float,
@@ -370,14 +349,22 @@ def straced(pid: int, workdir: Path) -> Iterator[dict[str, int]]:
 
 @dataclass
 class Workload:
-    """A named way to load a server, in units of C{unit} of C{requests_per_unit} requests."""
+    """
+    A named way to load a server, in units of C{unit}; C{requests} maps each
+    protocol it can load to the requests one unit takes in it (servers
+    speaking another protocol sit it out).
+    """
 
     name: str
     unit: str
-    requests_per_unit: int
+    requests: dict[str, int]
     run: Callable[[Server], tuple]
     durable: bool = False
     queue: str = "cost"
+
+    def servers(self, servers: list[Server]) -> list[Server]:
+        """Those of C{servers} this workload can load."""
+        return [s for s in servers if s.protocol in self.requests]
 
 
 def _db_work(db: str, conns: int, pairs: int, size: int, server: Server) -> tuple:
@@ -389,7 +376,13 @@ def _pipelined_work(conns: int, depth: int, pairs: int, size: int, server: Serve
 
 
 def _sets_work(conns: int, sets: int, size: int, server: Server) -> tuple:
-    return run_sets(server.port, "durable" + server.queue_suffix, conns, sets, size)
+    return queue_client.run_enqueues(server.protocol, server.port,
+                                     "durable" + server.queue_suffix, conns, sets, size)
+
+
+def _pairs_work(conns: int, pairs: int, size: int, reliable: bool, server: Server) -> tuple:
+    return queue_client.run_pairs(server.protocol, server.port, "cost", conns, pairs, size,
+                                  reliable=reliable)
 
 
 def _latency_work(conns: int, rate: float, seconds: float, size: int, server: Server) -> tuple:
@@ -407,14 +400,18 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
         else:
             run = partial(_pipelined_work, conns, 1, args.pairs, size)
             name = f"one-at-a-time-{conns}"
-        out.append(Workload(name, "pair", 2, run, queue="db_bench"))
-    out.append(Workload("pipelined-10x16", "pair", 2,
+        out.append(Workload(name, "pair", MEMCACHE_PAIR, run, queue="db_bench"))
+    out.append(Workload("pipelined-10x16", "pair", MEMCACHE_PAIR,
                         partial(_pipelined_work, 10, 16, args.pairs, size)))
-    out.append(Workload("durable-50", "set", 1,
+    out.append(Workload("dequeue-1", "pair", PAIR_REQUESTS,
+                        partial(_pairs_work, 1, args.pairs, size, False)))
+    out.append(Workload("reliable-1", "item", RELIABLE_REQUESTS,
+                        partial(_pairs_work, 1, args.pairs, size, True)))
+    out.append(Workload("durable-50", "set", {"kestrel": 1, "resp": 1, "beanstalk": 1},
                         partial(_sets_work, 50, args.durable_sets, size),
                         durable=True, queue="durable"))
     if args.latency:
-        out.append(Workload("latency-100", "pair", 2,
+        out.append(Workload("latency-100", "pair", MEMCACHE_PAIR,
                             partial(_latency_work, 100, args.rate, args.latency_seconds, size),
                             queue="paced"))
     return [w for w in out if not args.only or any(w.name.startswith(o) for o in args.only)]
@@ -442,17 +439,93 @@ def machine() -> dict[str, object]:
                                                                   time.gmtime())}
 
 
+def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
+                  stack: ExitStack) -> tuple[list[Server], list[Server]]:
+    """
+    Start every server C{args} asks for under C{root} (stopped when C{stack}
+    closes), each only if one of C{works} can load it; (plain, durable).
+    """
+    wants = {(p, w.durable) for w in works for p in w.requests}
+    plain: list[Server] = []
+    durable: list[Server] = []
+    sources: list[tuple[str, Path, str | None]] = [("txkestrel", ROOT, None)]
+    if args.epoll:
+        sources.append(("txkestrel-epoll", ROOT, "epoll"))
+    if args.baseline_src:
+        sources.append(("txkestrel-before", args.baseline_src.resolve(), None))
+    for label, src, reactor in sources:
+        if ("kestrel", False) in wants:
+            port = free_port()
+            proc = stack.enter_context(kestrel_process(root / label, port, src=src,
+                                                       reactor=reactor))
+            plain.append(Server(label, port, proc.pid))
+        if ("kestrel", True) in wants:
+            port = free_port()
+            proc = stack.enter_context(kestrel_process(
+                root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src,
+                reactor=reactor))
+            durable.append(Server(label, port, proc.pid, durable=True))
+    if args.darner:
+        port = free_port()
+        proc = stack.enter_context(darner_process(args.darner, port, root / "darner"))
+        plain.append(Server("darner", port, proc.pid))
+        durable.append(Server("darner", port, proc.pid, durable=True, queue_suffix="/sync"))
+    if args.memcached:
+        port = free_port()
+        proc = stack.enter_context(memcached_process(args.memcached, port))
+        plain.append(Server("memcached", port, proc.pid, protocol="memcache"))
+    peers = [("redis", "resp", args.redis, lambda port, folder, sync: redis_process(
+                 args.redis, port, folder, "always" if sync else "no")),
+             ("beanstalkd", "beanstalk", args.beanstalkd, lambda port, folder, sync:
+                 beanstalkd_process(args.beanstalkd, port, folder, fsync_always=sync))]
+    for label, protocol, binary, process in peers:
+        for sync, servers in ((False, plain), (True, durable)):
+            if binary and (protocol, sync) in wants:
+                port = free_port()
+                folder = root / (f"{label}-durable" if sync else label)
+                proc = stack.enter_context(process(port, folder, sync))
+                servers.append(Server(label, port, proc.pid, durable=sync, protocol=protocol))
+    floors: list[tuple[str, str, Path | None]] = []
+    if args.floor:
+        floors.append(("twisted-floor", "kestrel", None))
+    if args.floor and args.epoll:
+        floors.append(("twisted-floor-epoll", "epoll", None))
+    if args.python_floor:
+        floors.append(("python-floor", "none", None))
+    if args.journal_floor:
+        floors.append(("journal-floor", "kestrel", root / "journal-floor"))
+    for label, reactor, journal in floors:
+        port = free_port()
+        proc = stack.enter_context(floor_process(port, reactor, journal))
+        plain.append(Server(label, port, proc.pid, protocol="memcache"))
+    return plain, durable
+
+
+def _drain(server: Server, work: Workload) -> None:
+    if not server.in_memory:
+        queue_client.drain(server.protocol, server.port, work.queue)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Server CPU us per request, throughput, system calls per request and "
-                    "load average of txkestrel, darner and memcached, measured alternately "
-                    "in one run (median of --runs).",
+                    "load average of txkestrel, darner, memcached, Redis and beanstalkd, "
+                    "measured alternately in one run (median of --runs).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--darner", help="darner binary (not part of this project; build it "
                         "yourself); its `db` client is looked up beside it")
     parser.add_argument("--db", help="darner's C++ load client `db` (default: beside --darner)")
     parser.add_argument("--memcached", default=shutil.which("memcached") or "/usr/bin/memcached",
                         help="memcached binary (apt-get install memcached); '' to leave it out")
+    parser.add_argument("--redis", default=shutil.which("redis-server") or
+                        "/usr/bin/redis-server",
+                        help="redis-server binary (apt-get install redis-server), run with "
+                             "--appendonly yes --save '' and --appendfsync no (durable-50: "
+                             "always); '' to leave it out")
+    parser.add_argument("--beanstalkd", default=shutil.which("beanstalkd") or
+                        "/usr/bin/beanstalkd",
+                        help="beanstalkd binary (apt-get install beanstalkd), run with -b DIR "
+                             "-F (durable-50: -f 0); '' to leave it out")
     parser.add_argument("--baseline-src", type=Path,
                         help="also run txkestrel from this checkout (labelled txkestrel-before)")
     parser.add_argument("--epoll", action="store_true",
@@ -468,24 +541,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")
     parser.add_argument("--runs", type=int, default=5, help="repetitions of every measurement")
-    parser.add_argument("--pairs", type=int, default=20000, help="set+get pairs per run")
+    parser.add_argument("--pairs", type=int, default=20000,
+                        help="set+get pairs per run (the pairs of dequeue-1, the items of "
+                             "reliable-1)")
     parser.add_argument("--durable-sets", type=int, default=5000,
-                        help="sets per durable run (darner's /sync does one fsync per set)")
+                        help="enqueues per durable-50 run (darner's /sync and beanstalkd "
+                             "-f 0 do one fsync per enqueue)")
     parser.add_argument("--size", type=int, default=1024, help="item size in bytes")
     parser.add_argument("--latency", action="store_true",
                         help="also measure p50/p99 latency of 100 paced clients")
     parser.add_argument("--rate", type=float, default=5000, help="requests/s of --latency")
     parser.add_argument("--latency-seconds", type=float, default=4.0,
                         help="length of a --latency run")
-    parser.add_argument("--only", nargs="+", help="run only the workloads named so (prefixes)")
+    parser.add_argument("--only", nargs="+",
+                        help="run only the workloads named so (prefixes): db-1, db-10 or "
+                             "one-at-a-time-1, -10 (without --darner), pipelined-10x16, "
+                             "dequeue-1, reliable-1, durable-50, latency-100")
     parser.add_argument("--no-strace", action="store_true", help="skip the strace runs")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args(argv)
     if args.darner and not args.db:
         beside = Path(args.darner).with_name("db")
         args.db = str(beside) if beside.exists() else None
-    if args.memcached and not os.path.exists(args.memcached):
-        parser.error(f"{args.memcached} not found: apt-get install memcached, or --memcached ''")
+    for flag, package in (("memcached", "memcached"), ("redis", "redis-server"),
+                          ("beanstalkd", "beanstalkd")):
+        binary = getattr(args, flag)
+        if binary and not os.path.exists(binary):
+            parser.error(f"{binary} not found: apt-get install {package}, or --{flag} ''")
     use_strace = not args.no_strace and strace_works()
 
     info = machine()
@@ -493,52 +575,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, str], Result] = {}
     with tempfile.TemporaryDirectory(prefix="kestrel-cost-") as tmp, ExitStack() as stack:
         root = Path(tmp)
-        plain: list[Server] = []
-        durable: list[Server] = []
-        sources: list[tuple[str, Path, str | None]] = [("txkestrel", ROOT, None)]
-        if args.epoll:
-            sources.append(("txkestrel-epoll", ROOT, "epoll"))
-        if args.baseline_src:
-            sources.append(("txkestrel-before", args.baseline_src.resolve(), None))
-        for label, src, reactor in sources:
-            port = free_port()
-            proc = stack.enter_context(kestrel_process(root / label, port, src=src,
-                                                       reactor=reactor))
-            plain.append(Server(label, port, proc.pid))
-            if any(w.durable for w in workloads(args)):
-                port = free_port()
-                proc = stack.enter_context(kestrel_process(
-                    root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src,
-                    reactor=reactor))
-                durable.append(Server(label, port, proc.pid, durable=True))
-        if args.darner:
-            port = free_port()
-            proc = stack.enter_context(darner_process(args.darner, port, root / "darner"))
-            plain.append(Server("darner", port, proc.pid))
-            durable.append(Server("darner", port, proc.pid, durable=True, queue_suffix="/sync"))
-        if args.memcached:
-            port = free_port()
-            proc = stack.enter_context(memcached_process(args.memcached, port))
-            plain.append(Server("memcached", port, proc.pid))
-        floors: list[tuple[str, str, Path | None]] = []
-        if args.floor:
-            floors.append(("twisted-floor", "kestrel", None))
-        if args.floor and args.epoll:
-            floors.append(("twisted-floor-epoll", "epoll", None))
-        if args.python_floor:
-            floors.append(("python-floor", "none", None))
-        if args.journal_floor:
-            floors.append(("journal-floor", "kestrel", root / "journal-floor"))
-        for label, reactor, journal in floors:
-            port = free_port()
-            proc = stack.enter_context(floor_process(port, reactor, journal))
-            plain.append(Server(label, port, proc.pid))
-
+        plain, durable = start_servers(args, workloads(args), root, stack)
         for work in workloads(args):
-            servers = durable if work.durable else plain
+            servers = work.servers(durable if work.durable else plain)
+            if not servers:
+                continue
             for server in servers:
                 results[work.name, server.name] = Result(work.name, server.name, work.unit,
-                                                         work.requests_per_unit)
+                                                         work.requests[server.protocol])
             for rep in range(args.runs):
                 shift = rep % len(servers)
                 for server in servers[shift:] + servers[:shift]:
@@ -547,14 +591,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {work.name} {server.name} run {rep + 1}: {sample.cpu_us:.1f} us/"
                           f"{work.unit}, {sample.rate:,.0f} {work.unit}s/s, load "
                           f"{sample.load:.2f}", file=sys.stderr, flush=True)
-                    if not server.in_memory:
-                        drain(server.port, work.queue)
+                    _drain(server, work)
             if use_strace:
                 for server in servers:
                     with straced(server.pid, root) as counts:
                         units = work.run(server)[0]
-                    if not server.in_memory:
-                        drain(server.port, work.queue)
+                    _drain(server, work)
                     result = results[work.name, server.name]
                     result.syscalls, result.strace_units = dict(counts), units
     load_end = os.getloadavg()
@@ -570,9 +612,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command_line(argv: list[str] | None) -> str:
-    """The command that reproduces this run (paths as given)."""
+    """The command that reproduces this run (paths as given, quoted for a shell: `--redis ''`)."""
     words = sys.argv[1:] if argv is None else argv
-    return " ".join(["python3 benchmarks/cost.py", *words])
+    return shlex.join(["python3", "benchmarks/cost.py", *words])
 
 
 def render(info: dict[str, object], load_start: tuple[float, float, float],

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.servers import free_port, stop  # noqa: E402
+from benchmarks.servers import cpu_seconds, free_port, stop  # noqa: E402
 from kestrel.journal import records as rec  # noqa: E402
 
 MIB = 1024 * 1024
@@ -70,12 +70,6 @@ def write_journal(path: Path, items: int, item_size: int) -> int:
             f.write(batch)
         f.write(record * rest)
     return path.stat().st_size
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of C{pid} in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:

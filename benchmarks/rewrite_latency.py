@@ -42,13 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.servers import free_port, kestrel_process  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of C{pid} in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from benchmarks.servers import cpu_seconds, free_port, kestrel_process  # noqa: E402
 
 
 async def one_client(port: int, queue: str, payload: bytes, stop_at: float,

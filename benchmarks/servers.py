@@ -1,8 +1,10 @@
 """
-Servers for the benchmarks: txkestrel, memcached and darner as child processes on free ports.
+Servers for the benchmarks: txkestrel, memcached, darner, Redis and
+beanstalkd as child processes on free ports.
 
 Shared by `benchmarks/flood.py`, `benchmarks/thrift_flood.py`,
-`benchmarks/cost.py`, `benchmarks/fleet.py` and `benchmarks/hostile_memory.py`
+`benchmarks/cost.py`, `benchmarks/fleet.py`, `benchmarks/restart.py`,
+`benchmarks/rewrite_latency.py` and `benchmarks/hostile_memory.py`
 (`cpu_seconds`); not a benchmark itself. Every server listens on loopback
 (darner, which has no bind option, on every address) and is stopped (SIGTERM,
 then SIGKILL after 30 s) when its context ends. Each context yields the
@@ -127,6 +129,44 @@ def darner_process(binary: str, port: int, datadir: Path) -> Iterator[subprocess
     datadir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([binary, "-p", str(port), "-d", str(datadir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with serving(proc, port):
+        yield proc
+
+
+@contextmanager
+def redis_process(binary: str, port: int, datadir: Path, fsync: str = "no"
+                  ) -> Iterator[subprocess.Popen[bytes]]:
+    """
+    Debian's redis-server on loopback C{port}, its append-only file in C{datadir}.
+
+    Every write is logged to the AOF (C{--appendonly yes}); C{fsync} is
+    C{--appendfsync}: C{"always"} (fsync before the reply, what a durable
+    queue needs) or C{"no"} (the kernel flushes when it likes). No RDB
+    snapshots (C{--save ''}), so the AOF is the only disk work.
+    """
+    datadir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
+                             "--dir", str(datadir), "--appendonly", "yes",
+                             "--appendfsync", fsync, "--save", "", "--daemonize", "no",
+                             "--logfile", str(datadir / "redis.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with serving(proc, port):
+        yield proc
+
+
+@contextmanager
+def beanstalkd_process(binary: str, port: int, datadir: Path, fsync_always: bool = False
+                       ) -> Iterator[subprocess.Popen[bytes]]:
+    """
+    Debian's beanstalkd on loopback C{port}, its write-ahead log in C{datadir}.
+
+    With C{fsync_always} it runs with C{-f 0} (fsync after every write);
+    otherwise with C{-F} (never fsync: the kernel flushes when it likes).
+    """
+    datadir.mkdir(parents=True, exist_ok=True)
+    command = [binary, "-l", "127.0.0.1", "-p", str(port), "-b", str(datadir)]
+    command += ["-f", "0"] if fsync_always else ["-F"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with serving(proc, port):
         yield proc
 
