@@ -75,6 +75,7 @@ GET, SET, DELETE, QUIT, FLUSH, GETQ, NOOP, VERSION, GETK, GETKQ, STAT, SETQ = (
 _GETS = frozenset({GET, GETQ, GETK, GETKQ})
 _QUIET_GETS = frozenset({GETQ, GETKQ})
 _KEYED_GETS = frozenset({GETK, GETKQ})
+_OTHERS = frozenset({DELETE, QUIT, FLUSH, NOOP, VERSION, STAT})
 
 
 class CloseAfterReply(Exception):
@@ -154,7 +155,9 @@ class BinaryHandler:
             return self._get(req, value)
         if opcode == SET or opcode == SETQ:
             return self._set(req, value)
-        if req.extras or value and opcode != FLUSH:
+        if opcode not in _OTHERS:
+            return status_reply(opcode, req.opaque, STATUS_UNKNOWN_COMMAND, b"Unknown command")
+        if value or req.extras and opcode != FLUSH:
             return self._invalid(req, "unexpected extras or value")
         protocol = self.protocol
         session = protocol.session
@@ -174,9 +177,7 @@ class BinaryHandler:
             return response(opcode, req.opaque)
         if opcode == STAT:
             return self._stat(req)
-        if opcode == QUIT:
-            raise CloseAfterReply(response(opcode, req.opaque))
-        return status_reply(opcode, req.opaque, STATUS_UNKNOWN_COMMAND, b"Unknown command")
+        raise CloseAfterReply(response(opcode, req.opaque))  # QUIT
 
     def _invalid(self, req: BinaryRequest, message: str) -> bytes:
         return status_reply(req.opcode, req.opaque, STATUS_INVALID_ARGUMENTS, message.encode())

@@ -67,55 +67,53 @@ class MetaNoop:
 
 
 class _Keyed:
-    """What every keyed meta request has: its key, echo flags, quiet mode."""
+    """
+    What every keyed meta request has: its key as sent, whether it is base64,
+    quiet mode, its opaque token, and the letters of the flags it sent, in
+    order (return flags are answered in that order).
+    """
 
-    __slots__ = ("base64", "key", "opaque", "quiet", "return_key")
+    __slots__ = ("base64", "flags", "key", "opaque", "quiet")
 
-    def __init__(self, key: bytes, base64: bool, quiet: bool, opaque: bytes | None,
-                 return_key: bool) -> None:
+    def __init__(self, key: bytes, flags: dict[int, bytes]) -> None:
         self.key = key
-        self.base64 = base64
-        self.quiet = quiet
-        self.opaque = opaque
-        self.return_key = return_key
+        self.flags = bytes(flags)
+        self.base64 = 98 in flags  # b
+        self.quiet = 113 in flags  # q
+        self.opaque = flags.get(79)  # O
 
-    def echo_flags(self) -> bytes:
-        """The C{O}, C{k} and C{b} return flags this request asked for (with a leading blank)."""
-        out = b""
-        if self.opaque is not None:
-            out += b" O" + self.opaque
-        if self.return_key:
-            out += b" k" + self.key
-            if self.base64:
-                out += b" b"
-        return out
+    def echo(self, letter: int) -> bytes:
+        """The return flag for C{O}, C{k} or C{b} (with its leading blank), else b""."""
+        if letter == 79:
+            return b" O" + (self.opaque or b"")
+        if letter == 107:
+            return b" k" + self.key
+        if letter == 98 and 107 in self.flags:
+            return b" b"
+        return b""
 
 
 class MetaGet(_Keyed):
-    """C{mg}: C{get} is the queue request its key stands for; C{flags} the return flags asked."""
+    """C{mg}: C{get} is the queue request its key stands for."""
 
-    __slots__ = ("flags", "get")
+    __slots__ = ("get",)
 
-    def __init__(self, key: bytes, get: GetRequest, flags: bytes, base64: bool, quiet: bool,
-                 opaque: bytes | None) -> None:
-        super().__init__(key, base64, quiet, opaque, b"k" in flags)
+    def __init__(self, key: bytes, flags: dict[int, bytes], get: GetRequest) -> None:
+        super().__init__(key, flags)
         self.get = get
-        self.flags = flags
 
 
 class MetaSet(_Keyed):
     """C{ms}: C{length} data bytes follow; C{error} set when they are read and refused."""
 
-    __slots__ = ("error", "length", "name", "return_cas", "ttl")
+    __slots__ = ("error", "length", "name", "ttl")
 
-    def __init__(self, key: bytes, name: str, length: int, ttl: int, base64: bool,
-                 quiet: bool, opaque: bytes | None, return_key: bool, return_cas: bool,
+    def __init__(self, key: bytes, flags: dict[int, bytes], name: str, length: int, ttl: int,
                  error: str | None) -> None:
-        super().__init__(key, base64, quiet, opaque, return_key)
+        super().__init__(key, flags)
         self.name = name
         self.length = length
         self.ttl = ttl
-        self.return_cas = return_cas
         self.error = error
 
 
@@ -124,9 +122,8 @@ class MetaDelete(_Keyed):
 
     __slots__ = ("name",)
 
-    def __init__(self, key: bytes, name: str, base64: bool, quiet: bool,
-                 opaque: bytes | None, return_key: bool) -> None:
-        super().__init__(key, base64, quiet, opaque, return_key)
+    def __init__(self, key: bytes, flags: dict[int, bytes], name: str) -> None:
+        super().__init__(key, flags)
         self.name = name
 
 
@@ -174,15 +171,12 @@ def parse_meta(line: bytes) -> MetaRequest:
         raise MemcacheParseError("bad command line format", False)
     key = tokens[1]
     flags = _flags(tokens[2:])
-    base64 = 98 in flags  # b
-    queue_key = _decode_key(key, base64)
-    opaque = flags.get(79)  # O
-    quiet = 113 in flags  # q
+    queue_key = _decode_key(key, 98 in flags)
     if word == b"md":
         name = queue_key.split(b"/", 1)[0]
         if not name:
             raise MemcacheParseError("empty queue name", False)
-        return MetaDelete(key, name.decode("latin-1"), base64, quiet, opaque, 107 in flags)
+        return MetaDelete(key, flags, name.decode("latin-1"))
     get = parse_get(queue_key)
     if 118 not in flags:  # no v: nothing leaves the queue
         if get.open_read:
@@ -190,11 +184,7 @@ def parse_meta(line: bytes) -> MetaRequest:
         if not (get.closing or get.aborting or get.peeking):
             get = GetRequest(queue_key, get.timeout_ms, peeking=True,
                              name=queue_key.split(b"/", 1)[0])
-    return MetaGet(key, get, bytes(f for f in flags if f in _MG_RETURN), base64, quiet, opaque)
-
-
-#: The return flags C{mg} answers, in the order of the request (C{O k b} echo separately).
-_MG_RETURN = frozenset(b"vftshlc")
+    return MetaGet(key, flags, get)
 
 
 def _parse_set(tokens: list[bytes]) -> MetaSet:
@@ -208,9 +198,8 @@ def _parse_set(tokens: list[bytes]) -> MetaSet:
         flags = _flags(tokens[3:])
     except MemcacheParseError as e:
         flags, error = {}, e.reason
-    base64 = 98 in flags
     try:
-        name = _decode_key(key, base64)
+        name = _decode_key(key, 98 in flags)
     except MemcacheParseError as e:
         name, error = b"", error or e.reason
     mode = flags.get(77)  # M
@@ -223,20 +212,18 @@ def _parse_set(tokens: list[bytes]) -> MetaSet:
             ttl = parse_int(flags[84], "ttl")
         except MemcacheParseError as e:
             error = e.reason
-    return MetaSet(key, name.decode("latin-1"), length, ttl, base64, 113 in flags,
-                   flags.get(79), 107 in flags, 99 in flags, error)
+    return MetaSet(key, flags, name.decode("latin-1"), length, ttl, error)
 
 
 def meta_set_reply(req: MetaSet, stored: bool) -> bytes:
     """C{HD} (nothing with C{q}) when C{stored}, else C{NS}, with the return flags."""
-    if stored:
-        if req.quiet:
-            return b""
-        head = b"HD"
-    else:
-        head = b"NS"
-    cas = b" c0" if req.return_cas else b""
-    return head + cas + req.echo_flags() + b"\r\n"
+    if stored and req.quiet:
+        return b""
+    out = [b"HD" if stored else b"NS"]
+    for letter in req.flags:
+        out.append(b" c0" if letter == 99 else req.echo(letter))
+    out.append(b"\r\n")
+    return b"".join(out)
 
 
 def meta_get_reply(req: MetaGet, item: QItem | None, now_ms: int) -> bytes:
@@ -245,21 +232,23 @@ def meta_get_reply(req: MetaGet, item: QItem | None, now_ms: int) -> bytes:
         return b"" if req.quiet else _EN
     data = item.data
     out = []
-    for flag in req.flags:
-        if flag == 102:  # f
+    for letter in req.flags:
+        if letter == 102:  # f
             out.append(b" f0")
-        elif flag == 116:  # t
+        elif letter == 116:  # t
             expiry = item.expiry_ms
             out.append(b" t-1" if not expiry else b" t%d" % max(0, ceil((expiry - now_ms) / 1000)))
-        elif flag == 115:  # s
+        elif letter == 115:  # s
             out.append(b" s%d" % len(data))
-        elif flag == 104:  # h
+        elif letter == 104:  # h
             out.append(b" h0")
-        elif flag == 108:  # l
+        elif letter == 108:  # l
             out.append(b" l%d" % max(0, (now_ms - item.add_time_ms) // 1000))
-        elif flag == 99:  # c
+        elif letter == 99:  # c
             out.append(b" c0")
-    flags = b"".join(out) + req.echo_flags()
+        else:
+            out.append(req.echo(letter))
+    flags = b"".join(out)
     if 118 in req.flags:  # v
         return b"VA %d%s\r\n%s\r\n" % (len(data), flags, data)
     return b"HD%s\r\n" % flags
@@ -267,7 +256,9 @@ def meta_get_reply(req: MetaGet, item: QItem | None, now_ms: int) -> bytes:
 
 def meta_delete_reply(req: MetaDelete) -> bytes:
     """C{HD} with the return flags (nothing with C{q})."""
-    return b"" if req.quiet else b"HD" + req.echo_flags() + b"\r\n"
+    if req.quiet:
+        return b""
+    return b"HD" + b"".join(req.echo(letter) for letter in req.flags) + b"\r\n"
 
 
 def meta_noop_reply() -> bytes:
