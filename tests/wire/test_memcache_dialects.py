@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import struct
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -121,9 +122,10 @@ def test_file_descriptor_budget(kestrel_factory: Callable[..., KestrelProcess]) 
     """
     With a descriptor limit of 200, queues may hold 100: the next new queue
     gets one SERVER_ERROR line, and existing queues, new connections and
-    journal writes work on.
+    journal rotations work on.
     """
-    server = kestrel_factory(config={"max_queues": 100_000})
+    server = kestrel_factory(config={"max_queues": 100_000,
+                                     "queues": {"fd0": {"max_memory_size": "1KiB"}}})
     assert server.proc is not None
     pid = server.proc.pid
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (200, 200))
@@ -145,6 +147,15 @@ def test_file_descriptor_budget(kestrel_factory: Callable[..., KestrelProcess]) 
         client.send(b"set fd0 0 0 2\r\nok\r\nget fd0\r\n")
         assert [client.line() for _ in range(4)] == [
             b"STORED\r\n", b"VALUE fd0 0 2\r\n", b"ok\r\n", b"END\r\n"]
+        # fd0 rotates its journal (over 1 KiB with items held): a new file opens
+        client.send(b"set fd0 0 0 100\r\n%s\r\n" % (b"x" * 100) * 30)
+        assert [client.line() for _ in range(30)] == [b"STORED\r\n"] * 30
+        deadline = time.monotonic() + 10
+        while "Journal fd0: rotated to" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "Journal fd0: rotated to" in server.log()
+        client.send(b"set fd0 0 0 2\r\nok\r\n")
+        assert client.line() == b"STORED\r\n"
         others = [LineClient(server.connect()) for _ in range(20)]
         for other in others:
             other.send(b"version\r\n")
