@@ -4,11 +4,12 @@ Kestrel's memcache protocol: bytes in, L{ClientSession} calls, reply bytes out.
 One connection speaks the text protocol (classic and meta commands,
 L{kestrel.protocols.meta}) or the binary one (L{kestrel.protocols.binary}),
 chosen by its first byte. L{kestrel.protocols.framing} cuts the buffer into
-requests (no per-line callbacks): pipelined requests that arrive in one
-TCP read are parsed and answered in one pass, and their replies leave in one C{write}. Requests on a
-connection are answered strictly in order: while one waits (a C{get q/t=...},
-a C{monitor} stream, a durable C{set}), later requests stay in the buffer, and
-reading is paused if that backlog grows past L{MemcacheProtocol.BACKLOG_LIMIT}.
+requests (no per-line callbacks): pipelined requests that arrive in one TCP
+read are parsed and answered in one pass, and their replies leave in one
+C{write}. Requests on a connection are answered strictly in order: while one
+waits (a C{get q/t=...}, a C{monitor} stream, a durable C{set}), later
+requests stay in the buffer, and reading is paused if that backlog grows past
+L{MemcacheProtocol.BACKLOG_LIMIT}.
 
 Replies follow Kestrel 2.4 except where real memcache clients need
 memcache's own bytes (docs/differences.md): the C{VALUE} line echoes the key
@@ -44,7 +45,7 @@ from kestrel.errors import (
     TooManyOpenReads,
     UnknownStatus,
 )
-from kestrel.item import memcache_expiry_ms
+from kestrel.item import QItem, memcache_expiry_ms
 from kestrel.protocols.base import (
     HTTP_REFUSED,
     SessionFactory,
@@ -72,7 +73,6 @@ from kestrel.protocols.memcache_parser import (
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
 
 if TYPE_CHECKING:
-    from kestrel.item import QItem
     from kestrel.server import KestrelServer
 
 __all__ = ["MemcacheFactory", "MemcacheProtocol"]
@@ -94,7 +94,7 @@ _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
 Reply = bytes | Deferred[bytes]
 #: What L{MemcacheProtocol.fetch} returns: an item, None, a refusal's reply, or a Deferred.
-Fetched = Any
+Fetched = QItem | None | bytes | Deferred[QItem | None]
 
 
 def _encode(text: str) -> bytes:
