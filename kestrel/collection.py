@@ -14,6 +14,7 @@ Kestrel gives no answer are stated in the docstrings below.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import time
@@ -512,7 +513,12 @@ class QueueCollection(Service):
             return loading  # type: ignore[return-value]
         self._check_room(name)
         queue = self._build_queue(name)
-        queue.setup()
+        try:
+            queue.setup()
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise TooManyQueues(name, "no file descriptor is free; try again later") from e
         self._register(name, queue)
         return queue
 

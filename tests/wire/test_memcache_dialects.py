@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -163,5 +164,46 @@ def test_file_descriptor_budget(kestrel_factory: Callable[..., KestrelProcess]) 
             other.close()
         assert len(os.listdir(f"/proc/{pid}/fd")) < 200
     finally:
+        client.close()
+    no_traceback(server)
+
+
+def test_out_of_descriptors_is_a_one_line_refusal(
+        kestrel_factory: Callable[..., KestrelProcess]) -> None:
+    """
+    With every descriptor taken by connections, a new queue gets one
+    SERVER_ERROR line (no traceback); once connections close it is created.
+    """
+    server = kestrel_factory()
+    assert server.proc is not None
+    pid = server.proc.pid
+    limit = len(os.listdir(f"/proc/{pid}/fd")) + 20
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+    client = LineClient(server.connect())
+    hogs = []
+    try:
+        client.send(b"version\r\n")
+        assert client.line().startswith(b"VERSION ")
+        hogs = [socket.create_connection((server.host, server.memcache_port), timeout=5)
+                for _ in range(40)]
+        deadline = time.monotonic() + 10
+        while "EMFILE" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.send(b"get nofd\r\n")
+        assert client.line() == (b"SERVER_ERROR queue nofd not created: no file descriptor is "
+                                 b"free; try again later\r\n")
+        for hog in hogs:
+            hog.close()
+        deadline = time.monotonic() + 10
+        while True:
+            client.send(b"get nofd\r\n")
+            line = client.line()
+            if line == b"END\r\n" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert line == b"END\r\n"
+    finally:
+        for hog in hogs:
+            hog.close()
         client.close()
     no_traceback(server)
