@@ -6,6 +6,7 @@ Clock, on a real server (queues and journals in a temporary folder).
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from twisted.internet.task import Clock
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.server import KestrelServer
 from tests.support import StringClient as Conn
-from tests.support import replies_to
+from tests.support import make_server, replies_to
 
 _HEADER = struct.Struct(">BBHBBHIIQ")
 GET, SET, DELETE, QUIT, FLUSH, GETQ, NOOP, VERSION, GETK, GETKQ, STAT, SETQ = (
@@ -187,3 +188,31 @@ def test_binary_chunking_is_invisible(packets: list[bytes], data: st.DataObject)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert replies_to(MemcacheFactory, pieces) == replies_to(MemcacheFactory, [stream])
+
+
+def test_refusals_keep_the_connection(factory: MemcacheFactory, server: KestrelServer) -> None:
+    """A read-only server refuses Set (0x0086); too many open reads is 0x0085."""
+    text = Conn(factory)
+    assert text.send(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n") == b"STORED\r\nSTORED\r\n"
+    conn = Conn(factory)
+    assert split(conn.send(request(GET, b"q/open")))[0][3] == b"a"
+    replies = split(conn.send(request(GET, b"q/open")))
+    assert replies == [(GET, 0x0085, b"", b"too many open reads")]
+    assert text.send(b"status readonly\r\n") == b"END\r\n"
+    replies = split(conn.send(set_request(b"q", b"c") + request(NOOP)))
+    assert replies == [(SET, 0x0086, b"", b"Server not available for operation setItem"),
+                       (NOOP, 0, b"", b"")]
+    assert conn.connected
+
+
+def test_flush_is_a_control_command(clock: Clock, tmp_path: Path) -> None:
+    """With control kept to the admin port, Flush is 0x0083 and flushes nothing."""
+    server = make_server(clock, tmp_path, control_commands="admin_only")
+    try:
+        conn = Conn(MemcacheFactory(server))
+        conn.send(set_request(b"q", b"a"))
+        [(opcode, status, _, message)] = split(conn.send(request(FLUSH)))
+        assert (opcode, status) == (FLUSH, 0x0083) and b"admin port" in message
+        assert split(conn.send(request(GET, b"q")))[0][3] == b"a"
+    finally:
+        server.collection.stopService()
