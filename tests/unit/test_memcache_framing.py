@@ -133,3 +133,77 @@ def test_no_data_block_runs_as_a_request(stream: bytes, chunk: int) -> None:
             assert victim is not None and victim.length == 1, stream
         finally:
             server.collection.stopService()
+
+
+# -- the property: a request that can be framed is answered once -----------------------
+
+_META_REQUESTS = [b"ms q 3\r\nabc\r\n", b"ms q 0\r\n\r\n", b"ms q 2 T9 O1 k c\r\nhi\r\n",
+                  b"ms q 1 MA\r\nx\r\n", b"ms q 1 +\r\nx\r\n", b"ms a.b 1\r\nx\r\n",
+                  b"mg q v\r\n", b"mg q s t v k\r\n", b"mg q\r\n", b"mg q/open v\r\n",
+                  b"mg q/close\r\n", b"mg q/abort\r\n", b"mg q/peek v\r\n", b"mg q/open\r\n",
+                  b"mg\r\n", b"mg q ?\r\n", b"mg a\x01b v\r\n", b"md q\r\n", b"md /x\r\n",
+                  b"mn\r\n", b"ma q\r\n", b"me q\r\n", b"get q\r\n", b"set q 0 0 1\r\nz\r\n",
+                  b"\r\n"]
+
+
+def meta_reply_count(stream: bytes) -> int:
+    """How many replies a stream of text/meta replies holds (a value block counts once)."""
+    count = 0
+    pos = 0
+    while pos < len(stream):
+        nl = stream.index(b"\r\n", pos)
+        line = stream[pos:nl]
+        pos = nl + 2
+        if line.startswith(b"VA "):
+            pos += int(line.split()[1]) + 2
+        elif line.startswith(b"VALUE "):
+            pos += int(line.split()[3]) + 2
+            pos = stream.index(b"END\r\n", pos) + 5
+        count += 1
+    return count
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(_META_REQUESTS), min_size=1, max_size=12))
+def test_every_meta_request_is_answered_once(requests: list[bytes]) -> None:
+    """Each framed text or meta request, good or refused, gets exactly one reply, in order."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = make_server(clock, Path(tmp), max_open_transactions=20)
+        try:
+            client = StringClient(MemcacheFactory(server))
+            out = client.send(b"".join(requests))
+            assert meta_reply_count(out) == len(requests), (requests, out)
+            assert client.connected
+        finally:
+            server.collection.stopService()
+
+
+_BINARY_REQUESTS = [packet(0x01, b"q", b"v", bytes(8)), packet(0x01, b"q", b"v"),
+                    packet(0x00, b"q"), packet(0x0C, b"q/open"), packet(0x00, b"q/close"),
+                    packet(0x00, b""), packet(0x00, b"a.b"), packet(0x04, b"q"),
+                    packet(0x0A), packet(0x0B), packet(0x02, b"q", b"v", bytes(8)),
+                    packet(0x05, b"q", extras=bytes(20)), packet(0x30, b"k", b"body"),
+                    packet(0x0A, value=b"x")]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(_BINARY_REQUESTS), min_size=1, max_size=12))
+def test_every_binary_request_is_answered_once(requests: list[bytes]) -> None:
+    """Each framed binary request (no quiet ones), good or refused, gets one response."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = make_server(clock, Path(tmp), max_open_transactions=20)
+        try:
+            client = StringClient(MemcacheFactory(server))
+            out = client.send(b"".join(requests))
+            opcodes = []
+            pos = 0
+            while pos < len(out):
+                header = _HEADER.unpack(out[pos:pos + 24])
+                opcodes.append(header[1])
+                pos += 24 + header[6]
+            assert opcodes == [r[1] for r in requests]
+            assert client.connected
+        finally:
+            server.collection.stopService()
