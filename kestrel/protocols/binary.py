@@ -32,7 +32,7 @@ from kestrel.errors import (
     TooManyOpenReads,
 )
 from kestrel.item import QItem, memcache_expiry_ms
-from kestrel.protocols.memcache_parser import GetRequest, MemcacheParseError, parse_get
+from kestrel.protocols.memcache_parser import MemcacheParseError, parse_get
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -193,11 +193,11 @@ class BinaryHandler:
         if result.__class__ is bytes:
             return self._invalid(req, "a read is open on this queue: use /close, /open or /abort")
         if isinstance(result, QItem) or result is None:
-            return self._get_reply(result, req, get)
-        return result.addCallback(self._get_reply, req, get)  # type: ignore[union-attr]
+            return self._get_reply(result, req)
+        return result.addCallback(self._get_reply, req)  # type: ignore[union-attr]
 
     @staticmethod
-    def _get_reply(item: QItem | None, req: BinaryRequest, get: GetRequest) -> bytes:
+    def _get_reply(item: QItem | None, req: BinaryRequest) -> bytes:
         opcode = req.opcode
         key = req.key if opcode in _KEYED_GETS else b""
         if item is None:
