@@ -417,6 +417,11 @@ class ServerConfig:
         required(positive(parse_size)), "size > 0", "`1MiB`",
         "replies queued for one connection before the server stops reading its requests "
         "(until the client reads)", default=1024 * 1024)
+    max_queues: int = _server_setting(
+        required(positive(parse_count)), "count > 0", "`10000`",
+        "queues the server holds (fanout children included); a request that would create one "
+        "more is refused with one error line, and so is one past the file-descriptor budget "
+        "(below)", default=10_000)
     zookeeper: ZooKeeperConfig | None = _server_setting(
         None, "mapping or null", "`null`", "ZooKeeper server-set publishing, see below",
         default=None)
