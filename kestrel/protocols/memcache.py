@@ -1,29 +1,29 @@
 """
 Kestrel's memcache protocol: bytes in, L{ClientSession} calls, reply bytes out.
 
-L{MemcacheProtocol} frames requests itself from one buffer (no per-line
-callbacks): pipelined requests that arrive in one TCP read are parsed and
-answered in one pass, and their replies leave in one C{write}. Requests on a
+One connection speaks the text protocol (classic and meta commands,
+L{kestrel.protocols.meta}) or the binary one (L{kestrel.protocols.binary}),
+chosen by its first byte. L{kestrel.protocols.framing} cuts the buffer into
+requests (no per-line callbacks): pipelined requests that arrive in one
+TCP read are parsed and answered in one pass, and their replies leave in one C{write}. Requests on a
 connection are answered strictly in order: while one waits (a C{get q/t=...},
 a C{monitor} stream, a durable C{set}), later requests stay in the buffer, and
 reading is paused if that backlog grows past L{MemcacheProtocol.BACKLOG_LIMIT}.
 
-Replies follow Kestrel 2.4 except where real memcache clients need memcache's
-own bytes (docs/differences.md): the C{VALUE} line echoes the key exactly as
-sent, C{flush_all} answers C{OK}, C{version} reports a major version of at
-least 1, and an error closes the connection only where the byte stream cannot
-be resynchronised (a bad storage byte count, a data block not followed by
-C{\\r\\n}, a line over C{max_request_size}, the memcache binary protocol,
-which gets one binary error response first). Every other error is answered
-and the connection kept. Nothing raised while serving a request escapes
-C{dataReceived}: unexpected failures are logged and answered with
-C{SERVER_ERROR} before the connection is closed.
+Replies follow Kestrel 2.4 except where real memcache clients need
+memcache's own bytes (docs/differences.md): the C{VALUE} line echoes the key
+exactly as sent, C{flush_all} answers C{OK}, and an error closes the
+connection only where the byte stream cannot be resynchronised (a bad
+storage byte count, a data block not followed by C{\\r\\n}, a line over
+C{max_request_size}, an unknown command word, a binary packet that cannot be
+framed). Every other error is answered and the connection kept. Nothing
+raised while serving a request escapes C{dataReceived}: unexpected failures
+are logged and answered with C{SERVER_ERROR} before the connection is
+closed.
 """
 
 from __future__ import annotations
 
-import re
-import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,38 +51,48 @@ from kestrel.protocols.base import (
     SessionProtocol,
     write_now,
 )
+from kestrel.protocols.binary import (
+    BINARY_REQUEST_MAGIC,
+    STATUS_INTERNAL_ERROR,
+    BinaryHandler,
+    BinaryRequest,
+    CloseAfterReply,
+    error_status,
+    status_reply,
+)
+from kestrel.protocols.framing import NEED, REFUSE, SERVE, RequestFramer
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
     GetRequest,
-    MemcacheParseError,
     MonitorRequest,
     QueueCommand,
-    Refusal,
     SetRequest,
-    parse_line,
+)
+from kestrel.protocols.meta import (
+    MetaDelete,
+    MetaGet,
+    MetaNoop,
+    MetaSet,
+    meta_delete_reply,
+    meta_get_reply,
+    meta_noop_reply,
+    meta_set_reply,
 )
 
 if TYPE_CHECKING:
     from kestrel.item import QItem
     from kestrel.server import KestrelServer
 
-__all__ = ["MemcacheFactory", "MemcacheProtocol", "binary_error", "memcache_version"]
+__all__ = ["MemcacheFactory", "MemcacheProtocol"]
 
 _END = b"END\r\n"
 _STORED = b"STORED\r\n"
 _NOT_STORED = b"NOT_STORED\r\n"
 _DELETED = b"DELETED\r\n"
 _OK = b"OK\r\n"
+_READ_IS_OPEN = b"a read is open on this queue: use /close, /open or /abort"
 
-#: The first byte of every memcache binary-protocol request.
-BINARY_REQUEST_MAGIC = 0x80
-#: The length of a binary-protocol header (its opcode and opaque are echoed).
-BINARY_HEADER_SIZE = 24
-_BINARY_HEADER = struct.Struct(">BBHBBHIIQ")
-_BINARY_UNKNOWN_COMMAND = 0x0081
-_LEADING_DIGITS = re.compile(r"\d+")
-_BINARY_MESSAGE = b"Unknown command: binary protocol not supported, use the text protocol"
 _OUT_OF_MEMORY = b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n"
 #: A read this small, on a connection holding no input, is not counted against
 #: max_client_memory before it is served (see dataReceived).
@@ -92,41 +102,13 @@ _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
 Reply = bytes | Deferred[bytes]
-
-
+#: What L{MemcacheProtocol.fetch} returns: an item, None, a refusal's reply, or a Deferred.
+Fetched = Any
 
 
 def _encode(text: str) -> bytes:
     """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
     return text.encode("latin-1", "backslashreplace")
-
-
-def memcache_version(version: str) -> str:
-    """
-    The version C{version} reports over memcache: C{<major>.<minor>.<patch>},
-    numbers only, with a major version of at least 1.
-
-    libmemcached (pylibmc, C{memcstat}, C{memcping}) refuses a major version
-    of 0, so a 0.x package version reports major 1: C{0.1.0} is C{1.1.0},
-    C{0.3.2.dev1} is C{1.3.2}; C{2.0.1} stays C{2.0.1}.
-    """
-    numbers = [int(m.group()) if (m := _LEADING_DIGITS.match(part)) else 0
-               for part in version.split(".")[:3]]
-    numbers += [0] * (3 - len(numbers))
-    numbers[0] = max(numbers[0], 1)
-    return ".".join(map(str, numbers))
-
-
-def binary_error(header: bytes) -> bytes:
-    """
-    The binary-protocol reply to the request whose 24-byte C{header} is given:
-    status 0x0081 (unknown command), its opcode and opaque echoed, and a short
-    message as the body, so that a binary client fails at once.
-    """
-    opcode = header[1]
-    opaque = int.from_bytes(header[12:16], "big")
-    return _BINARY_HEADER.pack(0x81, opcode, 0, 0, 0, _BINARY_UNKNOWN_COMMAND,
-                               len(_BINARY_MESSAGE), opaque, 0) + _BINARY_MESSAGE
 
 
 def value_reply(item: QItem | None, key: bytes) -> bytes:
@@ -135,14 +117,6 @@ def value_reply(item: QItem | None, key: bytes) -> bytes:
         return _END
     data = item.data
     return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data)
-
-
-class _CloseAfterReplyError(Exception):
-    """Raised inside a handler to send C{reply} and then close the connection."""
-
-    def __init__(self, reply: bytes) -> None:
-        super().__init__(reply)
-        self.reply = reply
 
 
 class MemcacheProtocol(SessionProtocol):
@@ -174,7 +148,8 @@ class MemcacheProtocol(SessionProtocol):
         self._need = 0
         self._need_newline = False
         self._out: list[bytes] = []
-        self._pending_set: SetRequest | None = None
+        self._framer = RequestFramer(self.max_request_size)
+        self._binary = BinaryHandler(self)
         self._waiting = False
         self._in_process = False
         # Whether this pass over the input opened a write batch (more input followed a request).
@@ -182,7 +157,7 @@ class MemcacheProtocol(SessionProtocol):
         self._closing = False
         self._paused = False
         self._idle_call: IDelayedCall | None = None
-        self.version_reply = b"VERSION %s\r\n" % memcache_version(server.version).encode()
+        self.version_reply = b"VERSION %s\r\n" % server.version.encode()
         self._last_active = 0.0
         self._dispatch: dict[type, Callable[[Any], Reply]] = {
             GetRequest: self._get,
@@ -190,8 +165,15 @@ class MemcacheProtocol(SessionProtocol):
             QueueCommand: self._queue_command,
             ConfirmRequest: self._confirm,
             MonitorRequest: self._monitor,
-            Refusal: _refusal_reply,
             Command: self._command,
+            MetaGet: self._meta_get,
+            MetaDelete: self._meta_delete,
+            MetaNoop: _meta_noop,
+        }
+        self._data_dispatch: dict[type, Callable[[Any, bytes], Reply]] = {
+            SetRequest: self._set,
+            MetaSet: self._meta_set,
+            BinaryRequest: self._binary.serve,
         }
 
     # -- connection life -------------------------------------------------
@@ -293,11 +275,13 @@ class MemcacheProtocol(SessionProtocol):
         """
         Serve buffered requests until the buffer runs dry or one must wait.
 
-        A lone request's journal writes reach the OS at once. When more
-        input follows the request about to be served, a write batch opens
-        for the rest of the pass: its journal writes are held back and reach
-        the OS (one write per journal file) before the replies are written.
-        Only a held-back write of this batch failing drops this batch's replies.
+        The framer (L{kestrel.protocols.framing.RequestFramer}) says where each
+        request ends; this loop serves them. A lone request's journal writes
+        reach the OS at once. When more input follows the request about to be
+        served, a write batch opens for the rest of the pass: its journal
+        writes are held back and reach the OS (one write per journal file)
+        before the replies are written. Only a held-back write of this batch
+        failing drops this batch's replies.
         """
         self._in_process = True
         if self._parts:
@@ -310,8 +294,10 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
+        frame = self._framer.frame
         try:
-            while not self._waiting and not self._closing and not self.output_blocked:
+            while (pos < size and not self._waiting and not self._closing
+                   and not self.output_blocked):
                 if out:
                     # A client that does not read stops being served (and read)
                     # once max_client_output bytes of replies wait for it.
@@ -320,68 +306,28 @@ class MemcacheProtocol(SessionProtocol):
                         self._flush()
                         queued = 0
                         continue
-                pending = self._pending_set
-                if pending is not None:
-                    end = pos + pending.length
-                    if size < end + 2:
-                        need = end + 2 - pos
-                        break
-                    if buf[end] != 13 or buf[end + 1] != 10:
-                        self._fail(b"CLIENT_ERROR bad data chunk\r\n")
-                        break
-                    data = buf[pos:end]
-                    pos = end + 2
-                    self._pending_set = None
-                    self._serve(pending, data, pos < size)
-                    continue
-                if pos < size and buf[pos] == BINARY_REQUEST_MAGIC:
-                    if size - pos < BINARY_HEADER_SIZE:
-                        need = BINARY_HEADER_SIZE
-                        break
-                    self._fail(binary_error(buf[pos:pos + BINARY_HEADER_SIZE]))
+                if self.awaiting_first_line and self._http_first_line(buf, pos):
                     break
-                nl = buf.find(b"\n", pos)
-                if nl < 0:
-                    # (one more byte may be the "\r" of a line of the largest size)
-                    if size - pos > self.max_request_size + 1:
-                        self._fail(b"CLIENT_ERROR request line too long\r\n")
-                    need_newline = True
-                    break
-                end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
-                if end - pos > self.max_request_size:
-                    self._fail(b"CLIENT_ERROR request line too long\r\n")
-                    break
-                line = buf[pos:end]
-                pos = nl + 1
-                if self.awaiting_first_line and self.first_line_is_http(line):
-                    self._fail(b"CLIENT_ERROR %s\r\n" % HTTP_REFUSED.encode())
-                    break
-                try:
-                    request = parse_line(line)
-                except MemcacheParseError as err:
-                    if err.disconnect:
-                        self._fail(b"CLIENT_ERROR %s\r\n" % _encode(err.reason))
-                    else:
-                        self._out.append(b"CLIENT_ERROR %s\r\n" % _encode(err.reason))
-                    continue
-                if request.__class__ is SetRequest:
-                    if request.length > self.max_request_size:
-                        self._fail(b"CLIENT_ERROR item of %d bytes is larger than "
-                                   b"max_request_size (%d)\r\n"
-                                   % (request.length, self.max_request_size))
-                        break
-                    # Held input counts from the start of buf: reserve the
-                    # declared data before it is read, unless it is here already
-                    # (then it is counted with the read that brought it, or is
-                    # a small read served before it is counted at all).
-                    reserve = pos + request.length + 2
-                    if (reserve > size and reserve > self._input_held
+                kind, request, data, end = frame(buf, pos)
+                if kind == SERVE:
+                    pos = end
+                    self._serve(request, data, pos < size)
+                elif kind == REFUSE:
+                    pos = end
+                    out.append(request)
+                elif kind == NEED:
+                    need = request
+                    need_newline = not need
+                    # Held input counts from the start of buf: reserve a declared
+                    # data block before it is read.
+                    reserve = pos + data
+                    if (data and reserve > size and reserve > self._input_held
                             and not self.hold_input(reserve)):
                         self._fail(_OUT_OF_MEMORY)
-                        break
-                    self._pending_set = request
-                    continue
-                self._serve(request, None, pos < size)
+                    break
+                else:
+                    self._fail(request)
+                    break
         finally:
             self._buf = buf[pos:] if pos else buf
             self._have = len(self._buf)
@@ -402,11 +348,28 @@ class MemcacheProtocol(SessionProtocol):
             self._paused = False
             self.resume_input()
 
+    def _http_first_line(self, buf: bytes, pos: int) -> bool:
+        """
+        On the first request line: whether it is HTTP (then answered and the
+        connection closed). A binary connection has no request line.
+        """
+        if buf[pos] == BINARY_REQUEST_MAGIC:
+            self.awaiting_first_line = False
+            return False
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            return False
+        line = buf[pos:nl - 1 if nl > pos and buf[nl - 1] == 13 else nl]
+        if self.first_line_is_http(line):
+            self._fail(b"CLIENT_ERROR %s\r\n" % HTTP_REFUSED.encode())
+            return True
+        return False
+
     def output_resumed(self) -> None:
         """The client read its replies: serve the requests that waited meanwhile."""
         if self._in_process or self._waiting or self._closing:
             return
-        if self._buf or self._parts or self._pending_set is not None or self._read_closed:
+        if self._buf or self._parts or self._read_closed:
             self._process()
 
     def _serve(self, request: Any, data: bytes | None, more: bool) -> None:
@@ -420,7 +383,7 @@ class MemcacheProtocol(SessionProtocol):
             self.begin_write_batch()
         try:
             if data is not None:
-                reply = self._set(request, data)
+                reply = self._data_dispatch[request.__class__](request, data)
             else:
                 reply = self._dispatch[request.__class__](request)
         except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
@@ -445,8 +408,7 @@ class MemcacheProtocol(SessionProtocol):
             self._out.append(reply)
         if not self._in_process:
             self._flush()
-            if (self._buf or self._parts or self._pending_set is not None
-                    or self._read_closed):
+            if self._buf or self._parts or self._read_closed:
                 self._process()
             elif self._paused:
                 self._paused = False
@@ -499,8 +461,11 @@ class MemcacheProtocol(SessionProtocol):
                 self._log.failure("Memcache request failed after close", failure)
             return
         exc = failure.value
-        if isinstance(exc, _CloseAfterReplyError):
+        if isinstance(exc, CloseAfterReply):
             self._fail(exc.reply)
+            return
+        if request.__class__ is BinaryRequest:
+            self._binary_error(failure, request)  # type: ignore[arg-type]
             return
         if isinstance(exc, AvailabilityError):
             reply = b"SERVER_ERROR %s\r\n" % _encode(str(exc))
@@ -525,29 +490,84 @@ class MemcacheProtocol(SessionProtocol):
             reply = b""
         self._async_reply(reply)
 
+    def _binary_error(self, failure: Failure, request: BinaryRequest) -> None:
+        """A binary refusal gets its status (connection kept); a bug 0x0084, then a close."""
+        mapped = error_status(failure.value)
+        if mapped is None:
+            if not failure.check(CancelledError):
+                self._log.failure("Memcache binary request failed", failure)
+            self._fail(status_reply(request.opcode, request.opaque, STATUS_INTERNAL_ERROR,
+                                    b"internal error"))
+            return
+        status, message = mapped
+        self._async_reply(status_reply(request.opcode, request.opaque, status, _encode(message)))
+
     # -- requests --------------------------------------------------------
 
-    def _get(self, req: GetRequest) -> Reply:
+    def fetch(self, req: GetRequest) -> Fetched:
+        """
+        Run the queue side of a fetch (C{get}, C{mg}, binary Get): the item
+        (or None) when it is known at once, a Deferred of it when the fetch
+        waits, or reply bytes naming why a read that is open refuses it.
+        """
         session = self.session
         assert session is not None
         name = req.name
         if req.aborting:
             session.abort_read(name)
-            return _END
+            return None
         if req.closing:
             session.close_read(name)
             if not req.open_read:
-                return _END
+                return None
         elif not req.open_read and not req.peeking and session.count_open_reads(name) > 0:
-            return b"ERROR a read is open on this queue: use /close, /open or /abort\r\n"
+            return _READ_IS_OPEN
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         d = session.get_item(name, deadline, req.open_read, req.peeking)
         if d.called and not d.paused:
             item = d.result
             if not isinstance(item, Failure):
-                return value_reply(item, req.key)
-        return d.addCallback(value_reply, req.key)
+                return item
+        return d
+
+    def _get(self, req: GetRequest) -> Reply:
+        result = self.fetch(req)
+        if result.__class__ is bytes:
+            return b"ERROR %s\r\n" % result
+        if isinstance(result, Deferred):
+            return result.addCallback(value_reply, req.key)
+        return value_reply(result, req.key)
+
+    def _meta_get(self, req: MetaGet) -> Reply:
+        result = self.fetch(req.get)
+        if result.__class__ is bytes:
+            return b"CLIENT_ERROR %s\r\n" % result
+        if isinstance(result, Deferred):
+            return result.addCallback(self._meta_got, req)
+        return self._meta_got(result, req)
+
+    def _meta_got(self, item: QItem | None, req: MetaGet) -> bytes:
+        return meta_get_reply(req, item, int(self.clock.seconds() * 1000))
+
+    def _meta_set(self, req: MetaSet, data: bytes) -> Reply:
+        if req.error is not None:
+            return b"CLIENT_ERROR %s\r\n" % _encode(req.error)
+        session = self.session
+        assert session is not None
+        expiry_ms = 0
+        if req.ttl:
+            expiry_ms = memcache_expiry_ms(req.ttl, int(self.clock.seconds() * 1000))
+        d = session.set_item(req.name, data, expiry_ms)
+        if d.called and not d.paused and d.result.__class__ is bool:
+            return meta_set_reply(req, d.result)
+        return d.addCallback(lambda stored: meta_set_reply(req, stored))
+
+    def _meta_delete(self, req: MetaDelete) -> Reply:
+        session = self.session
+        assert session is not None
+        session.delete(req.name)
+        return meta_delete_reply(req)
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
@@ -635,9 +655,9 @@ class MemcacheProtocol(SessionProtocol):
         if word == "shutdown":
             self._log.info("Shutdown requested over memcache")
             self.server.request_shutdown()
-            raise _CloseAfterReplyError(b"")
+            raise CloseAfterReply(b"")
         # quit
-        raise _CloseAfterReplyError(b"")
+        raise CloseAfterReply(b"")
 
     def _reload_failed(self, failure: Failure) -> bytes:
         """A reload that failed keeps the old config; the reply names the problem."""
@@ -662,9 +682,9 @@ class MemcacheProtocol(SessionProtocol):
         return _END
 
 
-def _refusal_reply(req: Refusal) -> bytes:
-    """A refused request's fixed reply (C{ERROR} for an unknown command)."""
-    return req.reply
+def _meta_noop(req: MetaNoop) -> bytes:
+    """C{mn}: C{MN}."""
+    return meta_noop_reply()
 
 
 class MemcacheFactory(SessionFactory):

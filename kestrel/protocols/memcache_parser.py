@@ -9,8 +9,8 @@ C{CLIENT_ERROR} reply and whether the connection must then be closed.
 Rules (Kestrel 2.4's memcache protocol, with the changes listed in
 docs/differences.md):
   - the command word is matched in any case; queue names keep their case;
-  - runs of blanks separate tokens, so C{get  q} is C{get q} and a trailing
-    blank after C{set}'s byte count is accepted;
+  - runs of spaces separate tokens, so C{get  q} is C{get q} and a trailing
+    space after C{set}'s byte count is accepted; a tab is not a separator;
   - C{gets} is C{get}; only the first key of a C{get} is used;
   - C{noreply} as the last token of C{set}, C{delete}, C{flush} or
     C{flush_all} asks for no reply;
@@ -20,10 +20,12 @@ docs/differences.md):
     resynchronised: a storage command (C{set}, and the refused C{add},
     C{replace}, C{append}, C{prepend}, C{cas}) whose byte count is missing,
     not a number or negative. Every other bad line is answered and the
-    connection kept: unknown commands and empty lines with C{ERROR}
-    (L{Refusal}), memcache commands a queue cannot serve with a
-    C{CLIENT_ERROR} naming the command (a storage command's data block is
-    read first, then dropped).
+    connection kept: empty lines with C{ERROR} (L{Refusal}), memcache
+    commands a queue cannot serve with a C{CLIENT_ERROR} naming the command
+    (a storage command's data block is read first, then dropped). An unknown
+    command word is answered with C{ERROR} and closes the connection
+    (L{Unframable}): its line may announce a data block of a size the server
+    cannot know, and those bytes must never run as requests.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ __all__ = [
     "QueueCommand",
     "Refusal",
     "SetRequest",
+    "Unframable",
     "parse_int",
+    "split_tokens",
     "parse_line",
 ]
 
@@ -152,7 +156,7 @@ class Refusal:
     """
     A request read whole that is answered with C{reply} and changes nothing.
 
-    Unknown commands and empty lines get C{ERROR} (memcache's reply);
+    Empty lines get C{ERROR} (memcache's reply);
     C{incr}, C{decr}, C{touch}, C{gat} and C{gats} get a C{CLIENT_ERROR}
     naming the command (nothing at all with C{noreply}). The connection stays
     open.
@@ -165,6 +169,23 @@ class Refusal:
 
     def __repr__(self) -> str:
         return f"Refusal({self.reply!r})"
+
+
+class Unframable:
+    """
+    A request line whose end cannot be found: an unknown command word, which
+    may be followed by a data block of unknown size. It is answered with
+    C{reply} (C{ERROR}) and the connection is closed, so that no byte of its
+    data is ever read as a request.
+    """
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+
+    def __repr__(self) -> str:
+        return f"Unframable({self.reply!r})"
 
 
 class Command:
@@ -185,7 +206,7 @@ class Command:
 
 
 Request = (GetRequest | SetRequest | MonitorRequest | ConfirmRequest | QueueCommand | Refusal
-           | Command)
+           | Unframable | Command)
 
 _PLAIN_COMMANDS = frozenset({
     "stats", "dump_stats", "dump_config", "version", "status", "reload", "shutdown", "quit",
@@ -198,6 +219,19 @@ _REFUSED_STORAGE = frozenset({b"add", b"replace", b"append", b"prepend", b"cas"}
 #: Other memcache commands a queue cannot serve (no data block follows them).
 _REFUSED_COMMANDS = frozenset({b"incr", b"decr", b"touch", b"gat", b"gats"})
 _ERROR = Refusal(b"ERROR\r\n")
+_UNKNOWN = Unframable(b"ERROR\r\n")
+
+
+def split_tokens(line: bytes) -> list[bytes]:
+    """
+    The tokens of a request line: runs of spaces separate them, as in
+    memcached. Tabs and other control bytes are not separators: they stay in
+    their token (so C{get a\tb} names the queue C{a\tb}, which is refused).
+    """
+    tokens = line.split(b" ")
+    if b"" in tokens:
+        tokens = [t for t in tokens if t]
+    return tokens
 
 
 def not_supported(command: str) -> str:
@@ -311,7 +345,7 @@ def parse_line(line: bytes) -> Request:
 
 def _parse_line(line: bytes) -> Request:
     """Parse one request line, with no memory of earlier ones (see L{parse_line})."""
-    tokens = line.split()
+    tokens = split_tokens(line)
     if not tokens:
         return _ERROR
     word = tokens[0].lower()
@@ -348,4 +382,4 @@ def _parse_line(line: bytes) -> Request:
         if command in _NOREPLY_COMMANDS and args and args[-1] == "noreply":
             noreply, args = True, args[:-1]
         return Command(command, args, noreply)
-    return _ERROR
+    return _UNKNOWN

@@ -16,6 +16,7 @@ from kestrel.protocols.memcache_parser import (
     QueueCommand,
     Refusal,
     SetRequest,
+    Unframable,
     parse_line,
 )
 
@@ -141,12 +142,31 @@ def test_refused_commands(line: bytes, reply: bytes) -> None:
     assert req.reply == reply
 
 
-@pytest.mark.parametrize("line", [b"", b"   ", b"roll", b"verbosity 1", b"mg q v"])
-def test_unknown_commands_are_error(line: bytes) -> None:
-    """Empty lines and unknown commands are memcache's ERROR; nothing closes."""
+@pytest.mark.parametrize("line", [b"", b"   "])
+def test_empty_lines_are_error(line: bytes) -> None:
+    """Empty lines are memcache's ERROR, and the connection is kept."""
     req = parse_line(line)
     assert isinstance(req, Refusal)
     assert req.reply == b"ERROR\r\n"
+
+
+@pytest.mark.parametrize("line", [b"roll", b"verbosity 1", b"xs q 9 T0", b"\tget q"])
+def test_unknown_commands_cannot_be_framed(line: bytes) -> None:
+    """
+    An unknown command word is ERROR and cannot be framed: it may announce a
+    data block of unknown size, so the connection closes after the reply.
+    """
+    req = parse_line(line)
+    assert isinstance(req, Unframable)
+    assert req.reply == b"ERROR\r\n"
+
+
+def test_a_tab_is_not_a_separator() -> None:
+    """Only spaces separate tokens: C{get a\\tb} names the queue C{a\\tb} (refused later)."""
+    req = parse_line(b"get a\tb")
+    assert isinstance(req, GetRequest)
+    assert req.name == "a\tb"
+    assert parse_line(b"get  q ").name == "q"
 
 
 def test_queue_commands() -> None:

@@ -9,7 +9,7 @@ each bad request a second connection sets and gets an item.
 An error keeps the connection whenever the request was read whole; it
 closes only where the byte stream cannot be resynchronised (a bad `set`
 byte count, a data block not followed by `\r\n`, a line over
-`max_request_size`, the binary protocol).
+`max_request_size`, unknown command words, unframable binary packets).
 
 One server serves most of the module; `client_timeout` needs a second one,
 since it is a server-level setting.
@@ -455,13 +455,22 @@ def drain(server: KestrelProcess, queue: bytes) -> list[bytes]:
 
 # -- unknown commands and commands a queue cannot serve ------------------------------------
 
+@pytest.mark.parametrize("request_bytes", [b"\r\n", b"   \r\n"])
+def test_empty_line(server: KestrelProcess, request_bytes: bytes) -> None:
+    """An empty line: memcache's ERROR, connection kept."""
+    assert_answered(server, request_bytes, b"ERROR\r\n")
+
+
 @pytest.mark.parametrize("request_bytes", [
-    b"bogus\r\n", b"BOGUS q\r\n", b"y" * 100 + b"\r\n", b"\r\n", b"   \r\n",
-    b"verbosity 1\r\n", b"mg uc v\r\n",
+    b"bogus\r\n", b"BOGUS q\r\n", b"y" * 100 + b"\r\n", b"verbosity 1\r\n",
+    b"xs uc 9 T0\r\nflush_all\r\n", b"\tget uc\r\n",
 ])
 def test_unknown_command(server: KestrelProcess, request_bytes: bytes) -> None:
-    """An unknown command or an empty line: memcache's ERROR, connection kept."""
-    assert_answered(server, request_bytes, b"ERROR\r\n")
+    """
+    An unknown command may announce a data block the server cannot size: ERROR,
+    then the connection closes, so none of its bytes run as a request.
+    """
+    assert_refused(server, request_bytes, b"ERROR\r\n")
     assert queue_is_empty(server, b"uc")
 
 
@@ -508,13 +517,13 @@ def test_refused_commands_with_noreply_send_nothing(server: KestrelProcess,
 
 
 def test_error_after_good_requests_keeps_their_replies(server: KestrelProcess) -> None:
-    """Replies before and after a bad request are sent in order around its error."""
+    """Replies before a bad request are sent, in order, before its error."""
     client = connect(server)
     try:
-        client.send(b"set gb 0 0 1\r\nz\r\nversion\r\nbogus\r\nget gb\r\n")
+        client.send(b"set gb 0 0 1\r\nz\r\nversion\r\nget gb/x/open/peek\r\nget gb\r\n")
         assert client.line() == b"STORED\r\n"
         assert client.line().startswith(b"VERSION ")
-        assert client.line() == b"ERROR\r\n"
+        assert client.line().startswith(b"CLIENT_ERROR peek and abort")
         assert client.until(b"END\r\n") == b"VALUE gb 0 1\r\nz\r\nEND\r\n"
     finally:
         client.close()
@@ -523,23 +532,25 @@ def test_error_after_good_requests_keeps_their_replies(server: KestrelProcess) -
 
 # -- the binary protocol ------------------------------------------------------------------
 
-def test_binary_protocol_gets_a_binary_error_then_a_close(server: KestrelProcess) -> None:
+def test_unframable_binary_packet_gets_a_binary_error_then_a_close(
+        server: KestrelProcess) -> None:
     """
-    A binary-protocol request gets a binary response (magic 0x81, its opcode
-    and opaque echoed, status 0x0081 unknown command) at once, then a close.
+    A binary packet whose key runs past its body cannot be framed: one binary
+    response (magic 0x81, its opcode and opaque echoed, status 0x0004) at
+    once, then a close.
     """
-    # binary GET (opcode 0x00) of key "k", opaque 0x01020304
-    request = (bytes([0x80, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00]) + (1).to_bytes(4, "big")
+    # binary GET (opcode 0x00), key length 9 in a body of 1, opaque 0x01020304
+    request = (bytes([0x80, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x00]) + (1).to_bytes(4, "big")
                + bytes([1, 2, 3, 4]) + bytes(8) + b"k")
     client = connect(server)
     try:
         started = time.monotonic()
         client.send(request)
         header = client.exactly(24)
-        assert header[:8] == bytes([0x81, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x81])
+        assert header[:8] == bytes([0x81, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04])
         assert header[12:16] == bytes([1, 2, 3, 4])
         body = client.exactly(int.from_bytes(header[8:12], "big"))
-        assert body.startswith(b"Unknown command")
+        assert body == b"key and extras longer than the body"
         assert client.closed()
         assert time.monotonic() - started < REPLY_TIMEOUT / 2
     finally:

@@ -1,0 +1,158 @@
+"""
+Sans-IO framing of memcache requests: where one request ends and the next begins.
+
+L{RequestFramer.frame} looks at a buffer from a position and says one of three
+things: here is a whole request (its parsed header, its data block if it has
+one, and where it ends); more bytes are needed (how many, counted from the
+position); or the bytes cannot be framed, so the connection must close after
+one last reply. No I/O, no Twisted, no session: the protocol feeds bytes in
+and serves the requests that come out.
+
+The promise that matters: no byte of a request is ever read as another
+request. A request line whose data block the server cannot size (a storage
+command with a bad byte count, an unknown command word, which may carry a
+data block of unknown size) is not framed; the connection ends instead.
+
+A connection speaks one of two dialects, chosen by its first byte: C{0x80}
+(the binary request magic) is the binary protocol for the whole connection,
+anything else the text protocol, whose lines may be classic commands
+(C{get}, C{set}, ...) or meta commands (C{mg}, C{ms}, C{md}, C{mn}, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kestrel.protocols.binary import (
+    BINARY_HEADER_SIZE,
+    BINARY_REQUEST_MAGIC,
+    STATUS_INVALID_ARGUMENTS,
+    STATUS_TOO_LARGE,
+    BinaryRequest,
+    parse_header,
+    status_reply,
+)
+from kestrel.protocols.memcache_parser import (
+    MemcacheParseError,
+    Refusal,
+    SetRequest,
+    Unframable,
+    parse_line,
+)
+from kestrel.protocols.meta import MetaSet, is_meta_word, parse_meta
+
+__all__ = ["NEED", "REFUSE", "SERVE", "UNFRAMABLE", "RequestFramer"]
+
+#: Outcomes of L{RequestFramer.frame}, the first item of its tuple.
+SERVE = 0
+NEED = 1
+REFUSE = 2
+UNFRAMABLE = 3
+
+
+def _encode(text: str) -> bytes:
+    """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
+    return text.encode("latin-1", "backslashreplace")
+
+
+class RequestFramer:
+    """
+    Frames the requests of one connection (sans-IO).
+
+    C{frame(buf, pos)} returns a tuple whose first item says what follows:
+      - C{(SERVE, request, data, end)}: a whole request; C{data} is its data
+        block (without the trailing C{\\r\\n}) or C{None}; the next request
+        starts at C{end};
+      - C{(NEED, need, reserve, 0)}: the request starting at C{pos} is not
+        whole; C{need} bytes from C{pos} are needed before framing is worth
+        trying again (0: a line end is needed), and C{reserve} of them were
+        declared by the request (its data block), for memory accounting;
+      - C{(REFUSE, reply, None, end)}: a request framed whole that is answered
+        with C{reply} alone (a bad line that can be skipped);
+      - C{(UNFRAMABLE, reply, None, 0)}: the bytes at C{pos} cannot be framed:
+        send C{reply}, then close the connection.
+    """
+
+    __slots__ = ("binary", "max_request_size")
+
+    def __init__(self, max_request_size: int) -> None:
+        self.max_request_size = max_request_size
+        #: None until the first byte is seen; then whether the connection is binary.
+        self.binary: bool | None = None
+
+    def frame(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+        """Frame the request at C{buf[pos:]} (see the class docstring)."""
+        binary = self.binary
+        if binary is None:
+            binary = self.binary = buf[pos] == BINARY_REQUEST_MAGIC
+        if binary:
+            return self._frame_binary(buf, pos)
+        return self._frame_text(buf, pos)
+
+    def _frame_text(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+        size = len(buf)
+        limit = self.max_request_size
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            # (one more byte may be the "\r" of a line of the largest size)
+            if size - pos > limit + 1:
+                return UNFRAMABLE, b"CLIENT_ERROR request line too long\r\n", None, 0
+            return NEED, 0, 0, 0
+        end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
+        if end - pos > limit:
+            return UNFRAMABLE, b"CLIENT_ERROR request line too long\r\n", None, 0
+        line = buf[pos:end]
+        after = nl + 1
+        try:
+            if is_meta_word(line):
+                request = parse_meta(line)
+            else:
+                request = parse_line(line)
+        except MemcacheParseError as err:
+            reply = b"CLIENT_ERROR %s\r\n" % _encode(err.reason)
+            if err.disconnect:
+                return UNFRAMABLE, reply, None, 0
+            return REFUSE, reply, None, after
+        cls = request.__class__
+        if cls is SetRequest or cls is MetaSet:
+            length = request.length
+            if length > limit:
+                return (UNFRAMABLE, b"CLIENT_ERROR item of %d bytes is larger than "
+                        b"max_request_size (%d)\r\n" % (length, limit), None, 0)
+            data_end = after + length
+            if size < data_end + 2:
+                return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
+            if buf[data_end] != 13 or buf[data_end + 1] != 10:
+                return UNFRAMABLE, b"CLIENT_ERROR bad data chunk\r\n", None, 0
+            return SERVE, request, buf[after:data_end], data_end + 2
+        if cls is Unframable:
+            return UNFRAMABLE, request.reply, None, 0
+        if cls is Refusal:
+            return REFUSE, request.reply, None, after
+        return SERVE, request, None, after
+
+    def _frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+        size = len(buf)
+        if size - pos < BINARY_HEADER_SIZE:
+            return NEED, BINARY_HEADER_SIZE, 0, 0
+        header = buf[pos:pos + BINARY_HEADER_SIZE]
+        magic, opcode, key_length, extras_length, body_length, opaque, cas = parse_header(header)
+        if magic != BINARY_REQUEST_MAGIC:
+            return (UNFRAMABLE, status_reply(opcode, opaque, STATUS_INVALID_ARGUMENTS,
+                                             b"bad request magic"), None, 0)
+        if key_length + extras_length > body_length:
+            return (UNFRAMABLE, status_reply(opcode, opaque, STATUS_INVALID_ARGUMENTS,
+                                             b"key and extras longer than the body"), None, 0)
+        if body_length > self.max_request_size + key_length + extras_length:
+            return (UNFRAMABLE, status_reply(opcode, opaque, STATUS_TOO_LARGE,
+                                             b"larger than max_request_size"), None, 0)
+        start = pos + BINARY_HEADER_SIZE
+        end = start + body_length
+        if size < end:
+            total = end - pos
+            return NEED, total, total, 0
+        key_start = start + extras_length
+        value_start = key_start + key_length
+        request = BinaryRequest(opcode, opaque, cas, buf[start:key_start],
+                                buf[key_start:value_start])
+        return SERVE, request, buf[value_start:end], end

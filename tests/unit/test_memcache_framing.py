@@ -1,0 +1,129 @@
+"""
+The request framer (kestrel.protocols.framing), sans-IO, and the promise it
+keeps over all three dialects: no byte of a request ever runs as another
+request.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+
+from kestrel.protocols.binary import BinaryRequest
+from kestrel.protocols.framing import NEED, REFUSE, SERVE, UNFRAMABLE, RequestFramer
+from kestrel.protocols.memcache import MemcacheFactory
+from kestrel.protocols.memcache_parser import SetRequest
+from kestrel.protocols.meta import MetaSet
+from tests.support import StringClient, make_server
+
+_HEADER = struct.Struct(">BBHBBHIIQ")
+
+
+def packet(opcode: int, key: bytes = b"", value: bytes = b"", extras: bytes = b"",
+           magic: int = 0x80) -> bytes:
+    """A binary request packet with honest lengths."""
+    body = len(extras) + len(key) + len(value)
+    return _HEADER.pack(magic, opcode, len(key), len(extras), 0, 0, body, 0, 0) + (
+        extras + key + value)
+
+
+def test_text_frames() -> None:
+    """A set with its block, a line, a partial block, a bad block end, a refusal."""
+    framer = RequestFramer(100)
+    buf = b"set q 0 0 2\r\nab\r\nget q\r\n"
+    kind, request, data, end = framer.frame(buf, 0)
+    assert (kind, data, end) == (SERVE, b"ab", 17) and isinstance(request, SetRequest)
+    assert framer.frame(buf, end)[0::3] == (SERVE, len(buf))
+    assert framer.frame(b"ms q 5\r\nab", 0) == (NEED, 15, 15, 0)
+    assert framer.frame(b"get q", 0) == (NEED, 0, 0, 0)
+    assert framer.frame(b"set q 0 0 2\r\nabcd", 0)[0] == UNFRAMABLE
+    assert framer.frame(b"incr q 1\r\n", 0)[0::3] == (REFUSE, 10)
+    assert framer.frame(b"bogus 9\r\n", 0) == (UNFRAMABLE, b"ERROR\r\n", None, 0)
+    assert framer.frame(b"set q 0 0 101\r\n", 0)[0] == UNFRAMABLE
+    kind, request, data, _ = framer.frame(b"ms q 1 T5\r\nz\r\n", 0)
+    assert isinstance(request, MetaSet) and data == b"z"
+
+
+def test_binary_frames() -> None:
+    """The first byte picks binary; a packet is framed whole; bad ones are unframable."""
+    framer = RequestFramer(100)
+    set_packet = packet(0x01, b"q", b"value", bytes(8))
+    kind, request, data, end = framer.frame(set_packet + b"tail", 0)
+    assert (kind, data, end) == (SERVE, b"value", len(set_packet))
+    assert isinstance(request, BinaryRequest) and request.key == b"q"
+    assert framer.frame(set_packet[:30], 0) == (NEED, len(set_packet), len(set_packet), 0)
+    assert framer.frame(set_packet[:10], 0) == (NEED, 24, 0, 0)
+    assert framer.frame(b"get q\r\n" + bytes(20), 0)[0] == UNFRAMABLE
+    big = _HEADER.pack(0x80, 0x01, 1, 8, 0, 0, 110, 0, 0)
+    assert framer.frame(big, 0)[0] == UNFRAMABLE
+
+
+# -- the property: a data block never runs ------------------------------------------------
+
+_CANARY_TEXT = [b"set canary 0 0 1\r\nx\r\n", b"ms canary 1\r\nx\r\n", b"flush_all\r\n",
+                b"md victim\r\n", b"get victim\r\n"]
+_CANARY_BINARY = [packet(0x01, b"canary", b"x", bytes(8)), packet(0x08), packet(0x04, b"victim"),
+                  packet(0x00, b"victim")]
+_WORDS = [b"set", b"add", b"replace", b"append", b"prepend", b"cas", b"ms", b"bogus", b"xs",
+          b"SET", b"MS", b"verbosity", b"mx"]
+_token = st.binary(min_size=1, max_size=6).map(
+    lambda b: b.replace(b" ", b"_").replace(b"\n", b"_").replace(b"\r", b"_"))
+
+
+@st.composite
+def text_requests(draw: st.DrawFn) -> bytes:
+    """A text or meta request line that announces a data block, then a hostile block."""
+    payload = draw(st.sampled_from(_CANARY_TEXT)) * draw(st.integers(1, 2))
+    word = draw(st.sampled_from(_WORDS))
+    length = draw(st.one_of(st.just(b"%d" % len(payload)),
+                            st.integers(-3, len(payload) + 3).map(lambda n: b"%d" % n),
+                            _token))
+    if word.lower() in (b"ms", b"mx"):
+        line = b"%s k %s %s" % (word, length, b" ".join(draw(st.lists(_token, max_size=3))))
+    else:
+        line = b"%s k 0 0 %s" % (word, length)
+    return line + b"\r\n" + payload + draw(st.sampled_from([b"\r\n", b"", b"\n"]))
+
+
+@st.composite
+def binary_requests(draw: st.DrawFn) -> bytes:
+    """A binary packet (any opcode, honest lengths, maybe a bad magic) carrying a hostile value."""
+    payload = draw(st.sampled_from(_CANARY_BINARY))
+    extras = draw(st.sampled_from([b"", bytes(4), bytes(8)]))
+    magic = draw(st.sampled_from([0x80, 0x80, 0x80, 0x81]))
+    opcode = draw(st.integers(0, 0x30))
+    key = draw(st.sampled_from([b"k", b"", b"k/open", b"a.b"]))
+    first = packet(0x0A)  # a Noop first, so that the connection is binary whatever the magic
+    return first + packet(opcode, key, payload, extras, magic)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(text_requests(), binary_requests()), st.integers(1, 40))
+def test_no_data_block_runs_as_a_request(stream: bytes, chunk: int) -> None:
+    """
+    Over text, meta and binary: a request's data block is stored, refused, or
+    its connection is closed; it never runs as requests of its own (the
+    canary queue is never written, nothing is flushed, nothing is taken).
+    """
+    clock = Clock()
+    clock.advance(1_767_225_600.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = make_server(clock, Path(tmp))
+        try:
+            seed = StringClient(MemcacheFactory(server))
+            assert seed.send(b"set victim 0 0 1\r\nv\r\n") == b"STORED\r\n"
+            client = StringClient(MemcacheFactory(server))
+            for start in range(0, len(stream), chunk):
+                client.protocol.dataReceived(stream[start:start + chunk])
+            clock.advance(5)
+            canary = server.collection.queue("canary", create=False)
+            assert canary is None or canary.length == 0, stream
+            victim = server.collection.queue("victim", create=False)
+            assert victim is not None and victim.length == 1, stream
+        finally:
+            server.collection.stopService()
