@@ -28,6 +28,7 @@ from tests.clients.test_meta_memcache import MetaMemcacheAdapter
 from tests.clients.test_node_memcached import NodeMemcachedAdapter
 from tests.clients.test_php_memcached import PhpMemcachedAdapter, PhpMemcachedBinaryAdapter
 from tests.clients.test_pylibmc import PylibmcAdapter
+from tests.clients.test_pylibmc_binary import PylibmcBinaryAdapter
 from tests.clients.test_pymemcache import HashClientAdapter, PymemcacheAdapter
 from tests.clients.test_python_memcached import PythonMemcachedAdapter
 from tests.clients.test_spymemcached import SpymemcachedAdapter, SpymemcachedBinaryAdapter
@@ -37,7 +38,7 @@ from tests.wire.conftest import ROOT
 #: The matrix's rows, in the order of docs/clients.md.
 ADAPTERS: list[type[Adapter]] = [
     PythonMemcachedAdapter, PymemcacheAdapter, HashClientAdapter, AiomcacheAdapter,
-    EmcacheAdapter, PylibmcAdapter, MetaMemcacheAdapter, MemcachePypiAdapter,
+    EmcacheAdapter, PylibmcAdapter, PylibmcBinaryAdapter, MetaMemcacheAdapter, MemcachePypiAdapter,
     BmemcachedAdapter, LibmemcachedToolsAdapter, CacheMemcachedPerlAdapter, PhpMemcachedAdapter,
     PhpMemcachedBinaryAdapter, GomemcacheAdapter, SpymemcachedAdapter, SpymemcachedBinaryAdapter,
     DalliAdapter, NodeMemcachedAdapter, MemjsAdapter, ApacheThriftAdapter, Thriftpy2Adapter,

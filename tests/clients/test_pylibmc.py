@@ -61,15 +61,3 @@ def client(server: KestrelProcess) -> Iterator[PylibmcAdapter]:
 def test_pylibmc(client: PylibmcAdapter, op: str) -> None:
     """Each matrix operation through pylibmc, checked on the server's counters."""
     run_operation(client, op, "lmc")
-
-
-def test_binary_protocol_fails_at_once(server: KestrelProcess) -> None:
-    """pylibmc with binary=True gets the server's binary error at once instead of timing out."""
-    import time
-
-    client = pylibmc.Client([server.address()], binary=True, behaviors=BEHAVIORS)
-    started = time.monotonic()
-    with pytest.raises(pylibmc.Error):
-        client.set("bin_q", b"x")
-    assert time.monotonic() - started < 5
-    client.disconnect_all()
