@@ -105,8 +105,10 @@ public final class Driver {
             System.out.println(reply);
             System.out.flush();
             if (fields[0].equals("quit")) {
-                return;
+                break;
             }
         }
+        // stdin closed or quit: stop, whatever the client's threads still do
+        System.exit(0);
     }
 }

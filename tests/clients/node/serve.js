@@ -27,6 +27,8 @@ function serve(answer) {
         }
       });
   });
+  // stdin closed (pytest gone): stop, whatever the client still holds open
+  lines.on('close', () => chain.then(() => process.exit(0)));
 }
 
 module.exports = { serve, unhex, value };
