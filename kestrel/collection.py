@@ -29,13 +29,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
-from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown
+from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown, TooManyQueues
 from kestrel.item import QItem
 from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
+from kestrel.limits import queue_fd_budget
 from kestrel.loading import LoadingQueue
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
@@ -509,10 +510,23 @@ class QueueCollection(Service):
         if loading is not None:
             # Still replaying: requests wait for it (LoadingQueue answers as a queue does).
             return loading  # type: ignore[return-value]
+        self._check_room(name)
         queue = self._build_queue(name)
         queue.setup()
         self._register(name, queue)
         return queue
+
+    def _check_room(self, name: str) -> None:
+        """Refuse (L{TooManyQueues}) a new queue past C{max_queues} or the descriptor budget."""
+        validate_queue_name(name)
+        held = len(self._queues) + len(self._loading)
+        if held >= self.config.max_queues:
+            raise TooManyQueues(name, f"the server holds max_queues ({self.config.max_queues}) "
+                                "queues; delete some or raise max_queues")
+        budget = queue_fd_budget()
+        if held >= budget:
+            raise TooManyQueues(name, f"queues may hold {budget} file descriptors "
+                                "(half of RLIMIT_NOFILE); delete some or raise the limit")
 
     def _build_queue(self, name: str) -> PersistentQueue:
         """A new queue object named C{name} over its journal, not set up (replayed) yet."""

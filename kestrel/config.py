@@ -575,6 +575,7 @@ class ServerConfig:
     control_commands: str | None = None
     max_client_memory: int = 256 * 1024 * 1024
     max_client_output: int = 1024 * 1024
+    max_queues: int = 10_000
     journal_file_mode: int = 0o600
     queue_path_mode: int = 0o700
     zookeeper: ZooKeeperConfig | None = None
@@ -700,6 +701,7 @@ _SERVER_SCALARS: dict[str, Callable[[object], Any]] = {
     "control_commands": _optional(_control_commands),
     "max_client_memory": _required(_positive(parse_size)),
     "max_client_output": _required(_positive(parse_size)),
+    "max_queues": _required(_positive(_count)),
     "journal_file_mode": _required(_file_mode),
     "queue_path_mode": _required(_file_mode),
 }

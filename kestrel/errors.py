@@ -100,3 +100,18 @@ class QueueLoading(JournalUnavailable):
         KestrelError.__init__(self, message)
         self.queue = queue
         self.reason = "loading"
+
+
+class TooManyQueues(JournalUnavailable):
+    """
+    A request would have created a queue past C{max_queues} or past the
+    file descriptors queues may hold (L{kestrel.limits}); nothing was
+    created, and the queues that exist work on. Answered as
+    L{JournalUnavailable} is (memcache C{SERVER_ERROR <message>}, text
+    C{-<message>}, thrift an exception); the connection lives on.
+    """
+
+    def __init__(self, queue: str, reason: str) -> None:
+        KestrelError.__init__(self, f"queue {queue} not created: {reason}")
+        self.queue = queue
+        self.reason = reason

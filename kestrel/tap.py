@@ -27,6 +27,7 @@ import twisted
 from kestrel import __version__
 from kestrel.config import DEFAULT_CONFIG, ServerConfig, load_config
 from kestrel.errors import ConfigError, KestrelError
+from kestrel.limits import raise_open_file_limit
 from kestrel.reactor import install_unless_chosen
 
 __all__ = ["Options", "StartError", "StartFailed", "makeService", "version_line"]
@@ -193,6 +194,8 @@ class StartErrors(Service):
                        config=os.path.abspath(self.options["config"]) if self.options["config"]
                        else "built-in defaults",
                        queue_path=os.path.abspath(config.queue_path))
+        soft, hard = raise_open_file_limit()
+        self._log.info("Open file limit {soft} (hard {hard})", soft=soft, hard=hard)
         if self.reactor is not None:
             self.reactor.addSystemEventTrigger("after", "shutdown", self._exit_if_start_failed)
         try:

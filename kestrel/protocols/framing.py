@@ -21,6 +21,7 @@ anything else the text protocol, whose lines may be classic commands
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kestrel.protocols.binary import (
@@ -42,6 +43,9 @@ from kestrel.protocols.memcache_parser import (
 from kestrel.protocols.meta import MetaSet, is_meta_word, parse_meta
 
 __all__ = ["NEED", "REFUSE", "SERVE", "UNFRAMABLE", "RequestFramer"]
+
+#: The first byte of every meta command word.
+_META_FIRST = (b"m", b"M")
 
 #: Outcomes of L{RequestFramer.frame}, the first item of its tuple.
 SERVE = 0
@@ -82,14 +86,21 @@ class RequestFramer:
 
     def frame(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame the request at C{buf[pos:]} (see the class docstring)."""
-        binary = self.binary
-        if binary is None:
-            binary = self.binary = buf[pos] == BINARY_REQUEST_MAGIC
-        if binary:
-            return self._frame_binary(buf, pos)
-        return self._frame_text(buf, pos)
+        return self.framer_for(buf[pos])(buf, pos)
 
-    def _frame_text(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+    def framer_for(self, first_byte: int) -> Callable[[bytes, int], tuple[int, Any, Any, int]]:
+        """
+        The framing function of this connection's dialect, which C{first_byte}
+        (the connection's first byte) chooses if it is not chosen yet; a
+        caller framing many requests calls it once and the function it
+        returns for each.
+        """
+        if self.binary is None:
+            self.binary = first_byte == BINARY_REQUEST_MAGIC
+        return self.frame_binary if self.binary else self.frame_text
+
+    def frame_text(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+        """Frame a text or meta request at C{buf[pos:]} (as L{frame})."""
         size = len(buf)
         limit = self.max_request_size
         nl = buf.find(b"\n", pos)
@@ -104,7 +115,7 @@ class RequestFramer:
         line = buf[pos:end]
         after = nl + 1
         try:
-            if is_meta_word(line):
+            if line[:1] in _META_FIRST and is_meta_word(line):
                 request = parse_meta(line)
             else:
                 request = parse_line(line)
@@ -131,7 +142,8 @@ class RequestFramer:
             return REFUSE, request.reply, None, after
         return SERVE, request, None, after
 
-    def _frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+    def frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
+        """Frame a binary request at C{buf[pos:]} (as L{frame})."""
         size = len(buf)
         if size - pos < BINARY_HEADER_SIZE:
             return NEED, BINARY_HEADER_SIZE, 0, 0

@@ -69,16 +69,7 @@ from kestrel.protocols.memcache_parser import (
     QueueCommand,
     SetRequest,
 )
-from kestrel.protocols.meta import (
-    MetaDelete,
-    MetaGet,
-    MetaNoop,
-    MetaSet,
-    meta_delete_reply,
-    meta_get_reply,
-    meta_noop_reply,
-    meta_set_reply,
-)
+from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
 
 if TYPE_CHECKING:
     from kestrel.item import QItem
@@ -150,6 +141,7 @@ class MemcacheProtocol(SessionProtocol):
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
         self._binary = BinaryHandler(self)
+        meta = MetaHandler(self)
         self._waiting = False
         self._in_process = False
         # Whether this pass over the input opened a write batch (more input followed a request).
@@ -166,13 +158,13 @@ class MemcacheProtocol(SessionProtocol):
             ConfirmRequest: self._confirm,
             MonitorRequest: self._monitor,
             Command: self._command,
-            MetaGet: self._meta_get,
-            MetaDelete: self._meta_delete,
-            MetaNoop: _meta_noop,
+            MetaGet: meta.get,
+            MetaDelete: meta.delete,
+            MetaNoop: meta.noop,
         }
         self._data_dispatch: dict[type, Callable[[Any, bytes], Reply]] = {
             SetRequest: self._set,
-            MetaSet: self._meta_set,
+            MetaSet: meta.set,
             BinaryRequest: self._binary.serve,
         }
 
@@ -294,7 +286,7 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
-        frame = self._framer.frame
+        frame = self._framer.framer_for(buf[0]) if size else None
         try:
             while (pos < size and not self._waiting and not self._closing
                    and not self.output_blocked):
@@ -308,7 +300,7 @@ class MemcacheProtocol(SessionProtocol):
                         continue
                 if self.awaiting_first_line and self._http_first_line(buf, pos):
                     break
-                kind, request, data, end = frame(buf, pos)
+                kind, request, data, end = frame(buf, pos)  # type: ignore[misc]
                 if kind == SERVE:
                     pos = end
                     self._serve(request, data, pos < size)
@@ -539,36 +531,6 @@ class MemcacheProtocol(SessionProtocol):
             return result.addCallback(value_reply, req.key)
         return value_reply(result, req.key)
 
-    def _meta_get(self, req: MetaGet) -> Reply:
-        result = self.fetch(req.get)
-        if result.__class__ is bytes:
-            return b"CLIENT_ERROR %s\r\n" % result
-        if isinstance(result, Deferred):
-            return result.addCallback(self._meta_got, req)
-        return self._meta_got(result, req)
-
-    def _meta_got(self, item: QItem | None, req: MetaGet) -> bytes:
-        return meta_get_reply(req, item, int(self.clock.seconds() * 1000))
-
-    def _meta_set(self, req: MetaSet, data: bytes) -> Reply:
-        if req.error is not None:
-            return b"CLIENT_ERROR %s\r\n" % _encode(req.error)
-        session = self.session
-        assert session is not None
-        expiry_ms = 0
-        if req.ttl:
-            expiry_ms = memcache_expiry_ms(req.ttl, int(self.clock.seconds() * 1000))
-        d = session.set_item(req.name, data, expiry_ms)
-        if d.called and not d.paused and d.result.__class__ is bool:
-            return meta_set_reply(req, d.result)
-        return d.addCallback(lambda stored: meta_set_reply(req, stored))
-
-    def _meta_delete(self, req: MetaDelete) -> Reply:
-        session = self.session
-        assert session is not None
-        session.delete(req.name)
-        return meta_delete_reply(req)
-
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
@@ -680,11 +642,6 @@ class MemcacheProtocol(SessionProtocol):
             # A stricter change still in its grace period: refused, connection kept.
             return b"ERROR %s\r\n" % _encode(str(exc))
         return _END
-
-
-def _meta_noop(req: MetaNoop) -> bytes:
-    """C{mn}: C{MN}."""
-    return meta_noop_reply()
 
 
 class MemcacheFactory(SessionFactory):

@@ -1,9 +1,10 @@
 """
 memcached's meta commands with Kestrel's queue meaning: parser and replies.
 
-Sans-IO: L{parse_meta} turns one request line (without its line end) into a
-request object, and the reply helpers build the reply bytes. The protocol
-(L{kestrel.protocols.memcache.MemcacheProtocol}) runs them over the session.
+L{parse_meta} turns one request line (without its line end) into a request
+object and the reply helpers build the reply bytes, with no I/O;
+L{MetaHandler} serves the requests over a connection's session for
+L{kestrel.protocols.memcache.MemcacheProtocol}.
 
   - C{ms <key> <datalen> <flags>*} enqueues the data block: C{HD}, or C{NS}
     when the queue refuses it. C{T<seconds>} sets the expiry (memcache's
@@ -27,8 +28,11 @@ from __future__ import annotations
 
 import binascii
 from math import ceil
+from typing import TYPE_CHECKING
 
-from kestrel.item import QItem
+from twisted.internet.defer import Deferred
+
+from kestrel.item import QItem, memcache_expiry_ms
 from kestrel.protocols.memcache_parser import (
     GetRequest,
     MemcacheParseError,
@@ -38,9 +42,13 @@ from kestrel.protocols.memcache_parser import (
     split_tokens,
 )
 
+if TYPE_CHECKING:
+    from kestrel.protocols.memcache import MemcacheProtocol
+
 __all__ = [
     "MetaDelete",
     "MetaGet",
+    "MetaHandler",
     "MetaNoop",
     "MetaSet",
     "is_meta_word",
@@ -261,6 +269,47 @@ def meta_delete_reply(req: MetaDelete) -> bytes:
     return b"HD" + b"".join(req.echo(letter) for letter in req.flags) + b"\r\n"
 
 
-def meta_noop_reply() -> bytes:
-    """C{MN}."""
-    return _MN
+class MetaHandler:
+    """Serves meta requests over one L{MemcacheProtocol}'s session."""
+
+    def __init__(self, protocol: MemcacheProtocol) -> None:
+        self.protocol = protocol
+
+    def get(self, req: MetaGet) -> bytes | Deferred[bytes]:
+        """C{mg}: the fetch its key stands for, answered C{VA}/C{HD}/C{EN}."""
+        result = self.protocol.fetch(req.get)
+        if result.__class__ is bytes:
+            return b"CLIENT_ERROR %s\r\n" % result
+        if isinstance(result, Deferred):
+            return result.addCallback(self._got, req)
+        return self._got(result, req)
+
+    def _got(self, item: QItem | None, req: MetaGet) -> bytes:
+        return meta_get_reply(req, item, int(self.protocol.clock.seconds() * 1000))
+
+    def set(self, req: MetaSet, data: bytes) -> bytes | Deferred[bytes]:
+        """C{ms}: enqueue C{data}, answered C{HD}/C{NS}, or the refusal found while parsing."""
+        if req.error is not None:
+            return b"CLIENT_ERROR %s\r\n" % req.error.encode("latin-1", "backslashreplace")
+        protocol = self.protocol
+        session = protocol.session
+        assert session is not None
+        expiry_ms = 0
+        if req.ttl:
+            expiry_ms = memcache_expiry_ms(req.ttl, int(protocol.clock.seconds() * 1000))
+        d = session.set_item(req.name, data, expiry_ms)
+        if d.called and not d.paused and d.result.__class__ is bool:
+            return meta_set_reply(req, d.result)
+        return d.addCallback(lambda stored: meta_set_reply(req, stored))
+
+    def delete(self, req: MetaDelete) -> bytes:
+        """C{md}: delete the queue, answered C{HD}."""
+        session = self.protocol.session
+        assert session is not None
+        session.delete(req.name)
+        return meta_delete_reply(req)
+
+    @staticmethod
+    def noop(req: MetaNoop) -> bytes:
+        """C{mn}: C{MN}."""
+        return _MN

@@ -83,6 +83,12 @@ def text_requests(draw: st.DrawFn) -> bytes:
     length = draw(st.one_of(st.just(b"%d" % len(payload)),
                             st.integers(-3, len(payload) + 3).map(lambda n: b"%d" % n),
                             _token))
+    if length.lstrip(b"-").isdigit():
+        n = int(length)
+        if 0 <= n < len(payload) and payload[n:n + 2] == b"\r\n":
+            # The declared block ends at a line end inside the payload: the rest
+            # is the client's own next request, rightly run. Not this property's case.
+            length = b"%d" % len(payload)
     if word.lower() in (b"ms", b"mx"):
         line = b"%s k %s %s" % (word, length, b" ".join(draw(st.lists(_token, max_size=3))))
     else:
