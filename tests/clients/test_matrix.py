@@ -16,19 +16,32 @@ import pytest
 from tests.clients.matrix import OPERATIONS, Adapter, check_marker, render_table
 from tests.clients.test_aiomcache import AiomcacheAdapter
 from tests.clients.test_apache_thrift import ApacheThriftAdapter
+from tests.clients.test_bmemcached import BmemcachedAdapter
+from tests.clients.test_cache_memcached_perl import CacheMemcachedPerlAdapter
+from tests.clients.test_dalli import DalliAdapter
 from tests.clients.test_emcache import EmcacheAdapter
+from tests.clients.test_gomemcache import GomemcacheAdapter
 from tests.clients.test_libmemcached_tools import LibmemcachedToolsAdapter
+from tests.clients.test_memcache_pypi import MemcachePypiAdapter
+from tests.clients.test_memjs import MemjsAdapter
+from tests.clients.test_meta_memcache import MetaMemcacheAdapter
+from tests.clients.test_node_memcached import NodeMemcachedAdapter
+from tests.clients.test_php_memcached import PhpMemcachedAdapter, PhpMemcachedBinaryAdapter
 from tests.clients.test_pylibmc import PylibmcAdapter
+from tests.clients.test_pylibmc_binary import PylibmcBinaryAdapter
 from tests.clients.test_pymemcache import HashClientAdapter, PymemcacheAdapter
 from tests.clients.test_python_memcached import PythonMemcachedAdapter
+from tests.clients.test_spymemcached import SpymemcachedAdapter, SpymemcachedBinaryAdapter
 from tests.clients.test_thriftpy2 import Thriftpy2Adapter
 from tests.wire.conftest import ROOT
 
 #: The matrix's rows, in the order of docs/clients.md.
 ADAPTERS: list[type[Adapter]] = [
     PythonMemcachedAdapter, PymemcacheAdapter, HashClientAdapter, AiomcacheAdapter,
-    EmcacheAdapter, PylibmcAdapter, LibmemcachedToolsAdapter, ApacheThriftAdapter,
-    Thriftpy2Adapter,
+    EmcacheAdapter, PylibmcAdapter, PylibmcBinaryAdapter, MetaMemcacheAdapter, MemcachePypiAdapter,
+    BmemcachedAdapter, LibmemcachedToolsAdapter, CacheMemcachedPerlAdapter, PhpMemcachedAdapter,
+    PhpMemcachedBinaryAdapter, GomemcacheAdapter, SpymemcachedAdapter, SpymemcachedBinaryAdapter,
+    DalliAdapter, NodeMemcachedAdapter, MemjsAdapter, ApacheThriftAdapter, Thriftpy2Adapter,
 ]
 
 

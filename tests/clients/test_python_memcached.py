@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import memcache
 import pytest
 
 from tests.clients.matrix import MemcacheAdapter, operation_params, run_operation
+from tests.clients.shadowed import python_memcached as memcache
 from tests.wire.conftest import KestrelProcess
 
 #: Socket timeout (s): python-memcached's default is 3 s, shorter than a long /t= wait;

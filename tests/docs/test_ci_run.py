@@ -17,10 +17,16 @@ from pathlib import Path
 
 from tests.docs.examples import ROOT
 
-#: Debian packages the test suite needs on a fresh machine (netcat: the guide's examples).
+#: Debian packages the test suite needs on a fresh machine (netcat: the guide's examples;
+#: Perl, PHP, Go, Java, Ruby and node with their memcache clients: tests/clients/).
 REQUIRED_PACKAGES = {"python3-venv", "zookeeper", "memcached", "thrift-compiler",
                      "default-jre-headless", "libmemcached-dev", "libmemcached-tools",
-                     "netcat-openbsd"}
+                     "netcat-openbsd", "libcache-memcached-perl", "php-cli", "php-memcached",
+                     "golang-go", "golang-github-bradfitz-gomemcache-dev",
+                     "default-jdk-headless", "libspymemcached-java", "ruby", "ruby-dalli",
+                     "nodejs"}
+#: The npm step: the node clients pinned in tests/clients/node/package-lock.json.
+NPM_STEP = "npm ci --prefix tests/clients/node --no-audit --no-fund"
 
 
 def readme_command(title: str) -> str:
@@ -40,6 +46,8 @@ def test_readme_test_command_installs_what_ci_needs() -> None:
     apt = command.split("apt-get install -y ", 1)[1].split(" && ", 1)[0].split()
     assert REQUIRED_PACKAGES <= set(apt)
     assert "python3 -m venv .venv && . .venv/bin/activate" in command
+    assert "(command -v npm >/dev/null || apt-get install -y npm)" in command
+    assert f" && {NPM_STEP} && " in command
     assert "pip install -e '.[test,analytics]' --config-settings editable_mode=compat" in command
     assert command.endswith("python -m pytest")
 
@@ -64,6 +72,7 @@ def test_ci_run_runs_the_readme_command_in_its_venv(tmp_path: Path) -> None:
     shims.mkdir()
     record = f'echo "$(basename "$0") $* venv=${{VIRTUAL_ENV:-none}}" >> {log}\n'
     _executable(shims / "apt-get", f"#!/bin/sh\n{record}")
+    _executable(shims / "npm", f"#!/bin/sh\n{record}")
     # python3 -m venv .venv: a venv whose activate script puts recording programs on PATH.
     _executable(shims / "python3", f"""#!/bin/sh
 {record}mkdir -p .venv/bin
@@ -85,6 +94,7 @@ done
     assert calls[0] == "apt-get update venv=none"
     assert calls[1].startswith("apt-get install -y python3-venv ")
     assert calls[2:] == [
+        f"{NPM_STEP} venv=none",
         "python3 -m venv .venv venv=none",
         f"pip install -e .[test,analytics] --config-settings editable_mode=compat {venv}",
         f"python -m pytest {venv}",

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-import memcache
 import pytest
 from pymemcache.client.base import Client as PyMemcacheClient
 
+from tests.clients.shadowed import python_memcached as memcache
 from tests.wire.conftest import KestrelProcess, LineClient
 
 
