@@ -30,6 +30,7 @@ from twisted.python.failure import Failure
 
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown
+from kestrel.fanout import FanoutAdds
 from kestrel.item import QItem
 from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
@@ -148,6 +149,7 @@ class QueueCollection(Service):
         self._queues: dict[str, PersistentQueue] = {}
         self._fanouts: dict[str, dict[str, None]] = {}
         self._aliases: dict[str, AliasedQueue] = {}
+        self._fanout = FanoutAdds()
         self._pending: set[Deferred] = set()
         #: Holds back the journal writes of a batch (see L{WriteCoalescer}).
         self.write_coalescer = WriteCoalescer()
@@ -613,9 +615,11 @@ class QueueCollection(Service):
         Add C{data} to queue C{name} (creating it), to its fanout children, or
         to every destination of the alias C{name}.
 
-        Fires with the queue's answer (children's answers are ignored, as
-        Kestrel); for an alias, true only if every destination accepted.
-        C{total_items} counts every accepted add, children's included.
+        A master with fanout children answers all or nothing for its
+        producer (see L{_add_with_fanouts}): true only once the master and
+        every child hold the item. For an alias, true only if every
+        destination accepted. C{total_items} counts every accepted add,
+        children's included.
         """
         if self._stopping:
             self._check_running()
@@ -639,13 +643,32 @@ class QueueCollection(Service):
             return succeed(False)
 
     def _add_with_fanouts(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        """
+        Add to master C{name} and to each of its fanout children, all or nothing.
+
+        Fires C{True} only once every child and the master accepted the item
+        (each add fires as the queue's own does: after the fsync covering it
+        when the queue acknowledges durably). If a child refuses (C{False}:
+        full, item too large) the answer is C{False}; if a child's add fails
+        (its journal cannot be written, the queue cannot be created) the
+        answer is that failure, whatever the others said. The queues that did
+        take the item keep it: a producer that retries a refused add may
+        leave a second copy in them (docs/reliability.md).
+        """
         children = self._fanouts.get(name)
-        if children:
-            for child in list(children):
-                self._add_one(child, data, expiry_ms).addErrback(
-                    lambda f, c=child: self._log.failure("Add to fanout {queue} failed", f,
-                                                         queue=c))
-        return self._add_one(name, data, expiry_ms)
+        if not children:
+            return self._add_one(name, data, expiry_ms)
+        adds = [self._add_child(name, child, data, expiry_ms) for child in list(children)]
+        adds.append(self._add_one(name, data, expiry_ms))
+        return self._fanout.combine(adds)
+
+    def _add_child(self, master: str, child: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        """Add to fanout child C{child} of C{master}; its refusals are told to the fanout log."""
+        try:
+            d = self._add_one(child, data, expiry_ms)
+        except Exception as e:  # (a queue that cannot be created, a stopping server)
+            d = fail(e)
+        return self._fanout.watch(master, child, d)
 
     def _add_one(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         queue = self._queues.get(name)
@@ -765,6 +788,7 @@ class QueueCollection(Service):
                     self._log.failure("on_delete observer failed for {queue}", queue=name)
         if FANOUT_SEPARATOR in name:
             children = self._fanouts.get(master_name(name))
+            self._fanout.forget(name)
             if children is not None and name in children:
                 del children[name]
                 if not children:
