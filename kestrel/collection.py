@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -86,6 +87,18 @@ class AliasedQueue:
 def _all_true(results: list[tuple[bool, Any]]) -> bool:
     """Fold a DeferredList's results: true only if every add succeeded with True."""
     return all(ok and value for ok, value in results)
+
+
+@attrs.frozen
+class QueueInfo:
+    """The counters of one queue at a moment, as thrift's C{peek} reports them."""
+
+    items: int
+    bytes: int
+    journal_bytes: int
+    age: int
+    waiters: int
+    open_transactions: int
 
 
 class QueueCollection(Service):
@@ -595,6 +608,20 @@ class QueueCollection(Service):
         if include_aliases:
             names.extend(self._aliases)
         return names
+
+    def queue_info(self, name: str) -> QueueInfo | None:
+        """
+        The counters of queue C{name} now, or C{None} when no such queue is
+        served (a queue still loading and an alias included); nothing is
+        created and nothing counted.
+        """
+        self._check_running()
+        queue = self._queues.get(name)
+        if queue is None:
+            return None
+        return QueueInfo(items=queue.length, bytes=queue.bytes, journal_bytes=queue.logsize,
+                         age=queue.age, waiters=queue.waiter_count,
+                         open_transactions=queue.open_read_count)
 
     def alias_names(self) -> list[str]:
         """Names of every alias."""

@@ -49,7 +49,6 @@ from kestrel.protocols.base import (
     HTTP_REFUSED,
     SessionFactory,
     SessionProtocol,
-    write_now,
 )
 from kestrel.protocols.memcache_parser import (
     Command,
@@ -474,7 +473,7 @@ class MemcacheProtocol(SessionProtocol):
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             self.stats.bytes_written += len(data)
-            write_now(self.transport, data)
+            self.write_reply(data)
 
     def _fail(self, reply: bytes) -> None:
         """Send C{reply} after every reply queued before it, then close the connection."""
