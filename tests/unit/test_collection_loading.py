@@ -19,11 +19,12 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
-from kestrel.collection import REPLAY_PROGRESS_INTERVAL, QueueCollection
+from kestrel.collection import QueueCollection
 from kestrel.config import ServerConfig, parse_config
 from kestrel.errors import QueueLoading, ShuttingDown
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.loading import REPLAY_PROGRESS_INTERVAL
 
 #: Clock seconds between two replay turns.
 PAUSE = 1.0
