@@ -133,13 +133,10 @@ class QueueCollection(Service):
         self._stopping = False
         self._expiration: LoopingCall | None = None
         # Startup replay (see start_loading): the queues still loading are its loading.
-        self._loader = JournalLoader(self._path, clock, build=self._build_queue,
-                                     register=self._register_replayed,
-                                     close=lambda name, queue: self._close_queue(name, queue,
-                                                                                 False),
-                                     slice_seconds=replay_slice_seconds,
-                                     step_bytes=replay_step_bytes, pause=replay_pause,
-                                     timer=replay_timer)
+        self._loader = JournalLoader(
+            self._path, clock, build=self._build_queue, register=self._register_replayed,
+            close=self._close_queue, slice_seconds=replay_slice_seconds,
+            step_bytes=replay_step_bytes, pause=replay_pause, timer=replay_timer)
         ensure_queue_path(self._path, getattr(config, "queue_path_mode", 0o700))
         self._apply_aliases()
 
@@ -251,7 +248,7 @@ class QueueCollection(Service):
         d.addCallback(lambda _: self._log.info("Queues closed"))
         return d
 
-    def _close_queue(self, name: str, queue: PersistentQueue, graceful: bool) -> Deferred:
+    def _close_queue(self, name: str, queue: PersistentQueue, graceful: bool = False) -> Deferred:
         def failed(f: Failure) -> None:
             self._log.failure("Closing queue {queue} failed", f, queue=name)
         try:
@@ -443,9 +440,8 @@ class QueueCollection(Service):
         when the queue acknowledges durably). If a child refuses (C{False}:
         full, item too large) the answer is C{False}; if a child's add fails
         (its journal cannot be written, the queue cannot be created) the
-        answer is that failure, whatever the others said. The queues that did
-        take the item keep it: a producer that retries a refused add may
-        leave a second copy in them (docs/reliability.md).
+        answer is that failure. The queues that took the item keep it: a
+        retried add may leave a second copy there (docs/reliability.md).
         """
         children = self._fanouts.get(name)
         if not children:

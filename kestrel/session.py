@@ -94,11 +94,9 @@ class ClientSession:
     open reads (L{get_items}) live in the server's C{ExternalReads} and
     survive the connection.
 
-    A plain read (L{get_item} neither open nor peeking, a thrift get
-    without auto-abort) takes its item as an open read held in
-    L{held_reads}: the protocol confirms it once the reply carrying it is
-    in the kernel (L{HeldReads.written}, L{HeldReads.drained}); L{finish}
-    returns it to the head of its queue if the connection ends first.
+    A plain read (memcache get, thrift get without auto-abort) holds its
+    item in L{held_reads} until the protocol has the reply in the kernel;
+    L{finish} returns it to its queue's head if the connection ends first.
 
     A session opened while the server already had more connections than
     C{connection_limit_refuse_writes} (or C{_reads}) refuses writes (or
@@ -192,9 +190,7 @@ class ClientSession:
     def close_all_reads(self, name: str, after_replies: bool = False) -> int:
         """
         Confirm every open read on C{name}; return how many. With
-        C{after_replies} (text's implicit confirm) they are confirmed once
-        the replies written so far are in the kernel: they join
-        L{held_reads}, which the protocol then settles.
+        C{after_replies} they join L{held_reads} (the protocol settles them).
         """
         fifo = self._open_reads.pop(name, None)
         if not fifo:
