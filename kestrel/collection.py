@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -46,6 +45,7 @@ from kestrel.loading import (
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
 from kestrel.queue_folder import ensure_queue_path, refuse_foreign_journal
+from kestrel.queue_info import QueueInfo
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
 from kestrel.status import ServerStatus
 
@@ -54,18 +54,6 @@ RunInThread = Callable[[Callable[[], T]], Deferred]
 
 #: Gives the observer of each queue as it is created (by name), or C{None} for none.
 QueueObserverFactory = Callable[[str], QueueObserver | None]
-
-@attrs.frozen
-class QueueInfo:
-    """The counters of one queue at a moment, as thrift's C{peek} reports them."""
-
-    items: int
-    bytes: int
-    journal_bytes: int
-    age: int
-    waiters: int
-    open_transactions: int
-
 
 class QueueCollection(Service):
     """
@@ -372,18 +360,10 @@ class QueueCollection(Service):
         return names
 
     def queue_info(self, name: str) -> QueueInfo | None:
-        """
-        The counters of queue C{name} now, or C{None} when no such queue is
-        served (a queue still loading and an alias included); nothing is
-        created and nothing counted.
-        """
+        """The counters of queue C{name} now (L{QueueInfo.of}), or C{None} if not served."""
         self._check_running()
         queue = self._queues.get(name)
-        if queue is None:
-            return None
-        return QueueInfo(items=queue.length, bytes=queue.bytes, journal_bytes=queue.logsize,
-                         age=queue.age, waiters=queue.waiter_count,
-                         open_transactions=queue.open_read_count)
+        return None if queue is None else QueueInfo.of(queue)
 
     def alias_names(self) -> list[str]:
         """Names of every alias."""
@@ -476,14 +456,16 @@ class QueueCollection(Service):
         return accepted
 
     def remove(self, name: str, deadline: float | None = None, open_read: bool = False,
-               peek: bool = False) -> Deferred[QItem | None]:
+               peek: bool = False, held: bool = False) -> Deferred[QItem | None]:
         """
         Take (or, with C{peek}, look at) the head of queue C{name}, waiting until
         C{deadline} (clock seconds; C{None}: no wait) for one to arrive.
 
         An alias reads as an empty queue and creates nothing. With
-        C{open_read} the item is an open read (its C{xid} set). Cancelling the
-        Deferred withdraws the wait. Counts C{get_hits} / C{get_misses}.
+        C{open_read} the item is an open read (its C{xid} set); with C{held}
+        too, one held for a plain read's reply, which the queue's
+        C{transactions} does not count. Cancelling the Deferred withdraws the
+        wait. Counts C{get_hits} / C{get_misses}.
         """
         if self._stopping:
             self._check_running()
@@ -501,8 +483,20 @@ class QueueCollection(Service):
                 return d
             if result.__class__ is QItem:
                 self.stats.get_hits += 1
+                if held:
+                    queue.transactions -= 1
                 return d
-        return d.addCallback(self._count_get)
+        d.addCallback(self._count_get)
+        if held:
+            d.addCallback(self._uncount_transaction, name)
+        return d
+
+    def _uncount_transaction(self, item: QItem | None, name: str) -> QItem | None:
+        """An open read held for a plain read's reply is no client transaction."""
+        queue = self._queues.get(name)
+        if item is not None and queue is not None:
+            queue.transactions -= 1
+        return item
 
     def _count_get(self, item: QItem | None) -> QItem | None:
         if item is None:

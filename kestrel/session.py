@@ -24,10 +24,10 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from kestrel.collection import QueueInfo
 from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooManyOpenReads
 from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
+from kestrel.queue_info import QueueInfo
 from kestrel.status import Status
 
 if TYPE_CHECKING:
@@ -73,11 +73,7 @@ class SessionHost(Protocol):
 
 
 def _result_now(d: Deferred) -> object:
-    """
-    The result of C{d} if it has fired (a L{Failure} included), else L{_NOT_FIRED}.
-
-    A fired result is taken out of C{d}; an unfired C{d} is left untouched.
-    """
+    """The result of a fired C{d} (a L{Failure} included, taken out), else L{_NOT_FIRED}."""
     if not d.called or d.paused:
         return _NOT_FIRED
     box: list[object] = []
@@ -195,11 +191,9 @@ class ClientSession:
         fifo = self._open_reads.pop(name, None)
         if not fifo:
             return 0
+        settle = self.held_reads.hold if after_replies else self._collection.confirm_remove
         for xid in fifo:
-            if after_replies:
-                self.held_reads.hold(name, xid)
-            else:
-                self._collection.confirm_remove(name, xid)
+            settle(name, xid)
         return len(fifo)
 
     def _abort_all_open_reads(self) -> int:
@@ -261,16 +255,17 @@ class ClientSession:
     # -- reads -------------------------------------------------------------
 
     def get_item(self, name: str, deadline: float | None, open_read: bool,
-                 peeking: bool) -> Deferred[QItem | None]:
+                 peeking: bool, reply_now: bool = False) -> Deferred[QItem | None]:
         """
         Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}.
 
-        With C{open_read} the item becomes an open read of this session;
-        a plain read (neither) holds its item in L{held_reads} until the
-        protocol has its reply in the kernel. Raises
-        L{AvailabilityError} when reads are blocked and L{TooManyOpenReads}
-        when this session already holds C{max_open_transactions} open reads on
-        the queue. Counts C{cmd_get} or C{cmd_peek}.
+        With C{open_read} the item becomes an open read of this session; a
+        plain read holds it in L{held_reads} until the protocol has its reply
+        in the kernel (with C{reply_now}, the reply is written before anything
+        else runs: see L{HeldReads.peek_for_reply}). Raises L{AvailabilityError}
+        when reads are blocked, L{TooManyOpenReads} when this session holds
+        C{max_open_transactions} open reads on the queue. Counts C{cmd_get}
+        or C{cmd_peek}.
 
         Metrics: a read answered at once records C{get_hit_latency_usec} or
         C{get_miss_latency_usec}; an item removed (not peeked) records
@@ -290,7 +285,12 @@ class ClientSession:
             deadline = None
         started = self._clock.seconds()
         holding = not (open_read or peeking)
-        d = self._collection.remove(name, deadline, not peeking, peeking)
+        if reply_now and holding:
+            item = self.held_reads.peek_for_reply(name)
+            if item is not None:
+                self._record_read(name, started, item, False)
+                return succeed(item)
+        d = self._collection.remove(name, deadline, not peeking, peeking, holding)
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)
@@ -382,6 +382,7 @@ class ClientSession:
                  record: Callable[[str, int], int | None] | None) -> Deferred[None]:
         done: Deferred[None] = Deferred()
         clock = self.server.clock
+        held = open_read and record is None  # (a thrift get holding items for its reply)
 
         def step(remaining: int) -> None:
             while True:
@@ -395,7 +396,7 @@ class ClientSession:
                 started = clock.seconds()
                 wait_until = None if self.input_closed or self.finished else deadline
                 try:
-                    d = self._collection.remove(name, wait_until, open_read, False)
+                    d = self._collection.remove(name, wait_until, open_read, False, held)
                 except KestrelError:
                     # (the queue's journal failed): the stream ends with the error.
                     done.errback(Failure())
@@ -480,9 +481,7 @@ class ClientSession:
                     self._log.debug("thrift get on {queue} cut by a close: {n} items put back",
                                     queue=name, n=len(items))
                     return []
-                hold = self.held_reads.hold
-                for _external, item in items:
-                    hold(name, item.xid)
+                self.held_reads.pending.extend((name, item.xid) for _external, item in items)
             return items
 
         def failed(failure: Failure) -> Failure:

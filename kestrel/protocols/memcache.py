@@ -541,7 +541,8 @@ class MemcacheProtocol(SessionProtocol):
             return b"ERROR a read is open on this queue: use /close, /open or /abort\r\n"
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
-        d = session.get_item(name, deadline, req.open_read, req.peeking)
+        # (A lone request, served with no batch open: its reply is written next.)
+        d = session.get_item(name, deadline, req.open_read, req.peeking, not self._batch_open)
         if d.called and not d.paused:
             item = d.result
             if not isinstance(item, Failure):

@@ -214,3 +214,63 @@ def test_held_reads_of_a_lost_connection_are_not_confirmed_later(
     client.reset()
     client.protocol.resumeProducing()
     assert big_queue.open_read_count == 0 and big_queue.length == 2
+
+
+def test_lone_get_with_other_open_reads_holds_an_open_read(server: KestrelServer,
+                                                            big_queue) -> None:
+    """
+    Another connection's open read on the queue: the lone get cannot leave its
+    item at the head (a time-out could move it), so it holds an open read.
+    """
+    other = Client(MemcacheFactory(server))
+    other.send(b"get big/open\r\n")
+    assert value(server.collection.add("big", b"third")) is True
+    client = Client(MemcacheFactory(server), room=10)
+    client.send(b"get big\r\n")
+    assert big_queue.open_read_count == 2 and big_queue.length == 1
+    client.reset()
+    assert big_queue.open_read_count == 1
+    other.reset()
+    assert contents(server, "big") == [BIG, b"second", b"third"]
+
+
+def test_lone_get_of_an_expiring_item(server: KestrelServer, clock: Clock) -> None:
+    """An item with an expiry (a sweep could drop it) is held as an open read, then confirmed."""
+    client = Client(MemcacheFactory(server))
+    client.send(b"set e 0 3600 1\r\nx\r\n")
+    client.send(b"get e\r\n")
+    assert client.transport.received.endswith(b"VALUE e 0 1\r\nx\r\nEND\r\n")
+    queue = server.collection.queue("e")
+    assert queue.open_read_count == 0 and queue.length == 0
+    assert queue.transactions == 0
+
+
+def test_plain_gets_count_no_transactions(server: KestrelServer, big_queue) -> None:
+    """Held or not, a plain get is no client transaction; it is one hit."""
+    client = Client(MemcacheFactory(server), room=10)
+    client.send(b"get big\r\nget big\r\n")  # (pipelined: held as open reads)
+    client.transport.drain()
+    assert big_queue.transactions == 0 and big_queue.open_read_count == 0
+    assert server.stats.get_hits == 2 and big_queue.length == 0
+
+
+def test_item_no_longer_at_the_head_is_not_taken(server: KestrelServer, big_queue) -> None:
+    """A peeked item another reader took before the reply was written: nothing more is taken."""
+    session = server.new_session("memcache")
+    held = session.held_reads
+    item = held.peek_for_reply("big")
+    assert item is not None and item.data == BIG
+    assert value(server.collection.remove("big")).data == BIG
+    assert held.written(in_kernel=True) is False
+    assert contents(server, "big") == [b"second"]
+    session.finish()
+
+
+def test_peeked_item_of_a_lost_connection_stays_queued(server: KestrelServer,
+                                                       big_queue) -> None:
+    """A peeked item whose reply was never written is still at the head when the session ends."""
+    session = server.new_session("memcache")
+    assert session.held_reads.peek_for_reply("big") is not None
+    session.finish()
+    assert big_queue.open_read_count == 0
+    assert contents(server, "big") == [BIG, b"second"]

@@ -7,6 +7,7 @@ a temporary directory) driven by a `twisted.internet.task.Clock`.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -552,7 +553,11 @@ def reply_to(chunks: list[bytes]) -> tuple[bytes, bool]:
         out = conn.transport.io.getvalue()
         still_open = conn.connected
         server.collection.stopService()
-    return out, still_open
+    # A plain get holds its item until its reply is in the kernel: a lone get
+    # journals one remove then, one in a pipelined pass an open read and its
+    # confirm, and a dump_stats later in that pass sees the open read. The
+    # journal's size and the open reads may differ; the replies may not.
+    return re.sub(rb"(logsize|open_transactions)=\d+", rb"\1=N", out), still_open
 
 
 @settings(max_examples=60)
@@ -694,11 +699,11 @@ def test_pipelined_writes_are_in_the_journal_before_replies(
 def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
         server: KestrelServer, factory: MemcacheFactory) -> None:
     """
-    One request at a time, each request's records reach the journal file in
-    writes of their own, with no batch (a plain get: its open read, then its
-    confirm once the reply is in the kernel); a pipelined pass holds every
-    record back in one batch and writes them in one write before the replies,
-    and the confirms of its gets in one write after them.
+    One request at a time, each request's record reaches the journal file in
+    a write of its own, with no batch (a lone get's remove once its reply is
+    in the kernel); a pipelined pass holds every record back in one batch
+    and writes them in one write before the replies (its gets' items held
+    as open reads), and the confirms of its gets in one write after them.
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -723,7 +728,7 @@ def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
     session.hold_writes = counting_hold
     assert conn.send(b"set q 0 0 1\r\nb\r\n") == b"STORED\r\n"
     assert conn.send(b"get q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\n"
-    assert len(writes) == 3 and not opened
+    assert len(writes) == 2 and not opened
     writes.clear()
     reply = conn.send(b"set q 0 0 1\r\nc\r\nset q 0 0 1\r\nd\r\nget q\r\nget q\r\n")
     assert reply == (b"STORED\r\nSTORED\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
