@@ -6,11 +6,11 @@ A plain read (memcache C{get}, thrift C{get} without C{auto_abort_msec})
 removes its item for good only once the reply carrying it is in the kernel:
 until then the item is an open read of the queue, held here. A read whose
 reply is written before anything else runs (a lone memcache C{get}) holds
-the item itself, still at the head of its queue (L{HeldReads.hold_peeked}):
-taking it then costs what a plain remove costs. Once the
-protocol has written the replies (L{HeldReads.written}) and the transport has
-handed every byte of them to the kernel (at once, or later:
-L{HeldReads.drained}), each held item is confirmed. If the connection is
+the item itself, still at the head of its queue (L{HeldReads.peek_for_reply}):
+taking it then costs what a plain remove costs. Once the protocol has
+written the replies (L{HeldReads.written}) and the transport has handed
+every byte of them to the kernel (at once, or later: L{HeldReads.drained}),
+each held item is removed for good. If the connection is
 lost first, the session returns them to the head of their queues
 (L{HeldReads.take_all}). It knows nothing of sockets: the protocol says
 what the transport did.

@@ -274,3 +274,19 @@ def test_peeked_item_of_a_lost_connection_stays_queued(server: KestrelServer,
     session.finish()
     assert big_queue.open_read_count == 0
     assert contents(server, "big") == [BIG, b"second"]
+
+
+def test_write_now_tells_whether_the_kernel_has_everything() -> None:
+    """write_now: True once every byte written is in the kernel, False while some wait."""
+    from twisted.internet.testing import StringTransport
+
+    from kestrel.protocols.base import write_now
+
+    sock = SlowSocket(room=4)
+    assert write_now(sock, b"abcdefgh") is False
+    sock.drain()
+    assert write_now(sock, b"ij") is True
+    assert sock.received == b"abcdefghij"
+    sock.connected = 0
+    assert write_now(sock, b"lost") is False
+    assert write_now(StringTransport(), b"x") is True
