@@ -14,13 +14,10 @@ Kestrel gives no answer are stated in the docstrings below.
 
 from __future__ import annotations
 
-import errno
-import gc
 import os
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
@@ -29,8 +26,10 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kestrel.aliases import AliasedQueue, all_true, apply_aliases
 from kestrel.config import ServerConfig
-from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown, TooManyQueues
+from kestrel.errors import QueueLoading, ShuttingDown
+from kestrel.fanout import FanoutAdds
 from kestrel.item import QItem
 from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
@@ -38,10 +37,17 @@ from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.runner import run_inline
 from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
-from kestrel.limits import queue_fd_budget
-from kestrel.loading import LoadingQueue
+from kestrel.limits import check_room, descriptors_for
+from kestrel.loading import (
+    REPLAY_SLICE_SECONDS,
+    REPLAY_STEP_BYTES,
+    JournalLoader,
+    LoadingQueue,
+)
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
+from kestrel.queue_folder import ensure_queue_path, refuse_foreign_journal
+from kestrel.queue_info import QueueInfo
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
 from kestrel.status import ServerStatus
 
@@ -50,45 +56,6 @@ RunInThread = Callable[[Callable[[], T]], Deferred]
 
 #: Gives the observer of each queue as it is created (by name), or C{None} for none.
 QueueObserverFactory = Callable[[str], QueueObserver | None]
-
-#: Seconds between two "still replaying" progress lines at startup.
-REPLAY_PROGRESS_INTERVAL = 5.0
-
-#: Seconds of replay work done in one reactor turn while the server already serves.
-REPLAY_SLICE_SECONDS = 0.005
-
-#: Journal bytes replayed between two looks at the time (a slice is one or more of these).
-REPLAY_STEP_BYTES = 64 * 1024
-
-
-class AliasedQueue:
-    """
-    A configured name whose adds go to every destination queue.
-
-    It stores nothing itself. C{put_items} and C{put_bytes} count every add
-    (even one that a destination refused), as Kestrel's C{AliasedQueue}.
-    """
-
-    def __init__(self, name: str, destinations: Iterable[str], create_time: float) -> None:
-        self.name = name
-        self.destinations: tuple[str, ...] = tuple(destinations)
-        self.create_time = create_time
-        self.put_items = 0
-        self.put_bytes = 0
-
-    def dump_stats(self) -> StatList:
-        """Kestrel's alias stats: C{put_items}, C{put_bytes}, C{children}."""
-        return [
-            ("put_items", str(self.put_items)),
-            ("put_bytes", str(self.put_bytes)),
-            ("children", ",".join(self.destinations)),
-        ]
-
-
-def _all_true(results: list[tuple[bool, Any]]) -> bool:
-    """Fold a DeferredList's results: true only if every add succeeded with True."""
-    return all(ok and value for ok, value in results)
-
 
 class QueueCollection(Service):
     """
@@ -109,11 +76,9 @@ class QueueCollection(Service):
     every queue deleted, whether by L{delete} or by the C{max_queue_age}
     sweep (L{delete_expired_queues}), once the queue is closed and erased.
 
-    Startup replay: L{startService} replays every journal before it
-    returns; L{start_loading} (the server's) replays them while the server
-    serves, C{replay_slice_seconds} of work (measured with C{replay_timer})
-    per reactor turn, a turn every C{replay_pause} clock seconds, pausing to
-    look at the time every C{replay_step_bytes} of journal.
+    Startup replay (L{kestrel.loading.JournalLoader}, given the C{replay_*}
+    arguments): L{startService} replays every journal before it returns;
+    L{start_loading} (the server's) replays them while the server serves.
 
     @ivar stats: the global counters (L{ServerStats}).
     @ivar config: the L{ServerConfig} in force (replaced by L{reload}).
@@ -151,66 +116,33 @@ class QueueCollection(Service):
         self._queues: dict[str, PersistentQueue] = {}
         self._fanouts: dict[str, dict[str, None]] = {}
         self._aliases: dict[str, AliasedQueue] = {}
+        self._fanout = FanoutAdds()
         self._pending: set[Deferred] = set()
         #: Holds back the journal writes of a batch (see L{WriteCoalescer}).
         self.write_coalescer = WriteCoalescer()
         self._stopping = False
         self._expiration: LoopingCall | None = None
-        # Startup replay (see start_loading): queues whose journal is still
-        # replaying, by name; the queue being replayed now; the ones after it.
-        self._loading: dict[str, LoadingQueue] = {}
-        self._replaying: tuple[str, PersistentQueue, Iterator[int], float] | None = None
-        self._load_order: deque[str] = deque()
-        self._load_waiters: list[Deferred[None]] = []
-        self._load_failure: Failure | None = None
-        self._load_call: Any = None
-        self._background = False  # (start_loading: replay while serving)
-        self._load_totals = [0, 0]  # items, bytes replayed so far
-        self._load_done = self._load_count = 0  # queues replayed, queues to replay
-        self._load_started = self._load_progress_at = 0.0
-        self._gc_was_enabled: bool | None = None
-        self._replay_slice_seconds = replay_slice_seconds
-        self._replay_step_bytes = replay_step_bytes
-        self._replay_pause = replay_pause
-        self._replay_timer = replay_timer
-        self._ensure_queue_path()
+        # Startup replay (see start_loading): the queues still loading are its loading.
+        self._loader = JournalLoader(
+            self._path, clock, build=self._build_queue, register=self._register_replayed,
+            close=self._close_queue, slice_seconds=replay_slice_seconds,
+            step_bytes=replay_step_bytes, pause=replay_pause, timer=replay_timer)
+        ensure_queue_path(self._path, getattr(config, "queue_path_mode", 0o700))
         self._apply_aliases()
 
     # -- lifecycle ---------------------------------------------------------
-
-    def _ensure_queue_path(self) -> None:
-        """Create the queue directory if missing; refuse one we cannot write."""
-        mode = getattr(self.config, "queue_path_mode", 0o700)
-        try:
-            if not os.path.lexists(self._path):
-                os.makedirs(self._path, mode=mode, exist_ok=True)
-                os.chmod(self._path, mode)
-            elif os.stat(self._path).st_mode & 0o077 & ~mode:
-                self._log.warn("queue_path {path} is open to other users (mode {mode:o}); "
-                               "chmod {want:o} it", path=self._path,
-                               mode=os.stat(self._path).st_mode & 0o777, want=mode)
-        except OSError as e:
-            raise ConfigError([f"queue_path: Inaccessible queue path {self._path!r}: {e}"]) from e
-        if not (os.path.isdir(self._path) and os.access(self._path, os.W_OK | os.X_OK)):
-            raise ConfigError([f"queue_path: Inaccessible queue path {self._path!r}: "
-                               "Must be a directory and writable"])
 
     def startService(self) -> None:
         """
         Replay every queue found in the queue directory, then start the expiration timer.
 
         Replay is synchronous: when this returns, every journal has been read
-        (L{start_loading} replays while the server serves). Progress is
-        logged per queue (items, bytes, seconds) and, during a long
-        startup, every L{REPLAY_PROGRESS_INTERVAL} seconds. A journal that
+        (L{start_loading} replays while the server serves). A journal that
         cannot be read raises.
         """
         super().startService()
         self._begin_loading()
-        while self._replay_slice(None):
-            pass
-        if self._load_failure is not None:
-            self._load_failure.raiseException()
+        self._loader.run_all()
         self._start_expiration()
 
     def start_loading(self) -> Deferred[None]:
@@ -229,14 +161,9 @@ class QueueCollection(Service):
         and served at once. The Deferred is L{when_loaded}'s.
         """
         super().startService()
-        self._background = True
         self._begin_loading()
         self._start_expiration()
-        if self._load_order:
-            self._load_call = self._clock.callLater(self._replay_pause, self._replay_turn)
-        else:
-            self._finish_loading()
-        return self.when_loaded()
+        return self._loader.start()
 
     def when_loaded(self) -> Deferred[None]:
         """
@@ -245,13 +172,12 @@ class QueueCollection(Service):
         the replay of a journal. A stop during replay fires it with
         L{ShuttingDown}.
         """
-        if self._load_failure is not None:
-            return fail(self._load_failure)
-        if not self._loading and self._replaying is None:
-            return succeed(None)
-        d: Deferred[None] = Deferred()
-        self._load_waiters.append(d)
-        return d
+        return self._loader.when_loaded()
+
+    @property
+    def _loading(self) -> dict[str, LoadingQueue]:
+        """The queues still loading (see L{JournalLoader.loading})."""
+        return self._loader.loading
 
     def loading_names(self) -> list[str]:
         """Names of the queues whose journal is still being replayed (replay order)."""
@@ -270,159 +196,16 @@ class QueueCollection(Service):
                 lambda f: self._log.failure("expiration timer stopped", f))
 
     def _begin_loading(self) -> None:
-        """List the queues to replay (smallest journal first); each becomes "loading"."""
-        sizes = FileJournal.queue_sizes_in(self._path)
-        names = []
-        for name in sorted(sizes):
-            try:
-                validate_queue_name(name)
-            except ValueError as e:
-                self._log.warn("Ignoring journal file {name!r} in {path}: {reason}",
-                               name=name, path=self._path, reason=str(e))
-                continue
-            names.append(name)
-        names.sort(key=lambda n: sizes[n])
-        if not names:
-            return
-        self._gc_was_enabled = gc.isenabled()
-        # Replay makes long-lived objects only (see FileJournal.replay).
-        gc.disable()
-        self._load_started = self._load_progress_at = self._clock.seconds()
-        self._log.info("Replaying {count} queue(s) from {path}", count=len(names), path=self._path)
-        for name in names:
-            self._loading[name] = LoadingQueue(name, self._clock, sizes[name])
+        """List the queues to replay (L{JournalLoader.begin}); register loading fanout children."""
+        for name in self._loader.begin():
             if FANOUT_SEPARATOR in name:
                 # Adds to the master reach a loading child (they wait for it).
                 self._fanouts.setdefault(master_name(name), {})[name] = None
-        self._load_order.extend(names)
-        self._load_count = len(names)
 
-    def _replay_turn(self) -> None:
-        """One reactor turn's slice of replay; the next turn is scheduled if work remains."""
-        self._load_call = None
-        if self._stopping:
-            return
-        if self._replay_slice(self._replay_slice_seconds):
-            self._log_progress(self._clock.seconds())
-            self._load_call = self._clock.callLater(self._replay_pause, self._replay_turn)
-
-    def _replay_slice(self, seconds: float | None) -> bool:
-        """
-        Replay for about C{seconds} (C{None}: to the end); return whether work remains.
-        """
-        timer = self._replay_timer
-        until = None if seconds is None else timer() + seconds
-        while True:
-            current = self._replaying
-            if current is None:
-                if not self._load_order:
-                    self._finish_loading()
-                    return False
-                name = self._load_order.popleft()
-                try:
-                    queue = self._build_queue(name)
-                    steps = queue.setup_steps(self._replay_step_bytes)
-                except Exception:
-                    self._replay_failed(name, None, Failure())
-                    return False
-                current = self._replaying = (name, queue, steps, self._clock.seconds())
-            name, queue, steps, started = current
-            try:
-                next(steps)
-            except StopIteration:
-                self._replaying = None
-                self._loaded(name, queue, started)
-                if not self._load_order:
-                    self._finish_loading()
-                    return False
-            except Exception:
-                self._replaying = None
-                self._replay_failed(name, queue, Failure())
-                return False
-            if until is not None and timer() >= until:
-                return True
-
-    def _loaded(self, name: str, queue: PersistentQueue, started: float) -> None:
-        """Queue C{name} is replayed: it serves from now on, and its held requests run."""
-        loading = self._loading.pop(name)
-        queue.config = self.config.queue_config(name)  # (a reload during the replay)
+    def _register_replayed(self, name: str, queue: PersistentQueue) -> None:
+        """A replayed queue serves (with the config in force: a reload may have come)."""
+        queue.config = self.config.queue_config(name)
         self._register(name, queue)
-        now = self._clock.seconds()
-        totals = self._load_totals
-        totals[0] += queue.length
-        totals[1] += queue.bytes
-        self._log.info("Replayed queue {queue}: {items} items, {bytes} bytes "
-                       "in {seconds:.3f} s", queue=name, items=queue.length,
-                       bytes=queue.bytes, seconds=now - started)
-        self._load_done += 1
-        self._log_progress(now)
-        loading.ready(queue)
-
-    def _log_progress(self, now: float) -> None:
-        """Log where the replay is, at most every L{REPLAY_PROGRESS_INTERVAL} seconds."""
-        if now - self._load_progress_at < REPLAY_PROGRESS_INTERVAL:
-            return
-        self._load_progress_at = now
-        totals = self._load_totals
-        current = self._replaying
-        self._log.info("Replay progress: {done}/{count} queues, {items} items, "
-                       "{bytes} bytes, {seconds:.1f} s; still replaying: {left} queue(s)"
-                       "{current}", done=self._load_done, count=self._load_count,
-                       items=totals[0], bytes=totals[1], seconds=now - self._load_started,
-                       left=len(self._loading),
-                       current="" if current is None else f", now {current[0]}")
-
-    def _replay_failed(self, name: str, queue: PersistentQueue | None, failure: Failure) -> None:
-        """A journal could not be replayed: as before, the server does not start."""
-        self._log.failure("Replaying queue {queue} failed", failure, queue=name)
-        self._load_failure = failure
-        if queue is not None:
-            self._close_queue(name, queue, False)
-        self._abandon_loading(ShuttingDown(f"queue {name} could not be loaded"))
-        self._restore_gc()
-        waiters, self._load_waiters = self._load_waiters, []
-        for d in waiters:
-            d.errback(failure)
-
-    def _finish_loading(self) -> None:
-        if self._gc_was_enabled is not None:
-            totals = self._load_totals
-            self._log.info("Replay finished: {count} queues, {items} items, {bytes} bytes "
-                           "in {seconds:.3f} s", count=len(self._queues), items=totals[0],
-                           bytes=totals[1], seconds=self._clock.seconds() - self._load_started)
-        self._restore_gc(freeze=self._background)
-        waiters, self._load_waiters = self._load_waiters, []
-        for d in waiters:
-            d.callback(None)
-
-    def _restore_gc(self, freeze: bool = False) -> None:
-        """
-        Turn the garbage collector back on if replay turned it off; with
-        C{freeze}, first move every object alive (the replayed items) out of
-        its reach (C{gc.freeze}): they are long-lived, and its first pass
-        over them would otherwise hold the reactor for tens of ms.
-        """
-        if self._gc_was_enabled:
-            if freeze:
-                gc.freeze()
-            gc.enable()
-        self._gc_was_enabled = None
-
-    def _abandon_loading(self, error: Exception) -> None:
-        """Stop replaying: journals stay as they are; held requests end (see LoadingQueue)."""
-        call, self._load_call = self._load_call, None
-        if call is not None and call.active():
-            call.cancel()
-        current, self._replaying = self._replaying, None
-        if current is not None:
-            name, queue, steps, _ = current
-            self._log.info("Replay of queue {queue} stopped before its end", queue=name)
-            steps.close()
-            self._close_queue(name, queue, False)
-        self._load_order.clear()
-        loading, self._loading = self._loading, {}
-        for held in loading.values():
-            held.abandon(error)
 
     def stopService(self) -> Deferred[None]:
         """
@@ -439,14 +222,7 @@ class QueueCollection(Service):
         self._stopping = True
         if self._expiration is not None and self._expiration.running:
             self._expiration.stop()
-        if self._loading or self._replaying is not None:
-            self._log.info("Stopping with {count} queue(s) not loaded; their journals are "
-                           "left as they are", count=len(self._loading))
-            self._abandon_loading(ShuttingDown("the queue collection is shutting down"))
-            self._restore_gc()
-            waiters, self._load_waiters = self._load_waiters, []
-            for waiter in waiters:
-                waiter.errback(ShuttingDown("stopped before every queue was loaded"))
+        self._loader.stop(ShuttingDown("the queue collection is shutting down"))
         for queue in self._queues.values():
             queue.evict_waiters()
         graceful = bool(self.status is not None and self.status.graceful_shutdown)
@@ -462,7 +238,7 @@ class QueueCollection(Service):
         d.addCallback(lambda _: self._log.info("Queues closed"))
         return d
 
-    def _close_queue(self, name: str, queue: PersistentQueue, graceful: bool) -> Deferred:
+    def _close_queue(self, name: str, queue: PersistentQueue, graceful: bool = False) -> Deferred:
         def failed(f: Failure) -> None:
             self._log.failure("Closing queue {queue} failed", f, queue=name)
         try:
@@ -512,33 +288,18 @@ class QueueCollection(Service):
         if loading is not None:
             # Still replaying: requests wait for it (LoadingQueue answers as a queue does).
             return loading  # type: ignore[return-value]
-        self._check_room(name)
+        validate_queue_name(name)
+        check_room(name, len(self._queues) + len(self._loading), self.config.max_queues)
         queue = self._build_queue(name)
-        try:
+        with descriptors_for(name):
             queue.setup()
-        except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE):
-                raise
-            raise TooManyQueues(name, "no file descriptor is free; try again later") from e
         self._register(name, queue)
         return queue
-
-    def _check_room(self, name: str) -> None:
-        """Refuse (L{TooManyQueues}) a new queue past C{max_queues} or the descriptor budget."""
-        validate_queue_name(name)
-        held = len(self._queues) + len(self._loading)
-        if held >= self.config.max_queues:
-            raise TooManyQueues(name, f"the server holds max_queues ({self.config.max_queues}) "
-                                "queues; delete some or raise max_queues")
-        budget = queue_fd_budget()
-        if held >= budget:
-            raise TooManyQueues(name, f"queues may hold {budget} file descriptors "
-                                "(half of RLIMIT_NOFILE); delete some or raise the limit")
 
     def _build_queue(self, name: str) -> PersistentQueue:
         """A new queue object named C{name} over its journal, not set up (replayed) yet."""
         validate_queue_name(name)
-        self._refuse_foreign_journal(name)
+        refuse_foreign_journal(self._path, name)
         config = self.config.queue_config(name)
         if config.keep_journal:
             journal: IJournal = FileJournal(self._path, name, self._clock, config.sync_journal,
@@ -570,18 +331,6 @@ class QueueCollection(Service):
             self._log.info("Fanout queue {queue} added to {master}", queue=name, master=master)
         if queue.config.expire_to_queue:
             self._wire_expire_to(queue, queue.config.expire_to_queue)
-
-    def _refuse_foreign_journal(self, name: str) -> None:
-        """
-        Refuse (L{InvalidQueueName}) a queue whose journal path in the queue
-        folder is a symbolic link or anything but a regular file: nothing is
-        ever read or written through it.
-        """
-        path = os.path.join(self._path, name)
-        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(path)):
-            self._log.warn("Refusing queue {queue}: {path} is a symbolic link or not a "
-                           "regular file", queue=name, path=path)
-            raise InvalidQueueName(f"{name}: its journal path is not a regular file")
 
     def _wire_expire_to(self, queue: PersistentQueue, target: str) -> None:
         """
@@ -616,6 +365,12 @@ class QueueCollection(Service):
             names.extend(self._aliases)
         return names
 
+    def queue_info(self, name: str) -> QueueInfo | None:
+        """The counters of queue C{name} now (L{QueueInfo.of}), or C{None} if not served."""
+        self._check_running()
+        queue = self._queues.get(name)
+        return None if queue is None else QueueInfo.of(queue)
+
     def alias_names(self) -> list[str]:
         """Names of every alias."""
         return list(self._aliases)
@@ -635,9 +390,11 @@ class QueueCollection(Service):
         Add C{data} to queue C{name} (creating it), to its fanout children, or
         to every destination of the alias C{name}.
 
-        Fires with the queue's answer (children's answers are ignored, as
-        Kestrel); for an alias, true only if every destination accepted.
-        C{total_items} counts every accepted add, children's included.
+        A master with fanout children answers all or nothing for its
+        producer (see L{_add_with_fanouts}): true only once the master and
+        every child hold the item. For an alias, true only if every
+        destination accepted. C{total_items} counts every accepted add,
+        children's included.
         """
         if self._stopping:
             self._check_running()
@@ -647,7 +404,7 @@ class QueueCollection(Service):
             alias.put_bytes += len(data)
             return DeferredList([self._add_to_destination(dest, data, expiry_ms)
                                  for dest in alias.destinations],
-                                consumeErrors=True).addCallback(_all_true)
+                                consumeErrors=True).addCallback(all_true)
         if name in self._fanouts:
             return self._add_with_fanouts(name, data, expiry_ms)
         return self._add_one(name, data, expiry_ms)
@@ -661,13 +418,31 @@ class QueueCollection(Service):
             return succeed(False)
 
     def _add_with_fanouts(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        """
+        Add to master C{name} and to each of its fanout children, all or nothing.
+
+        Fires C{True} only once every child and the master accepted the item
+        (each add fires as the queue's own does: after the fsync covering it
+        when the queue acknowledges durably). If a child refuses (C{False}:
+        full, item too large) the answer is C{False}; if a child's add fails
+        (its journal cannot be written, the queue cannot be created) the
+        answer is that failure. The queues that took the item keep it: a
+        retried add may leave a second copy there (docs/reliability.md).
+        """
         children = self._fanouts.get(name)
-        if children:
-            for child in list(children):
-                self._add_one(child, data, expiry_ms).addErrback(
-                    lambda f, c=child: self._log.failure("Add to fanout {queue} failed", f,
-                                                         queue=c))
-        return self._add_one(name, data, expiry_ms)
+        if not children:
+            return self._add_one(name, data, expiry_ms)
+        adds = [self._add_child(name, child, data, expiry_ms) for child in list(children)]
+        adds.append(self._add_one(name, data, expiry_ms))
+        return self._fanout.combine(adds)
+
+    def _add_child(self, master: str, child: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+        """Add to fanout child C{child} of C{master}; its refusals are told to the fanout log."""
+        try:
+            d = self._add_one(child, data, expiry_ms)
+        except Exception as e:  # (a queue that cannot be created, a stopping server)
+            d = fail(e)
+        return self._fanout.watch(master, child, d)
 
     def _add_one(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         queue = self._queues.get(name)
@@ -687,14 +462,16 @@ class QueueCollection(Service):
         return accepted
 
     def remove(self, name: str, deadline: float | None = None, open_read: bool = False,
-               peek: bool = False) -> Deferred[QItem | None]:
+               peek: bool = False, held: bool = False) -> Deferred[QItem | None]:
         """
         Take (or, with C{peek}, look at) the head of queue C{name}, waiting until
         C{deadline} (clock seconds; C{None}: no wait) for one to arrive.
 
         An alias reads as an empty queue and creates nothing. With
-        C{open_read} the item is an open read (its C{xid} set). Cancelling the
-        Deferred withdraws the wait. Counts C{get_hits} / C{get_misses}.
+        C{open_read} the item is an open read (its C{xid} set); with C{held}
+        too, one held for a plain read's reply, which the queue's
+        C{transactions} does not count. Cancelling the Deferred withdraws the
+        wait. Counts C{get_hits} / C{get_misses}.
         """
         if self._stopping:
             self._check_running()
@@ -712,8 +489,20 @@ class QueueCollection(Service):
                 return d
             if result.__class__ is QItem:
                 self.stats.get_hits += 1
+                if held:
+                    queue.transactions -= 1
                 return d
-        return d.addCallback(self._count_get)
+        d.addCallback(self._count_get)
+        if held:
+            d.addCallback(self._uncount_transaction, name)
+        return d
+
+    def _uncount_transaction(self, item: QItem | None, name: str) -> QItem | None:
+        """An open read held for a plain read's reply is no client transaction."""
+        queue = self._queues.get(name)
+        if item is not None and queue is not None:
+            queue.transactions -= 1
+        return item
 
     def _count_get(self, item: QItem | None) -> QItem | None:
         if item is None:
@@ -787,6 +576,7 @@ class QueueCollection(Service):
                     self._log.failure("on_delete observer failed for {queue}", queue=name)
         if FANOUT_SEPARATOR in name:
             children = self._fanouts.get(master_name(name))
+            self._fanout.forget(name)
             if children is not None and name in children:
                 del children[name]
                 if not children:
@@ -869,22 +659,8 @@ class QueueCollection(Service):
         self._apply_aliases()
 
     def _apply_aliases(self) -> None:
-        wanted = dict(self.config.aliases)
-        masked = sorted(set(wanted) & set(self.config.queues))
-        if masked:
-            self._log.warn("queue name(s) masked by alias(es): {names}", names=", ".join(masked))
-        for name in list(self._aliases):
-            if name not in wanted:
-                del self._aliases[name]
-                self._log.info("Removed alias {alias}", alias=name)
-        for name, destinations in wanted.items():
-            alias = self._aliases.get(name)
-            if alias is None:
-                self._aliases[name] = AliasedQueue(name, destinations, self._clock.seconds())
-                self._log.info("Setting up alias {alias}: {destinations}", alias=name,
-                               destinations=list(destinations))
-            else:
-                alias.destinations = tuple(destinations)
+        apply_aliases(self._aliases, self.config.aliases, self.config.queues,
+                      self._clock.seconds())
 
     # -- stats -------------------------------------------------------------
 

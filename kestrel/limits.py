@@ -11,9 +11,17 @@ that share is refused with one error line (L{kestrel.errors.TooManyQueues}).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import resource
+from collections.abc import Iterator
 
-__all__ = ["FD_SHARE_FOR_QUEUES", "queue_fd_budget", "raise_open_file_limit"]
+from kestrel.errors import TooManyQueues
+
+__all__ = [
+    "FD_SHARE_FOR_QUEUES", "check_room", "descriptors_for", "queue_fd_budget",
+    "raise_open_file_limit",
+]
 
 #: The share of the soft file-descriptor limit that queues may hold.
 FD_SHARE_FOR_QUEUES = 0.5
@@ -45,3 +53,31 @@ def raise_open_file_limit() -> tuple[int, int]:
 def queue_fd_budget() -> int:
     """How many queues the process may hold under its current soft descriptor limit."""
     return int(_soft_limit() * FD_SHARE_FOR_QUEUES)
+
+
+def check_room(name: str, held: int, max_queues: int) -> None:
+    """
+    Refuse (L{TooManyQueues}) creating queue C{name} when the server already
+    holds C{held} queues: at C{max_queues}, or at the descriptor budget.
+    """
+    if held >= max_queues:
+        raise TooManyQueues(name, f"the server holds max_queues ({max_queues}) "
+                            "queues; delete some or raise max_queues")
+    budget = queue_fd_budget()
+    if held >= budget:
+        raise TooManyQueues(name, f"queues may hold {budget} file descriptors "
+                            "(half of RLIMIT_NOFILE); delete some or raise the limit")
+
+
+@contextlib.contextmanager
+def descriptors_for(name: str) -> Iterator[None]:
+    """
+    Run the setup of queue C{name}: running out of file descriptors there
+    (C{EMFILE}, C{ENFILE}) becomes L{TooManyQueues}; other errors pass.
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        raise TooManyQueues(name, "no file descriptor is free; try again later") from e

@@ -1,5 +1,6 @@
 """
-LoadingQueue: what a queue is, to clients, while its journal replays at startup.
+Startup replay: L{JournalLoader} replays the journals found at startup, and
+L{LoadingQueue} is what a queue is, to clients, while its journal replays.
 
 At startup the server listens at once and replays the journals one queue
 after another (L{kestrel.collection.QueueCollection.start_loading}). A queue
@@ -12,14 +13,22 @@ its deadline if the queue is still loading. It knows nothing of sockets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-__all__ = ["LoadingQueue"]
+from kestrel.errors import ShuttingDown
+from kestrel.journal.journal import FileJournal
+from kestrel.names import validate_queue_name
+
+__all__ = ["REPLAY_PROGRESS_INTERVAL", "JournalLoader", "LoadingQueue"]
 
 
 class _Held:
@@ -137,3 +146,276 @@ class LoadingQueue:
         held, self._held = self._held, {}
         for request in held:
             request.abandon(error)
+
+
+#: Seconds between two "still replaying" progress lines at startup.
+REPLAY_PROGRESS_INTERVAL = 5.0
+
+#: Seconds of replay work done in one reactor turn while the server already serves.
+REPLAY_SLICE_SECONDS = 0.005
+
+#: Journal bytes replayed between two looks at the time (a slice is one or more of these).
+REPLAY_STEP_BYTES = 64 * 1024
+
+
+class JournalLoader:
+    """
+    Replays the journals found in the queue directory at startup, one queue
+    after another, smallest journal first, for a queue collection.
+
+    It needs three things of the collection: C{build(name)} makes the queue
+    object over its journal (not replayed yet), C{register(name, queue)}
+    serves a replayed queue, and C{close(name, queue)} closes one whose
+    replay stopped. Until its replay is done a queue is in L{loading}, as
+    the L{LoadingQueue} that holds its requests.
+
+    L{run_all} replays everything before it returns; L{start} replays in
+    slices of about C{slice_seconds} of work (measured with C{timer}), a
+    reactor turn every C{pause} clock seconds, looking at the time every
+    C{step_bytes} of journal. Progress is logged per queue (items, bytes,
+    seconds) and, during a long startup, every L{REPLAY_PROGRESS_INTERVAL}
+    seconds. While it replays, the garbage collector is off (replay makes
+    long-lived objects only).
+
+    @ivar loading: the queues still loading, by name, in replay order.
+    """
+
+    _log = Logger()
+
+    def __init__(self, path: str, clock: IReactorTime, *,
+                 build: Callable[[str], Any],
+                 register: Callable[[str, Any], None],
+                 close: Callable[[str, Any], object],
+                 slice_seconds: float = REPLAY_SLICE_SECONDS,
+                 step_bytes: int = REPLAY_STEP_BYTES,
+                 pause: float = 0.0,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self._path = path
+        self._clock = clock
+        self._build = build
+        self._register = register
+        self._close = close
+        self._slice_seconds = slice_seconds
+        self._step_bytes = step_bytes
+        self._pause = pause
+        self._timer = timer
+        self.loading: dict[str, LoadingQueue] = {}
+        # The queue being replayed now (name, queue, its steps, start time); the ones after it.
+        self._replaying: tuple[str, Any, Iterator[int], float] | None = None
+        self._order: deque[str] = deque()
+        self._waiters: list[Deferred[None]] = []
+        self._failure: Failure | None = None
+        self._call: IDelayedCall | None = None
+        self._stopped = False
+        self._background = False
+        self._totals = [0, 0]  # items, bytes replayed so far
+        self._done = self._count = 0  # queues replayed, queues to replay
+        self._started = self._progress_at = 0.0
+        self._gc_was_enabled: bool | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether some queue is still to be replayed (or being replayed)."""
+        return bool(self.loading) or self._replaying is not None
+
+    def begin(self) -> list[str]:
+        """
+        List the queues to replay (those with journal files now, smallest
+        first; a file whose name is no queue name is ignored): each becomes
+        loading. Returns their names.
+        """
+        sizes = FileJournal.queue_sizes_in(self._path)
+        names = []
+        for name in sorted(sizes):
+            try:
+                validate_queue_name(name)
+            except ValueError as e:
+                self._log.warn("Ignoring journal file {name!r} in {path}: {reason}",
+                               name=name, path=self._path, reason=str(e))
+                continue
+            names.append(name)
+        names.sort(key=lambda n: sizes[n])
+        if not names:
+            return names
+        self._gc_was_enabled = gc.isenabled()
+        # Replay makes long-lived objects only (see FileJournal.replay).
+        gc.disable()
+        self._started = self._progress_at = self._clock.seconds()
+        self._log.info("Replaying {count} queue(s) from {path}", count=len(names), path=self._path)
+        for name in names:
+            self.loading[name] = LoadingQueue(name, self._clock, sizes[name])
+        self._order.extend(names)
+        self._count = len(names)
+        return names
+
+    def run_all(self) -> None:
+        """Replay every journal listed by L{begin} now; raise what stopped one."""
+        while self._slice(None):
+            pass
+        if self._failure is not None:
+            self._failure.raiseException()
+
+    def start(self) -> Deferred[None]:
+        """Replay the journals listed by L{begin} turn by turn; L{when_loaded}'s Deferred."""
+        self._background = True
+        if self._order:
+            self._call = self._clock.callLater(self._pause, self._turn)
+        else:
+            self._finish()
+        return self.when_loaded()
+
+    def when_loaded(self) -> Deferred[None]:
+        """
+        A Deferred firing once every queue listed is loaded (at once if none
+        is loading), or failing with the error that stopped the replay of a
+        journal (or with what L{stop} was given).
+        """
+        if self._failure is not None:
+            return fail(self._failure)
+        if not self.busy:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiters.append(d)
+        return d
+
+    def stop(self, error: Exception) -> None:
+        """
+        Stop replaying for good (the collection stops): journals stay as they
+        are, held requests end (see L{LoadingQueue.abandon}), L{when_loaded}
+        fails with C{error}.
+        """
+        self._stopped = True
+        if not self.busy:
+            return
+        self._log.info("Stopping with {count} queue(s) not loaded; their journals are "
+                       "left as they are", count=len(self.loading))
+        self._abandon(error)
+        self._restore_gc()
+        self._fail_waiters(Failure(error))
+
+    def _turn(self) -> None:
+        """One reactor turn's slice of replay; the next turn is scheduled if work remains."""
+        self._call = None
+        if self._stopped:
+            return
+        if self._slice(self._slice_seconds):
+            self._log_progress(self._clock.seconds())
+            self._call = self._clock.callLater(self._pause, self._turn)
+
+    def _slice(self, seconds: float | None) -> bool:
+        """Replay for about C{seconds} (C{None}: to the end); return whether work remains."""
+        timer = self._timer
+        until = None if seconds is None else timer() + seconds
+        while True:
+            current = self._replaying
+            if current is None:
+                if not self._order:
+                    self._finish()
+                    return False
+                name = self._order.popleft()
+                try:
+                    queue = self._build(name)
+                    steps = queue.setup_steps(self._step_bytes)
+                except Exception:
+                    self._failed(name, None, Failure())
+                    return False
+                current = self._replaying = (name, queue, steps, self._clock.seconds())
+            name, queue, steps, started = current
+            try:
+                next(steps)
+            except StopIteration:
+                self._replaying = None
+                self._loaded(name, queue, started)
+                if not self._order:
+                    self._finish()
+                    return False
+            except Exception:
+                self._replaying = None
+                self._failed(name, queue, Failure())
+                return False
+            if until is not None and timer() >= until:
+                return True
+
+    def _loaded(self, name: str, queue: Any, started: float) -> None:
+        """Queue C{name} is replayed: it serves from now on, and its held requests run."""
+        loading = self.loading.pop(name)
+        self._register(name, queue)
+        now = self._clock.seconds()
+        totals = self._totals
+        totals[0] += queue.length
+        totals[1] += queue.bytes
+        self._log.info("Replayed queue {queue}: {items} items, {bytes} bytes "
+                       "in {seconds:.3f} s", queue=name, items=queue.length,
+                       bytes=queue.bytes, seconds=now - started)
+        self._done += 1
+        self._log_progress(now)
+        loading.ready(queue)
+
+    def _log_progress(self, now: float) -> None:
+        """Log where the replay is, at most every L{REPLAY_PROGRESS_INTERVAL} seconds."""
+        if now - self._progress_at < REPLAY_PROGRESS_INTERVAL:
+            return
+        self._progress_at = now
+        totals = self._totals
+        current = self._replaying
+        self._log.info("Replay progress: {done}/{count} queues, {items} items, "
+                       "{bytes} bytes, {seconds:.1f} s; still replaying: {left} queue(s)"
+                       "{current}", done=self._done, count=self._count,
+                       items=totals[0], bytes=totals[1], seconds=now - self._started,
+                       left=len(self.loading),
+                       current="" if current is None else f", now {current[0]}")
+
+    def _failed(self, name: str, queue: Any, failure: Failure) -> None:
+        """A journal could not be replayed: as before, the server does not start."""
+        self._log.failure("Replaying queue {queue} failed", failure, queue=name)
+        self._failure = failure
+        if queue is not None:
+            self._close(name, queue)
+        self._abandon(ShuttingDown(f"queue {name} could not be loaded"))
+        self._restore_gc()
+        self._fail_waiters(failure)
+
+    def _fail_waiters(self, failure: Failure) -> None:
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.errback(failure)
+
+    def _finish(self) -> None:
+        if self._gc_was_enabled is not None:
+            totals = self._totals
+            self._log.info("Replay finished: {count} queues, {items} items, {bytes} bytes "
+                           "in {seconds:.3f} s", count=self._done, items=totals[0],
+                           bytes=totals[1], seconds=self._clock.seconds() - self._started)
+        self._restore_gc(freeze=self._background)
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _restore_gc(self, freeze: bool = False) -> None:
+        """
+        Turn the garbage collector back on if replay turned it off; with
+        C{freeze}, first move every object alive (the replayed items) out of
+        its reach (C{gc.freeze}): they are long-lived, and its first pass
+        over them would otherwise hold the reactor for tens of ms.
+        """
+        if self._gc_was_enabled:
+            if freeze:
+                gc.freeze()
+            gc.enable()
+        self._gc_was_enabled = None
+
+    def _abandon(self, error: Exception) -> None:
+        """Stop replaying: journals stay as they are; held requests end (see LoadingQueue)."""
+        call, self._call = self._call, None
+        if call is not None and call.active():
+            call.cancel()
+        current, self._replaying = self._replaying, None
+        if current is not None:
+            name, queue, steps, _ = current
+            self._log.info("Replay of queue {queue} stopped before its end", queue=name)
+            steps.close()
+            self._close(name, queue)
+        self._order.clear()
+        loading, self.loading = self.loading, {}
+        for held in loading.values():
+            held.abandon(error)

@@ -23,9 +23,10 @@ from kestrel.budget import ClientMemory
 from kestrel.collection import QueueCollection, RunInThread
 from kestrel.config import ServerConfig, dump_queue_config, load_config
 from kestrel.errors import ConfigError
+from kestrel.external_reads import ExternalReads
 from kestrel.journal.chores import Chore
 from kestrel.metrics import GLOBAL_METRICS, Metrics
-from kestrel.session import ClientSession, ExternalReads
+from kestrel.session import ClientSession
 from kestrel.stats import (
     AliasReport,
     QueueReport,

@@ -4,8 +4,10 @@ ClientSession: what one connection may do, whatever its wire protocol.
 It mirrors Kestrel's C{KestrelHandler} (plus its C{SimplePendingReads} and
 C{ThriftPendingReads} traits): open reads per queue as a FIFO of xids, the
 per-queue limit C{max_open_transactions}, the server status checks, blocking
-reads that disconnects cancel, and thrift's process-wide external ids with
-auto-abort timers (L{ExternalReads}).
+reads that disconnects cancel, and thrift's open reads in the server's
+L{kestrel.external_reads.ExternalReads}. Plain reads hold their items
+(L{kestrel.held_reads.HeldReads}) until the protocol says their reply is in
+the kernel.
 
 Protocols translate bytes into calls here and results back into bytes; this
 module knows nothing of sockets.
@@ -17,19 +19,21 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
-import attrs
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooManyOpenReads
+from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
+from kestrel.queue_info import QueueInfo
 from kestrel.status import Status
 
 if TYPE_CHECKING:
     from kestrel.collection import QueueCollection
     from kestrel.config import ServerConfig
+    from kestrel.external_reads import ExternalReads
     from kestrel.metrics import Metrics
     from kestrel.stats import ServerStats
     from kestrel.status import ServerStatus
@@ -68,104 +72,13 @@ class SessionHost(Protocol):
         ...
 
 
-@attrs.frozen
-class QueueInfo:
-    """The counters of one queue at a moment, as thrift's C{peek} reports them."""
-
-    items: int
-    bytes: int
-    journal_bytes: int
-    age: int
-    waiters: int
-    open_transactions: int
-
-
 def _result_now(d: Deferred) -> object:
-    """
-    The result of C{d} if it has fired (a L{Failure} included), else L{_NOT_FIRED}.
-
-    A fired result is taken out of C{d}; an unfired C{d} is left untouched.
-    """
+    """The result of a fired C{d} (a L{Failure} included, taken out), else L{_NOT_FIRED}."""
     if not d.called or d.paused:
         return _NOT_FIRED
     box: list[object] = []
     d.addBoth(box.append)
     return box[0]
-
-
-class _ExternalRead:
-    """One thrift open read: its queue, its queue xid, its opener, its auto-abort timer."""
-
-    __slots__ = ("name", "xid", "session", "timer")
-
-    def __init__(self, name: str, xid: int, session: ClientSession) -> None:
-        self.name = name
-        self.xid = xid
-        self.session = session
-        self.timer: IDelayedCall | None = None
-
-
-class ExternalReads:
-    """
-    Thrift's process-wide table of open reads, keyed by external id.
-
-    Ids start at 1 and are never reused in the process; any connection may
-    confirm or abort any id (Kestrel's C{ThriftPendingReads}). An id stays
-    open after its connection ends, until confirmed, aborted, or its
-    auto-abort timer fires.
-    """
-
-    _log = Logger()
-
-    def __init__(self, collection: QueueCollection, clock: IReactorTime) -> None:
-        self._collection = collection
-        self._clock = clock
-        self._reads: dict[int, _ExternalRead] = {}
-        self._next_id = 1
-
-    def __len__(self) -> int:
-        return len(self._reads)
-
-    def __contains__(self, external_id: object) -> bool:
-        return external_id in self._reads
-
-    def open(self, name: str, xid: int, session: ClientSession) -> int:
-        """Record open read C{xid} of queue C{name}; return its new external id."""
-        external_id = self._next_id
-        self._next_id += 1
-        self._reads[external_id] = _ExternalRead(name, xid, session)
-        return external_id
-
-    def set_timer(self, external_id: int, seconds: float) -> None:
-        """Abort C{external_id} after C{seconds} unless it is closed first."""
-        read = self._reads.get(external_id)
-        if read is not None:
-            read.timer = self._clock.callLater(seconds, self._auto_abort, external_id)
-
-    def _auto_abort(self, external_id: int) -> None:
-        read = self._reads.get(external_id)
-        if read is not None:
-            read.timer = None
-            self._log.debug("Auto-abort of read {id} on {queue}", id=external_id, queue=read.name)
-            self.close(external_id, confirm=False)
-
-    def close(self, external_id: int, confirm: bool) -> bool:
-        """
-        Confirm (or abort) C{external_id} on the queue it was opened on.
-
-        Returns whether the id was open; an unknown id is ignored.
-        """
-        read = self._reads.pop(external_id, None)
-        if read is None:
-            return False
-        if read.timer is not None and read.timer.active():
-            read.timer.cancel()
-        read.session._external_closed(read.name)
-        if confirm:
-            self._collection.confirm_remove(read.name, read.xid)
-        else:
-            self._collection.unremove(read.name, read.xid)
-        return True
 
 
 class ClientSession:
@@ -174,8 +87,12 @@ class ClientSession:
 
     Memcache and text open reads live in a per-queue FIFO of xids: C{close}
     and C{abort} act on the oldest, and L{finish} aborts them all. Thrift
-    open reads (L{get_items}) live in the server's L{ExternalReads} and
+    open reads (L{get_items}) live in the server's C{ExternalReads} and
     survive the connection.
+
+    A plain read (memcache get, thrift get without auto-abort) holds its
+    item in L{held_reads} until the protocol has the reply in the kernel;
+    L{finish} returns it to its queue's head if the connection ends first.
 
     A session opened while the server already had more connections than
     C{connection_limit_refuse_writes} (or C{_reads}) refuses writes (or
@@ -199,6 +116,8 @@ class ClientSession:
         self._open_reads: dict[str, deque[int]] = {}
         self._external_counts: dict[str, int] = {}
         self._waiters: set[Deferred] = set()
+        #: Plain reads whose reply may not be in the kernel yet (see L{HeldReads}).
+        self.held_reads = HeldReads(self._collection)
         self._coalescer = server.collection.write_coalescer
         self.finished = False
         #: The client sends nothing more (FIN seen): no read of this session waits.
@@ -264,29 +183,39 @@ class ClientSession:
             self._collection.confirm_remove(name, fifo.popleft())
         return True
 
-    def close_all_reads(self, name: str) -> int:
-        """Confirm every open read on C{name}; return how many."""
+    def close_all_reads(self, name: str, after_replies: bool = False) -> int:
+        """
+        Confirm every open read on C{name}; return how many. With
+        C{after_replies} they join L{held_reads} (the protocol settles them).
+        """
         fifo = self._open_reads.pop(name, None)
         if not fifo:
             return 0
+        settle = self.held_reads.hold if after_replies else self._collection.confirm_remove
         for xid in fifo:
-            self._collection.confirm_remove(name, xid)
+            settle(name, xid)
         return len(fifo)
 
     def _abort_all_open_reads(self) -> int:
         """
-        Abort every memcache/text open read; return how many.
+        Abort every memcache/text open read and return every held plain
+        read (L{held_reads}) to its queue; return how many open reads.
 
-        Per queue the newest goes back first, so that the one opened first
-        ends at the head and is delivered first (docs/differences.md).
+        Per queue the newest goes back first, so that the one handed out
+        first ends at the head and is delivered first (docs/differences.md).
         """
         reads, self._open_reads = self._open_reads, {}
-        count = 0
+        back = self.held_reads.take_all()
+        count = sum(len(fifo) for fifo in reads.values())
+        self._stats.cmd_get_open_dropped += count
+        if back:  # (plain and open reads on one queue: their xids give the order)
+            back.extend((name, xid) for name, fifo in reads.items() for xid in fifo)
+            reads = {}
+            for name, xid in sorted(back, key=lambda read: read[1]):
+                reads.setdefault(name, deque()).append(xid)
         for name, fifo in reads.items():
-            count += len(fifo)
             while fifo:
                 self._collection.unremove(name, fifo.pop())
-        self._stats.cmd_get_open_dropped += count
         return count
 
     # -- waiters -----------------------------------------------------------
@@ -326,14 +255,17 @@ class ClientSession:
     # -- reads -------------------------------------------------------------
 
     def get_item(self, name: str, deadline: float | None, open_read: bool,
-                 peeking: bool) -> Deferred[QItem | None]:
+                 peeking: bool, reply_now: bool = False) -> Deferred[QItem | None]:
         """
         Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}.
 
-        With C{open_read} the item becomes an open read of this session. Raises
-        L{AvailabilityError} when reads are blocked and L{TooManyOpenReads}
-        when this session already holds C{max_open_transactions} open reads on
-        the queue. Counts C{cmd_get} or C{cmd_peek}.
+        With C{open_read} the item becomes an open read of this session; a
+        plain read holds it in L{held_reads} until the protocol has its reply
+        in the kernel (with C{reply_now}, the reply is written before anything
+        else runs: see L{HeldReads.peek_for_reply}). Raises L{AvailabilityError}
+        when reads are blocked, L{TooManyOpenReads} when this session holds
+        C{max_open_transactions} open reads on the queue. Counts C{cmd_get}
+        or C{cmd_peek}.
 
         Metrics: a read answered at once records C{get_hit_latency_usec} or
         C{get_miss_latency_usec}; an item removed (not peeked) records
@@ -352,7 +284,13 @@ class ClientSession:
         if self.input_closed or self.finished:
             deadline = None
         started = self._clock.seconds()
-        d = self._collection.remove(name, deadline, open_read, peeking)
+        holding = not (open_read or peeking)
+        if reply_now and holding:
+            item = self.held_reads.peek_for_reply(name)
+            if item is not None:
+                self._record_read(name, started, item, False)
+                return succeed(item)
+        d = self._collection.remove(name, deadline, not peeking, peeking, holding)
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)
@@ -367,6 +305,11 @@ class ClientSession:
             elif result.__class__ is QItem:
                 self._metrics.record_hit(name, (now - started) * 1e6,
                                          None if peeking else now * 1000 - result.add_time_ms)
+                if holding:
+                    self.held_reads.pending.append((name, result.xid))
+                    return d
+        if holding:
+            return d.addCallback(self._got_held_item, name)
         if open_read:
             d.addCallback(self._got_open_item, name)
         return d
@@ -390,6 +333,14 @@ class ClientSession:
                 self._metrics.record_delivery(name, now * 1000 - item.add_time_ms)
         elif deadline is not None and now >= deadline:
             self._metrics.record_get_timeout(name, (now - started) * 1000)
+        return item
+
+    def _got_held_item(self, item: QItem | None, name: str) -> QItem | None:
+        if item is not None:
+            if self.finished:
+                self._collection.unremove(name, item.xid)
+                return None
+            self.held_reads.hold(name, item.xid)
         return item
 
     def _got_open_item(self, item: QItem | None, name: str) -> QItem | None:
@@ -431,6 +382,7 @@ class ClientSession:
                  record: Callable[[str, int], int | None] | None) -> Deferred[None]:
         done: Deferred[None] = Deferred()
         clock = self.server.clock
+        held = open_read and record is None  # (a thrift get holding items for its reply)
 
         def step(remaining: int) -> None:
             while True:
@@ -444,7 +396,7 @@ class ClientSession:
                 started = clock.seconds()
                 wait_until = None if self.input_closed or self.finished else deadline
                 try:
-                    d = self._collection.remove(name, wait_until, open_read, False)
+                    d = self._collection.remove(name, wait_until, open_read, False, held)
                 except KestrelError:
                     # (the queue's journal failed): the stream ends with the error.
                     done.errback(Failure())
@@ -499,17 +451,18 @@ class ClientSession:
         With C{auto_abort_ms > 0} every item is an open read with a new
         process-wide external id, aborted after C{auto_abort_ms} unless
         confirmed or aborted first (from any connection); otherwise items are
-        removed for good and their id is 0. C{max_items == 0} gives [].
+        held (L{held_reads}) until the protocol has the reply in the kernel,
+        then removed for good; their id is 0. C{max_items == 0} gives [].
         """
         self._check_reads("monitorUntil")
         if max_items == 0:
             return succeed([])
         self._stats.cmd_monitor += 1
         open_read = auto_abort_ms > 0
-        # A get that removes for good and may wait holds what it collects as
-        # open reads until it replies: if the client goes away meanwhile,
+        # A get that removes for good holds what it collects as open reads
+        # until its reply is in the kernel: if the client goes away first,
         # they go back to the head instead of into a reply nobody reads.
-        holding = not open_read and deadline is not None and max_items > 1
+        holding = not open_read
         items: list[tuple[int, QItem]] = []
         d = self._monitor(name, deadline, max_items, open_read or holding,
                           lambda item, external: items.append((external, item)),
@@ -528,8 +481,7 @@ class ClientSession:
                     self._log.debug("thrift get on {queue} cut by a close: {n} items put back",
                                     queue=name, n=len(items))
                     return []
-                for _external, item in items:
-                    collection.confirm_remove(name, item.xid)
+                self.held_reads.pending.extend((name, item.xid) for _external, item in items)
             return items
 
         def failed(failure: Failure) -> Failure:
@@ -573,16 +525,10 @@ class ClientSession:
 
     def queue_info(self, name: str) -> QueueInfo | None:
         """
-        The counters of queue C{name} now, or C{None} when no such queue exists
-        (an alias included); nothing is created and nothing counted.
+        The counters of queue C{name} now (L{QueueCollection.queue_info}), or
+        C{None} when no such queue exists; nothing is created and nothing counted.
         """
-        queue = self._collection.queue(name, create=False)
-        if queue is None:
-            return None
-        return QueueInfo(items=queue.length, bytes=queue.bytes,
-                         journal_bytes=queue.logsize, age=queue.age,
-                         waiters=queue.waiter_count,
-                         open_transactions=queue.open_read_count)
+        return self._collection.queue_info(name)
 
     # -- writes ------------------------------------------------------------
 

@@ -10,9 +10,12 @@ closes once no request is waiting. L{SessionFactory} builds one protocol per
 connection over a L{kestrel.server.KestrelServer} and can end them all
 (L{SessionFactory.disconnect_all}) before the journals close.
 
-L{write_now} is how protocols send replies: on a plain TCP connection with
+L{write_now} is how replies are sent: on a plain TCP connection with
 nothing already queued it sends at once, without Twisted's register-for-writing
-round trip (see its docstring).
+round trip (see its docstring), and it tells whether every byte is in the
+kernel. Protocols send replies with L{SessionProtocol.write_reply}, which
+confirms the session's plain reads once their reply is in the kernel
+(docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twisted.internet import tcp
+from twisted.internet import abstract, tcp
 from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ITransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -94,6 +97,8 @@ class SessionProtocol(Protocol):
     def __init__(self, server: KestrelServer) -> None:
         self.server = server
         self.session: ClientSession | None = None
+        # Whether the session's written plain reads wait for the transport to drain.
+        self._awaiting_drain = False
         self._read_closed = False
         self._session_ended = False
         # Input accounting: bytes counted now, the most ever counted.
@@ -200,7 +205,18 @@ class SessionProtocol(Protocol):
         self._update_reading()
 
     def resumeProducing(self) -> None:  # noqa: N802 - Twisted interface
-        """The client caught up: read again and serve what is buffered."""
+        """
+        The transport's buffer is empty: the plain reads written wait no more
+        (L{write_reply}); if the client had fallen behind, read again and
+        serve what is buffered.
+        """
+        if self._awaiting_drain:
+            self._awaiting_drain = False
+            if self.session is not None:
+                self.session.held_reads.drained()
+            if not self.output_blocked and getattr(self.transport, "disconnecting", False):
+                # (Twisted called us instead of closing: let the close go on.)
+                self.transport.unregisterProducer()
         if not self.output_blocked:
             return
         self.output_blocked = False
@@ -234,6 +250,52 @@ class SessionProtocol(Protocol):
             self.transport.pauseProducing()
         else:
             self.transport.resumeProducing()
+
+    # -- replies ---------------------------------------------------------------
+
+    def write_reply(self, data: bytes) -> None:
+        """
+        Send C{data} (L{write_now}), then settle the session's plain reads
+        whose replies it ends: each is confirmed once every byte written so
+        far is in the kernel, at once when the socket took it all (the usual
+        case), else when the transport's buffer drains. If the connection is
+        lost first, the session puts them back at the head of their queues.
+        """
+        in_kernel = write_now(self.transport, data)
+        session = self.session
+        if session is not None and session.held_reads.pending:
+            if session.held_reads.written(in_kernel):
+                self._await_drain()
+
+    def settle_replies(self) -> None:
+        """
+        The session's pending plain reads are in replies written already:
+        confirm them now if the transport holds nothing back, else once it
+        has drained (see L{write_reply}).
+        """
+        session = self.session
+        if session is not None and session.held_reads.pending:
+            if session.held_reads.written(not _buffered(self.transport)):
+                self._await_drain()
+
+    def _await_drain(self) -> None:
+        """
+        Be called (L{resumeProducing}) when the transport's buffer is next
+        empty: Twisted's transports call their registered streaming producer
+        then when it is marked paused. A lost connection is left alone (its
+        session puts the reads back); a transport with another producer
+        cannot tell, and what was written counts as delivered.
+        """
+        transport: Any = self.transport
+        if not getattr(transport, "connected", True):
+            return  # (lost: the session puts the reads back as it ends)
+        if getattr(transport, "producer", None) is self:
+            self._awaiting_drain = True
+            transport.producerPaused = True
+        elif self.session is not None:
+            self._log.debug("{protocol}: no drain notice from {transport}; replies count as sent",
+                            protocol=self.protocol_name, transport=type(transport).__name__)
+            self.session.held_reads.drained()
 
     # -- HTTP on a Kestrel port ----------------------------------------------
 
@@ -332,11 +394,24 @@ class SessionFactory(Factory):
 _DIRECT_SEND_TYPES = frozenset({tcp.Server, tcp.Client})
 
 
-def write_now(transport: ITransport, data: bytes) -> None:
+def _buffered(transport: Any) -> bool:
+    """
+    Whether C{transport} holds back bytes not yet handed to the kernel (or
+    could not take them: it is disconnected). Only Twisted's file-descriptor
+    transports (TCP, UNIX) can tell; any other counts as holding nothing.
+    """
+    if isinstance(transport, abstract.FileDescriptor) and not getattr(transport, "TLS", False):
+        return bool(not transport.connected or transport._tempDataLen
+                    or len(transport.dataBuffer) > transport.offset)
+    return False
+
+
+def write_now(transport: ITransport, data: bytes) -> bool:
     """
     Write C{data} to C{transport}: the same promise as C{transport.write}
     (every byte is sent, in order, after everything written before), but sent
-    at once when possible.
+    at once when possible. Returns whether every byte written to the
+    transport so far is in the kernel now (see L{_buffered}).
 
     Twisted's TCP transport (C{abstract.FileDescriptor.write}) only appends to
     its buffer and registers the socket for writing; a later reactor turn
@@ -361,7 +436,8 @@ def write_now(transport: ITransport, data: bytes) -> None:
             except OSError:
                 sent = 0
             if sent == len(data):
-                return
+                return True
             if sent:
                 data = data[sent:]
     transport.write(data)
+    return not _buffered(transport)

@@ -50,7 +50,6 @@ from kestrel.protocols.base import (
     HTTP_REFUSED,
     SessionFactory,
     SessionProtocol,
-    write_now,
 )
 from kestrel.protocols.binary import (
     BINARY_REQUEST_MAGIC,
@@ -428,7 +427,7 @@ class MemcacheProtocol(SessionProtocol):
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             self.stats.bytes_written += len(data)
-            write_now(self.transport, data)
+            self.write_reply(data)
 
     def _fail(self, reply: bytes) -> None:
         """Send C{reply} after every reply queued before it, then close the connection."""
@@ -516,7 +515,8 @@ class MemcacheProtocol(SessionProtocol):
             return _READ_IS_OPEN
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
-        d = session.get_item(name, deadline, req.open_read, req.peeking)
+        # (A lone request, served with no batch open: its reply is written next.)
+        d = session.get_item(name, deadline, req.open_read, req.peeking, not self._batch_open)
         if d.called and not d.paused:
             item = d.result
             if not isinstance(item, Failure):

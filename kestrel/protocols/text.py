@@ -38,7 +38,6 @@ from kestrel.protocols.base import (
     HTTP_REFUSED,
     SessionFactory,
     SessionProtocol,
-    write_now,
 )
 
 if TYPE_CHECKING:
@@ -339,7 +338,7 @@ class TextProtocol(SessionProtocol):
         """Send bytes unless the connection is gone."""
         if not self._closed:
             self._stats.bytes_written += len(data)
-            write_now(self.transport, data)
+            self.write_reply(data)
 
     # -- commands ---------------------------------------------------------
 
@@ -379,14 +378,22 @@ class TextProtocol(SessionProtocol):
         """C{get <q> [timeout_ms]}: confirm this connection's reads on q, then open the next."""
         name = self._queue_name(args)
         deadline = self._deadline(args, 1)
-        self.session.close_all_reads(name)
+        self._confirm_all_reads(name)
         return self.session.get_item(name, deadline, True, False).addCallback(_item_data)
+
+    def _confirm_all_reads(self, name: str) -> None:
+        """
+        Confirm this connection's open reads on C{name} (the next request on
+        it says they arrived), each once its reply is in the kernel.
+        """
+        if self.session.close_all_reads(name, after_replies=True):
+            self.settle_replies()
 
     def _peek(self, args: list[bytes], items: list[bytes]) -> Any:
         """C{peek <q> [timeout_ms]}: confirm this connection's reads on q, then peek."""
         name = self._queue_name(args)
         deadline = self._deadline(args, 1)
-        self.session.close_all_reads(name)
+        self._confirm_all_reads(name)
         return self.session.get_item(name, deadline, False, True).addCallback(_item_data)
 
     def _monitor(self, args: list[bytes], items: list[bytes]) -> Any:
@@ -398,7 +405,7 @@ class TextProtocol(SessionProtocol):
             raise BadRequest("Queue name & timeout required.")
         name = args[0].decode("latin-1")
         deadline = self._deadline(args, 1)
-        self.session.close_all_reads(name)
+        self._confirm_all_reads(name)
 
         def got_item(item: Any) -> None:
             self._write(item_reply(item.data))

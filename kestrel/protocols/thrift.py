@@ -33,7 +33,7 @@ from twisted.python.failure import Failure
 
 from kestrel.errors import KestrelError, UnknownStatus
 from kestrel.item import relative_expiry_ms
-from kestrel.protocols.base import SessionFactory, SessionProtocol, write_now
+from kestrel.protocols.base import SessionFactory, SessionProtocol
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -549,7 +549,10 @@ class ThriftProtocol(SessionProtocol):
         try:
             self._send_message(api, TMessageType.REPLY, seqid, result)
         except Exception:
-            self._send_failure(api, seqid, Failure())
+            failure = Failure()
+            if self.session is not None:
+                self.session.held_reads.put_back_pending()  # (no reply carries them)
+            self._send_failure(api, seqid, failure)
 
     def _send_failure(self, api: str, seqid: int, failure: Failure) -> None:
         """Turn a failed call into the C{TApplicationException} the client sees."""
@@ -580,7 +583,7 @@ class ThriftProtocol(SessionProtocol):
         oprot.write_struct(body)
         oprot.write_message_end()
         payload = out.getvalue()
-        write_now(self.transport, _FRAME_HEADER.pack(len(payload)) + payload)
+        self.write_reply(_FRAME_HEADER.pack(len(payload)) + payload)
 
 
 class ThriftFactory(SessionFactory):

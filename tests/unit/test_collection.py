@@ -571,7 +571,8 @@ def test_replay_logs_progress_per_queue(started) -> None:
     result_of(c.stopService())
     with capturedLogs() as events:
         started()
-    ours = [e for e in events if e.get("log_namespace", "").startswith("kestrel.collection")]
+    ours = [e for e in events
+            if e.get("log_namespace", "").startswith(("kestrel.collection", "kestrel.loading"))]
     replayed = [e for e in ours if e.get("queue") == "logged" and "seconds" in e]
     assert len(replayed) == 1
     assert (replayed[0]["items"], replayed[0]["bytes"]) == (2, 5)

@@ -19,11 +19,12 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
-from kestrel.collection import REPLAY_PROGRESS_INTERVAL, QueueCollection
+from kestrel.collection import QueueCollection
 from kestrel.config import ServerConfig, parse_config
 from kestrel.errors import QueueLoading, ShuttingDown
 from kestrel.item import QItem
 from kestrel.journal import records as rec
+from kestrel.loading import REPLAY_PROGRESS_INTERVAL
 
 #: Clock seconds between two replay turns.
 PAUSE = 1.0
@@ -256,12 +257,17 @@ def test_stop_during_replay_is_quick_and_keeps_journals(two_queues: Path, clock:
 
 
 def test_fanout_child_loading_gets_the_masters_adds(tmp_path: Path, clock: Clock) -> None:
-    """An add to a master reaches a fanout child that is still loading (it waits)."""
+    """
+    An add to a master reaches a fanout child that is still loading: it
+    waits, and is acknowledged once the child holds it too.
+    """
     write_journal(tmp_path, "m+child", big_items())
     c = loading_collection(tmp_path, clock)
     c.start_loading()
-    assert fired(c.add("m", b"to-all")) == [True]
+    added = fired(c.add("m", b"to-all"))
+    assert added == []
     run_until_loaded(c, clock)
+    assert added == [True]
     child = c.queue("m+child", create=False)
     assert child is not None and child.length == BIG + 1
     c.stopService()

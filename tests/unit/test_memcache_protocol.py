@@ -7,6 +7,7 @@ a temporary directory) driven by a `twisted.internet.task.Clock`.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -530,7 +531,11 @@ def reply_to(chunks: list[bytes]) -> tuple[bytes, bool]:
         out = conn.transport.io.getvalue()
         still_open = conn.connected
         server.collection.stopService()
-    return out, still_open
+    # A plain get holds its item until its reply is in the kernel: a lone get
+    # journals one remove then, one in a pipelined pass an open read and its
+    # confirm, and a dump_stats later in that pass sees the open read. The
+    # journal's size and the open reads may differ; the replies may not.
+    return re.sub(rb"(logsize|open_transactions)=\d+", rb"\1=N", out), still_open
 
 
 @settings(max_examples=60)
@@ -664,7 +669,8 @@ def test_pipelined_writes_are_in_the_journal_before_replies(
     assert reply == b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nSTORED\r\n"
     [(written, records)] = conn.transport.seen
     assert written == reply
-    assert [type(r).__name__ for r in records] == ["Add", "Add", "Remove", "Add"]
+    # (the get's item is held as an open read until its reply is in the kernel)
+    assert [type(r).__name__ for r in records] == ["Add", "Add", "RemoveTentativeXid", "Add"]
     assert [r.data for r in records if hasattr(r, "data")] == [b"a", b"b", b"c"]
 
 
@@ -672,8 +678,10 @@ def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
         server: KestrelServer, factory: MemcacheFactory) -> None:
     """
     One request at a time, each request's record reaches the journal file in
-    a write of its own, with no batch; a pipelined pass holds every record
-    back in one batch and writes them in one write.
+    a write of its own, with no batch (a lone get's remove once its reply is
+    in the kernel); a pipelined pass holds every record back in one batch
+    and writes them in one write before the replies (its gets' items held
+    as open reads), and the confirms of its gets in one write after them.
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -704,9 +712,11 @@ def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
     assert reply == (b"STORED\r\nSTORED\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
                      b"VALUE q 0 1\r\nc\r\nEND\r\n")
     assert len(opened) == 1 and not coalescer.active
-    assert len(writes) == 1
+    assert len(writes) == 2
     assert [type(r).__name__ for _, r in iter_records(writes[0])] == [
-        "Add", "Add", "Remove", "Remove"]
+        "Add", "Add", "RemoveTentativeXid", "RemoveTentativeXid"]
+    assert [type(r).__name__ for _, r in iter_records(writes[1])] == [
+        "ConfirmRemove", "ConfirmRemove"]
 
 
 def test_reply_after_crash_loses_nothing(clock: Clock, tmp_path: Path) -> None:
@@ -740,7 +750,7 @@ def test_woken_reader_replies_after_the_journal_has_its_records(
     assert writer.send(b"set q 0 0 1\r\nz\r\n") == b"STORED\r\n"
     [(written, records)] = reader.transport.seen
     assert written == b"VALUE q/t=1000 0 1\r\nz\r\nEND\r\n"
-    assert [type(r).__name__ for r in records] == ["Add", "Remove"]
+    assert [type(r).__name__ for r in records] == ["Add", "RemoveTentativeXid"]
 
 
 def test_refused_journal_write_drops_the_replies(

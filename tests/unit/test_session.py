@@ -670,13 +670,18 @@ def test_thrift_get_without_auto_abort_cut_by_a_close_puts_items_back(
 
 def test_thrift_get_without_auto_abort_confirms_what_it_replies(server: KestrelServer,
                                                                  clock: Clock) -> None:
-    """A waiting thrift get that completes removes its items for good (nothing left open)."""
+    """
+    A waiting thrift get that completes holds its items until the protocol
+    says its reply is in the kernel, then removes them for good.
+    """
     add(server, "q", b"a")
     s = server.new_session("thrift")
     d = s.get_items("q", 2, clock.seconds() + 60, 0)
     add(server, "q", b"b")
     assert [(i, item.data) for i, item in result_of(d)] == [(0, b"a"), (0, b"b")]
     queue = server.collection.queue("q")
+    assert queue.open_read_count == 2 and len(s.held_reads) == 2
+    assert s.held_reads.written(in_kernel=True) is False
     assert queue.open_read_count == 0 and queue.length == 0
     s.finish()
     assert contents(server, "q") == []
