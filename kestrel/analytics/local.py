@@ -27,12 +27,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kestrel.analytics import tables
-from kestrel.analytics.job import Progress, finish, plan_inputs, stage
 from kestrel.analytics.layout import JournalFile, LayoutError, Plan, is_local
+from kestrel.analytics.pipeline import Progress, finish, plan_inputs, stage
 from kestrel.analytics.scan import SCHEMA, TRAILER_OP, read_local
 
 _TRAILER_COLS = ["server", "queue", "file", "archive", "file_seq", "xid", "size", "offset",
-                 "add_ms", "problem"]
+                 "add_ms", "expiry_ms", "problem"]
 _SORT = {"flow": ["server", "queue", "minute_ms"], "sizes": ["server", "queue", "bin"],
          "backlog": ["server", "queue", "minute_ms"], "queues": ["server", "queue"],
          "trailers": ["server", "queue", "archive", "file"]}
@@ -74,7 +74,8 @@ def scan_files(files: Sequence[JournalFile]) -> pa.Table:
 def records_of(scanned: pa.Table) -> pa.Table:
     """Return the record rows of a scan (no trailers, no C{problem}) with C{event_ms}."""
     rows = scanned.filter(pc.not_equal(scanned["op"], TRAILER_OP)).drop_columns(["problem"])
-    event_ms = pc.coalesce(rows["add_ms"], rows["time_lb_ms"], rows["time_ub_ms"])
+    event_ms = pc.coalesce(rows["add_ms"], rows["time_est_ms"], rows["time_lb_ms"],
+                           rows["time_ub_ms"])
     return rows.append_column("event_ms", event_ms)
 
 
@@ -100,7 +101,7 @@ def analyse_queue(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
         _TRAILER_COLS).to_pandas()
     records = records_of(scanned)
     ev = records.select(["server", "queue", "op", "size", "snapshot", "filler",
-                         "event_ms"]).to_pandas()
+                         "event_ms", "time_lb_ms", "time_ub_ms"]).to_pandas()
     flow = tables.flow_table(ev)
     sizes = tables.size_bins(ev)
     del ev, records

@@ -59,8 +59,8 @@ def charted_queues(summary: dict[str, Any], flow: pd.DataFrame) -> list[tuple[st
                 .sort_values(ascending=False, kind="stable").index.tolist())
     stuck = sorted(((s, q) for s, qs in summary["servers"].items() for q, v in qs.items()
                     if v["state"] and v["state"]["items_left"] > 0),
-                   key=lambda k: -(summary["servers"][k[0]][k[1]]["state"]
-                                   ["oldest_item_age_ms"] or 0))
+                   key=lambda k: (-(summary["servers"][k[0]][k[1]]["state"]
+                                    ["oldest_item_age_ms"] or 0), k))
     half = MAX_CHARTED_QUEUES // 2
     chosen = [tuple(k) for k in busy[:half]]
     for k in stuck:

@@ -19,6 +19,11 @@ For them C{time_lb_ms == time_ub_ms == add_ms}. Any other record was written
 after the latest add time seen before it in the file (or the file's
 C{start_ms}) and before the next add time in the file (or the file's
 C{end_ms}); C{time_ub_ms} is never below C{time_lb_ms}.
+
+C{time_est_ms} is the estimate inside that bracket (L{time_estimates}): the
+untimed records between two timed ones are spread evenly over the gap, as a
+client reading at a steady pace would have written them. It is what minutes
+and windows are counted by; the bracket is what bounds are computed from.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ SCHEMA = pa.schema([
     ("expiry_ms", pa.int64()),
     ("time_lb_ms", pa.int64()),
     ("time_ub_ms", pa.int64()),
+    ("time_est_ms", pa.int64()),
     ("problem", pa.string()),
 ])
 """The columns of a scanned file: one row per record, plus one trailer row.
@@ -80,13 +86,14 @@ C{filler} marks the empty ADDX records a pack writes for pent-up deletes
 The trailer row has C{op == TRAILER_OP}, C{offset} = the clean end (just past
 the last whole record), C{size} = the bytes after it (C{truncated_bytes}),
 C{xid} = the number of records, C{add_ms} = the number of snapshot records,
-and C{problem} = why decoding stopped early (C{None} when the file decoded
+C{expiry_ms} = the adds of the snapshot that may be client adds
+(L{uncertain_adds}), and C{problem} = why decoding stopped early (C{None} when the file decoded
 to its last byte)."""
 
 SPARK_DDL = ("server string, queue string, file string, file_seq int, archive boolean, "
              "snapshot boolean, "
              "filler boolean, offset long, op byte, xid int, size int, add_ms long, "
-             "expiry_ms long, time_lb_ms long, time_ub_ms long, problem string")
+             "expiry_ms long, time_lb_ms long, time_ub_ms long, time_est_ms long, problem string")
 """L{SCHEMA} in Spark's DDL syntax."""
 
 
@@ -254,6 +261,42 @@ def time_bounds(scan: Scan, start_ms: int | None,
     return lb.astype(np.int64), ub.astype(np.int64)
 
 
+def time_estimates(scan: Scan, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+    """
+    Estimate the write time of every record inside its bracket C{[lb, ub]}.
+
+    A timed record keeps its own time. A run of C{m} untimed records is
+    spread evenly over its bracket: the k-th (from 0) of a run followed by a
+    timed record at C{lb + (ub - lb) * (k + 1) / (m + 1)}; of a run that ends
+    the file (bounded by the file's end) at C{lb + (ub - lb) * (k + 1) / m},
+    so that its last record lands on the file's end. With one bound unknown
+    the other is taken; with neither, the estimate is unknown too. Estimates
+    never go backwards within a file.
+    """
+    n = scan.count
+    timed = scan.add_ms != _NONE
+    est = np.where(timed, scan.add_ms, np.where(lb != _NONE, lb, ub)).astype(np.int64)
+    both = ~timed & (lb != _NONE) & (ub != _NONE)
+    if not both.any():
+        return est
+    untimed = np.flatnonzero(~timed)
+    run = np.cumsum(timed)[untimed]
+    # position within the run, and the run's length
+    first = np.concatenate(([True], run[1:] != run[:-1]))
+    start_idx = np.flatnonzero(first)
+    lengths = np.diff(np.concatenate((start_idx, [len(untimed)])))
+    run_no = np.cumsum(first) - 1
+    k = np.arange(len(untimed)) - start_idx[run_no]
+    m = lengths[run_no]
+    last_row = untimed[start_idx + lengths - 1][run_no]
+    ends_file = last_row == n - 1
+    frac = (k + 1) / (m + np.where(ends_file, 0, 1))
+    lo, hi = lb[untimed], ub[untimed]
+    spread = lo + np.floor((hi - lo).astype(np.float64) * frac).astype(np.int64)
+    est[untimed] = np.where(both[untimed], np.minimum(spread, hi), est[untimed])
+    return est
+
+
 def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
                    bound_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
     """
@@ -296,15 +339,38 @@ def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np
     return snap, filler
 
 
+def uncertain_adds(op: np.ndarray, snapshot: np.ndarray, filler: np.ndarray,
+                   bound_exact: bool) -> int:
+    """
+    Return how many adds the snapshot of a file may have taken from its clients.
+
+    With an exact bound, only the add that triggered a rewrite (written
+    right after the snapshot with an add time taken before it) can hide
+    among the re-emitted items, when client records follow the snapshot.
+    Without one (a rewritten live file, and no archive to date the rewrite),
+    any add of the snapshot's item run may be a client's.
+    """
+    count = int(snapshot.sum())
+    if count == 0:
+        return 0
+    if bound_exact:
+        return int(len(op) > count)
+    items = int((snapshot & (op == _ADDX) & ~filler).sum())
+    opened = int((snapshot & (op == _REMOVE_TENTATIVE_XID)).sum())
+    return max(0, items - opened)
+
+
 def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
     n = scan.count
     lb, ub = time_bounds(scan, jf.start_ms, jf.end_ms)
+    est = time_estimates(scan, lb, ub)
     op = scan.op
     is_add = np.isin(op, ADD_OPS)
     has_xid = np.isin(op, XID_OPS)
     rows = n + 1
     snapshot, filler = snapshot_masks(op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
+    uncertain = uncertain_adds(op, snapshot, filler, jf.bound_exact)
 
     def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,
              typ: pa.DataType) -> pa.Array:
@@ -326,9 +392,10 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
         ints(scan.xid, has_xid, n, pa.int32()),
         ints(scan.size, is_add, scan.truncated_bytes, pa.int32()),
         ints(scan.add_ms, scan.add_ms != _NONE, int(snapshot.sum()), pa.int64()),
-        ints(scan.expiry_ms, scan.expiry_ms != _NONE, None, pa.int64()),
+        ints(scan.expiry_ms, scan.expiry_ms != _NONE, uncertain, pa.int64()),
         ints(lb, lb != _NONE, None, pa.int64()),
         ints(ub, ub != _NONE, None, pa.int64()),
+        ints(est, est != _NONE, None, pa.int64()),
         pa.array([None] * n + [scan.problem], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)

@@ -49,33 +49,35 @@ REPLAY_DDL = ", ".join(
      "dequeued_items long"]
     + [f"{c} long" for c in WAIT_COLS]
     + ["with_expiry long"] + [f"{c} long" for c in TTL_COLS]
-    + ["expired_removed long", "left_with_expiry long", "left_expired long",
-       "last_clock_ms long", "oldest_left_ms long", "first_clock_ms long", "compacted long"])
+    + ["expired_removed long", "expired_removed_min long", "left_with_expiry long",
+       "left_expired long", "last_clock_ms long", "oldest_left_ms long",
+       "first_clock_ms long", "compacted long"])
 """Rows of the replay: C{kind} 'backlog' (one per minute) or 'queue' (one per queue)."""
 
 REPLAY_INPUT = ["file_seq", "offset", "op", "xid", "size", "add_ms", "expiry_ms",
-                "time_lb_ms", "time_ub_ms", "filler", "snapshot"]
+                "time_lb_ms", "time_ub_ms", "time_est_ms", "filler", "snapshot"]
 #: The boolean columns of L{REPLAY_INPUT}.
 REPLAY_FLAGS = ("filler", "snapshot")
 #: The time columns of L{REPLAY_INPUT}: absent values are L{NONE}, not 0.
-REPLAY_TIMES = ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms")
+REPLAY_TIMES = ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms", "time_est_ms")
 
 FLOW_DDL = ("server string, queue string, minute_ms long, first_ms long, last_ms long, "
             "records long, enqueued long, dequeued long, opened long, confirmed long, "
             "aborted long, bytes_enqueued long, snapshot_records long, reemitted_adds long, "
-            "fillers long, size_p50 int, size_p90 int, size_p99 int, size_max int")
+            "fillers long, estimated long, size_p50 int, size_p90 int, size_p99 int, size_max int")
 BACKLOG_DDL = ("server string, queue string, minute_ms long, queued long, open_reads long, "
                "items long, bytes long")
 FILES_DDL = ("server string, queue string, file string, path string, kind string, "
              "archive boolean, file_seq int, counted boolean, reason string, bytes long, "
-             "records long, snapshot_records long, clean_end long, truncated_bytes long, "
-             "problem string")
+             "records long, snapshot_records long, uncertain_adds long, clean_end long, "
+             "truncated_bytes long, problem string")
 _WINDOW = ["from_ms long", "to_ms long", "history_compacted boolean"]
 TIQ_DDL = ", ".join(["server string", "queue string", "dequeued_items long"]
                     + [f"{c} long" for c in WAIT_COLS] + ["estimate boolean", *_WINDOW])
 EXPIRY_DDL = ", ".join(["server string", "queue string", "with_expiry long"]
                        + [f"{c} long" for c in TTL_COLS]
-                       + ["expired_removed long", "left_with_expiry long", "left_expired long",
+                       + ["expired_removed long", "expired_removed_min long",
+                          "left_with_expiry long", "left_expired long",
                           *_WINDOW])
 SIZES_DDL = "server string, queue string, bin int, count long"
 
@@ -126,7 +128,7 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
     """Replay one queue given as numpy columns of L{REPLAY_INPUT}, in replay order."""
     r = replay_queue(*(cols[c] for c in
                        ("op", "xid", "size", "add_ms", "expiry_ms", "time_lb_ms",
-                        "time_ub_ms", "filler")))
+                        "time_ub_ms", "time_est_ms", "filler")))
     known = r.backlog_minute_ms != NONE
     backlog = pd.DataFrame({
         "server": server, "queue": queue, "kind": "backlog",
@@ -141,6 +143,7 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
         "bytes": r.bytes_left, "lost_open_reads": r.lost_open_reads,
         "dequeued_items": len(r.wait_lb_ms),
         "with_expiry": r.with_expiry, "expired_removed": r.expired_removed,
+        "expired_removed_min": r.expired_removed_min,
         "left_with_expiry": r.left_with_expiry, "left_expired": r.left_expired,
         "last_clock_ms": r.last_clock_ms, "oldest_left_ms": r.oldest_left_ms,
         "first_clock_ms": r.first_clock_ms,
@@ -163,7 +166,11 @@ def flow_table(events: pd.DataFrame) -> pd.DataFrame:
     Return the per-minute flow of C{events} (pandas), as the Spark job computes it.
 
     Traffic columns count records outside snapshots; item sizes are those
-    of traffic adds, exact nearest-rank percentiles.
+    of traffic adds, exact nearest-rank percentiles. Records count in the
+    minute of their estimated time (C{event_ms}); C{estimated} counts the
+    traffic records whose bracket spans more than that minute, and
+    C{first_ms}/C{last_ms} are the lowest lower bound and the highest upper
+    bound of the minute's traffic records, so that they enclose them.
     """
     if len(events) == 0:
         return pd.DataFrame({c: [] for c in columns(FLOW_DDL)})
@@ -172,10 +179,15 @@ def flow_table(events: pd.DataFrame) -> pd.DataFrame:
     fill = events["filler"].to_numpy(dtype=bool)
     traffic = ~snap
     is_add = np.isin(op, ADD_OPS)
+    est = events["event_ms"]
+    lb = events["time_lb_ms"].fillna(est)
+    ub = events["time_ub_ms"].fillna(est)
+    spans = (lb // MINUTE_MS != ub // MINUTE_MS).to_numpy(dtype=bool)
     ev = pd.DataFrame({
         "server": events["server"].to_numpy(), "queue": events["queue"].to_numpy(),
         "minute_ms": (events["event_ms"] // MINUTE_MS * MINUTE_MS),
-        "t_ms": events["event_ms"].where(traffic),
+        "lb_ms": lb.where(traffic),
+        "ub_ms": ub.where(traffic),
         "records": 1,
         "enqueued": (traffic & is_add).astype(np.int64),
         "dequeued": (traffic & np.isin(op, DEQUEUE_OPCODES)).astype(np.int64),
@@ -187,14 +199,16 @@ def flow_table(events: pd.DataFrame) -> pd.DataFrame:
         "snapshot_records": snap.astype(np.int64),
         "reemitted_adds": (snap & is_add & ~fill).astype(np.int64),
         "fillers": fill.astype(np.int64),
+        "estimated": (traffic & spans).astype(np.int64),
         "add_size": events["size"].where(traffic & is_add),
     })
     g = ev.groupby(["server", "queue", "minute_ms"], dropna=False, sort=True)
     sums = g[["records", "enqueued", "dequeued", "opened", "confirmed", "aborted",
-              "bytes_enqueued", "snapshot_records", "reemitted_adds", "fillers"]].sum()
+              "bytes_enqueued", "snapshot_records", "reemitted_adds", "fillers",
+              "estimated"]].sum()
     out = sums.reset_index()
-    out["first_ms"] = g["t_ms"].min().to_numpy()
-    out["last_ms"] = g["t_ms"].max().to_numpy()
+    out["first_ms"] = g["lb_ms"].min().to_numpy()
+    out["last_ms"] = g["ub_ms"].max().to_numpy()
     # nearest-rank size percentiles of every group at once: sort by (group, size)
     codes = g.ngroup().to_numpy()
     sizes = ev["add_size"].to_numpy(dtype=float)
@@ -237,7 +251,8 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
     Return the C{files} table from the plan and the scanner's trailer rows.
 
     A trailer row has C{xid} = records, C{offset} = clean end, C{size} =
-    truncated bytes, C{add_ms} = snapshot records, C{problem}.
+    truncated bytes, C{add_ms} = snapshot records, C{expiry_ms} = uncertain
+    adds, C{problem}.
     """
     by_key = {(t.server, bool(t.archive), t.file): t for t in trailers}
     rows = []
@@ -246,7 +261,8 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
         rows.append({"server": f.server, "queue": f.queue, "file": f.name, "path": f.path,
                      "kind": f.kind, "archive": f.archive, "file_seq": f.seq, "counted": True,
                      "reason": None, "bytes": f.size, "records": t.xid,
-                     "snapshot_records": t.add_ms, "clean_end": t.offset,
+                     "snapshot_records": t.add_ms, "uncertain_adds": t.expiry_ms,
+                     "clean_end": t.offset,
                      "truncated_bytes": t.size, "problem": t.problem})
     for s in plan.skipped:
         got = layout.classify(s.name)
@@ -254,11 +270,12 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
                      "file": s.name, "path": s.path,
                      "kind": got[1] if isinstance(got, tuple) else None, "archive": None,
                      "file_seq": None, "counted": False, "reason": s.reason, "bytes": s.size,
-                     "records": None, "snapshot_records": None, "clean_end": None,
+                     "records": None, "snapshot_records": None, "uncertain_adds": None,
+                     "clean_end": None,
                      "truncated_bytes": None, "problem": None})
     pdf = pd.DataFrame(rows, columns=columns(FILES_DDL))
-    for c in ("file_seq", "bytes", "records", "snapshot_records", "clean_end",
-              "truncated_bytes"):
+    for c in ("file_seq", "bytes", "records", "snapshot_records", "uncertain_adds",
+              "clean_end", "truncated_bytes"):
         pdf[c] = pdf[c].astype("Int64")
     pdf = pdf.sort_values(["server", "queue", "archive", "file"], na_position="last",
                           kind="stable").reset_index(drop=True)
@@ -278,6 +295,7 @@ def queue_tables(queue_rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     tiq = queue_rows[["server", "queue", "dequeued_items", *WAIT_COLS]].copy()
     tiq["estimate"] = True
     expiry = queue_rows[["server", "queue", "with_expiry", *TTL_COLS, "expired_removed",
+                         "expired_removed_min",
                          "left_with_expiry", "left_expired"]].copy()
     for frame in (tiq, expiry):
         frame["from_ms"] = window["from_ms"].to_numpy()
@@ -334,9 +352,8 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
             snap_files.add((r.server, bool(r.archive), r.file))
             q = servers[r.server][r.queue]
             q["snapshot"]["files"] += 1
-            # a rewrite (client records follow its snapshot) that an add triggered wrote
-            # that add right after the snapshot, timed before it: it reads as re-emitted
-            q["traffic"]["enqueued_uncertain"] += int(r.records) > int(r.snapshot_records)
+            # adds of the snapshot that may be a client's (scan.uncertain_adds)
+            q["traffic"]["enqueued_uncertain"] += _int(r.uncertain_adds) or 0
     if len(flow):
         for (server, queue), g in flow.groupby(["server", "queue"]):
             q = servers[server][queue]
@@ -354,14 +371,23 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
         if (f.server, f.archive, f.name) in snap_files:
             t["history_compacted"] = True
             t["compacted_before_ms"] = t["from_ms"] if t["from_ms"] is not None else f.bound_ms
+    # a stuck queue's own last record is old: ages are taken at the server's
+    # last record (over all its live queues), the closest the journals come to
+    # the moment they were read or copied
+    server_as_of: dict[str, int] = {}
+    for r in queue_rows.itertuples():
+        last = _int(r.last_clock_ms)
+        if last is not None:
+            server_as_of[r.server] = max(last, server_as_of.get(r.server, last))
     for r in queue_rows.itertuples():
         q = servers[r.server][r.queue]
-        as_of = _int(r.last_clock_ms)
+        as_of = server_as_of.get(r.server)
         oldest_ms = _int(r.oldest_left_ms)
         q["state"] = {
             "items_left": int(r.items), "queued": int(r.queued),
             "open_reads": int(r.open_reads), "bytes_left": int(r.bytes),
             "lost_open_reads": int(r.lost_open_reads), "as_of_ms": as_of,
+            "last_record_ms": _int(r.last_clock_ms),
             "from_ms": _int(r.first_clock_ms),
             "history_compacted": bool(_int(r.compacted)),
             "oldest_item_ms": oldest_ms,
@@ -373,6 +399,7 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
         q["expiry"] = {"with_expiry": int(r.with_expiry),
                        **{c[:-3]: _int(getattr(r, c)) for c in TTL_COLS},
                        "expired_removed": int(r.expired_removed),
+                       "expired_removed_min": int(r.expired_removed_min),
                        "left_with_expiry": int(r.left_with_expiry),
                        "left_expired": int(r.left_expired)}
     per_server = {}
