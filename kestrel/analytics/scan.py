@@ -29,8 +29,6 @@ and windows are counted by; the bracket is what bounds are computed from.
 from __future__ import annotations
 
 import mmap
-import struct
-from array import array
 
 import attrs
 import numpy as np
@@ -122,76 +120,136 @@ class Scan:
         return len(self.op)
 
 
-_I32 = struct.Struct("<i").unpack_from
 #: Record length of the opcodes without a payload: the opcode, plus an xid if any.
 _FIXED = {int(o): 5 if o in XID_OPCODES else 1 for o in Opcode if o not in ADD_OPCODES}
+#: Per opcode byte (0-255): the fixed length, 0 for the adds (their length is read), -1
+#: for a byte that is no opcode.
+_LENGTH = np.full(256, -1, np.int64)
+for _op, _n in _FIXED.items():
+    _LENGTH[_op] = _n
+_LENGTH[[_ADD, _ADDX, _ADD_XID, _CONTINUE]] = 0
+#: Per add opcode: where its i32 block size is, the bytes before the block, its minimum.
+_SIZE_AT = {_ADD: (1, 5, 4), _ADDX: (1, 5, 16), _ADD_XID: (5, 9, 16), _CONTINUE: (5, 9, 16)}
+#: Bytes framed at once (see L{frame_records}); it bounds the framer's memory.
+WINDOW = 1 << 20
+
+_VALID, _TRUNCATED, _SHORT = 0, 1, 2
+
+
+def _headers(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """
+    Read, for every position in C{at} whose byte is an opcode, the record it would start.
+
+    @return: the record lengths, a status per position (L{_VALID}, L{_TRUNCATED}: it
+        runs past the end, L{_SHORT}: an add's block is below its minimum) and the
+        block sizes (0 for records without one).
+    """
+    end = len(data)
+    ops = data[at]
+    length = _LENGTH[ops]
+    status = np.zeros(len(at), np.int8)
+    block = np.zeros(len(at), np.int64)
+    for op, (size_at, head, minimum) in _SIZE_AT.items():
+        sel = np.flatnonzero(ops == op)
+        if not len(sel):
+            continue
+        pos = at[sel]
+        whole = pos + head <= end
+        size = np.zeros(len(sel), np.int64)
+        size[whole] = _gather(data, pos[whole] + size_at, 4, "<i4")
+        block[sel] = size
+        length[sel] = head + size
+        status[sel] = np.where(~whole, _TRUNCATED, np.where(size < minimum, _SHORT, _VALID))
+    status[(status == _VALID) & (at + length > end)] = _TRUNCATED
+    return length, status, block
+
+
+def _problem(data: np.ndarray, pos: int) -> str | None:
+    """Say why no whole record starts at C{pos} (C{None}: one does, or C{pos} is the end)."""
+    if pos >= len(data):
+        return None
+    op = int(data[pos])
+    if _LENGTH[op] < 0:
+        return f"invalid opcode {op}"
+    _, status, block = _headers(data, np.array([pos], np.int64))
+    if status[0] == _TRUNCATED:
+        return "truncated record"
+    if status[0] == _SHORT:
+        return f"block of {int(block[0])} bytes is shorter than {_SIZE_AT[op][2]}"
+    return None
+
+
+def _frame_window(data: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, int]:
+    """
+    Follow the records from C{start} (a whole record) while they start before C{stop}.
+
+    Every byte of the window that could start a whole record becomes a node
+    linked to the position just past its record; the chain from C{start} is
+    then found by pointer doubling (C{J[k+1] = J[k][J[k]]}, a few gathers over
+    all nodes), and its nodes listed by doubling the known prefix of the
+    chain. No Python step runs per record.
+
+    @return: the record starts, and the position after the last of them.
+    """
+    at = np.flatnonzero(data[start:stop] <= 9).astype(np.int64) + start
+    length, status, _ = _headers(data, at)
+    nodes = at[status == _VALID]
+    nxt = nodes + length[status == _VALID]
+    # the next node's index, or the sentinel len(nodes) when the chain leaves the window
+    # or reaches no whole record
+    idx = np.searchsorted(nodes, nxt)
+    inside = idx < len(nodes)
+    inside[inside] = nodes[idx[inside]] == nxt[inside]
+    sentinel = len(nodes)
+    jump = np.append(np.where(inside, idx, sentinel), sentinel).astype(np.int64)
+    first = int(np.searchsorted(nodes, start))
+    levels = [jump]
+    while levels[-1][first] != sentinel:
+        j = levels[-1]
+        levels.append(j[j])
+    chain = np.array([first], np.int64)
+    for j in levels:
+        step = j[chain]
+        chain = np.concatenate((chain, step[step != sentinel]))
+        if step[-1] == sentinel:
+            break
+    starts = nodes[chain]
+    return starts, int(nxt[chain[-1]])
 
 
 def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int, str | None]:
     """
-    Find where every whole record of C{buf} starts, without decoding any.
+    Find where every whole record of C{buf} starts, without a Python step per record.
 
-    This is the only per-record step, and it only reads the opcode (and the
-    length of an add); every field is then read by L{scan_buffer} with numpy
-    over all records at once.
+    The bytes are framed one L{WINDOW} at a time (L{_frame_window}); a record
+    that runs past a window's end starts the next window at its end.
 
     @return: the start offsets, the clean end (just past the last whole
         record), and why decoding stopped early (C{None} at the end of C{buf}).
     """
-    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
-    end = len(mv)
-    offsets = array("q")
-    add = offsets.append
-    fixed = _FIXED.get
-    add_op, addx, add_xid, cont = _ADD, _ADDX, _ADD_XID, _CONTINUE
-    i32 = _I32
+    data = np.frombuffer(buf, dtype=np.uint8)
+    end = len(data)
+    parts = []
     pos = 0
-    problem: str | None = None
     while pos < end:
-        op = mv[pos]
-        step = fixed(op)
-        if step is not None:
-            if pos + step > end:
-                problem = "truncated record"
-                break
-            add(pos)
-            pos += step
-            continue
-        if op == addx or op == add_op:
-            if pos + 5 > end:
-                problem = "truncated record"
-                break
-            (size,) = i32(mv, pos + 1)
-            minimum = 16 if op == addx else 4
-            head = 5
-        elif op == add_xid or op == cont:
-            if pos + 9 > end:
-                problem = "truncated record"
-                break
-            (size,) = i32(mv, pos + 5)
-            minimum = 16
-            head = 9
-        else:
-            problem = f"invalid opcode {op}"
+        problem = _problem(data, pos)
+        if problem is not None:
             break
-        if size < minimum:
-            problem = f"block of {size} bytes is shorter than {minimum}"
-            break
-        nxt = pos + head + size
-        if nxt > end:
-            problem = "truncated record"
-            break
-        add(pos)
-        pos = nxt
-    return np.frombuffer(offsets, dtype=np.int64), pos, problem
+        starts, pos = _frame_window(data, pos, min(end, pos + WINDOW))
+        parts.append(starts)
+    else:
+        problem = None
+    offsets = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return offsets, pos, problem
 
 
 def _gather(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
     """Read one little-endian integer of C{width} bytes at every offset in C{at}."""
     if len(at) == 0:
         return np.zeros(0, dtype=dtype)
-    idx = at[:, None] + np.arange(width, dtype=np.int64)
-    return np.ascontiguousarray(data[idx]).view(dtype).reshape(len(at))
+    # a view with a one-byte stride: element i is the integer whose bytes start at i
+    view = np.ndarray((len(data) - width + 1,), dtype, data, 0, (1,))
+    return view[at]
 
 
 def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
