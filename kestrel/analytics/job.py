@@ -62,7 +62,7 @@ def scan(spark: SparkSession, plan: Plan, reader: str) -> DataFrame:
 
 
 def _flow(events: DataFrame) -> DataFrame:
-    """The per-minute flow on Spark; equal to L{tables.flow_table} on pandas."""
+    """The per-minute flow on Spark; equal to L{tables.queue_flow} on numpy."""
     from pyspark.sql import functions as sf
 
     op = sf.col("op")

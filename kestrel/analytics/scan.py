@@ -418,17 +418,63 @@ def uncertain_adds(op: np.ndarray, snapshot: np.ndarray, filler: np.ndarray,
     return max(0, items - opened)
 
 
-def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
-    """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
-    n = scan.count
+@attrs.frozen
+class Decoded:
+    """
+    One file's records as numpy columns, with what the file's place adds to them.
+
+    C{lb}, C{ub} and C{est} are the time bounds and estimate of every record
+    (L{time_bounds}, L{time_estimates}); C{snapshot} and C{filler} its
+    snapshot marks (L{snapshot_masks}); C{uncertain} the snapshot's adds that
+    may be client adds (L{uncertain_adds}).
+    """
+
+    scan: Scan
+    lb: np.ndarray
+    ub: np.ndarray
+    est: np.ndarray
+    snapshot: np.ndarray
+    filler: np.ndarray
+    uncertain: int
+
+
+def decode(scan: Scan, jf: JournalFile) -> Decoded:
+    """Add to the scan of file C{jf} its records' times and snapshot marks."""
     lb, ub = time_bounds(scan, jf.start_ms, jf.end_ms)
     est = time_estimates(scan, lb, ub)
+    snapshot, filler = snapshot_masks(scan.op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
+    return Decoded(scan, lb, ub, est, snapshot, filler,
+                   uncertain_adds(scan.op, snapshot, filler, jf.bound_exact))
+
+
+def decode_local(jf: JournalFile) -> Decoded:
+    """Decode a local journal file, memory-mapped (nothing returned refers to the map)."""
+    with open(local_path(jf.path), "rb") as fh:
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            return decode(scan_buffer(b""), jf)
+        try:
+            return decode(scan_buffer(mapped), jf)
+        finally:
+            mapped.close()
+
+
+def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
+    """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
+    return decoded_batch(decode(scan, jf), jf)
+
+
+def decoded_batch(d: Decoded, jf: JournalFile) -> pa.RecordBatch:
+    """Return the decoded file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
+    scan = d.scan
+    n = scan.count
+    lb, ub, est, snapshot, filler, uncertain = d.lb, d.ub, d.est, d.snapshot, d.filler, \
+        d.uncertain
     op = scan.op
     is_add = np.isin(op, ADD_OPS)
     has_xid = np.isin(op, XID_OPS)
     rows = n + 1
-    snapshot, filler = snapshot_masks(op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
-    uncertain = uncertain_adds(op, snapshot, filler, jf.bound_exact)
 
     def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,
              typ: pa.DataType) -> pa.Array:
@@ -466,12 +512,4 @@ def scan_file(jf: JournalFile, data: bytes | memoryview) -> pa.RecordBatch:
 
 def read_local(jf: JournalFile) -> pa.RecordBatch:
     """Scan a local journal file (memory-mapped) into one record batch."""
-    with open(local_path(jf.path), "rb") as fh:
-        try:
-            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            return scan_file(jf, b"")
-        try:
-            return scan_file(jf, mapped)
-        finally:
-            mapped.close()
+    return decoded_batch(decode_local(jf), jf)

@@ -161,89 +161,97 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
     return out[cols].astype({c: "Int64" for c in cols[3:]})
 
 
-def flow_table(events: pd.DataFrame) -> pd.DataFrame:
+def queue_flow(server: str, queue: str, c: dict[str, np.ndarray]) -> pd.DataFrame:
     """
-    Return the per-minute flow of C{events} (pandas), as the Spark job computes it.
+    Return the per-minute flow of one queue's records (numpy columns).
 
-    Traffic columns count records outside snapshots; item sizes are those
-    of traffic adds, exact nearest-rank percentiles. Records count in the
-    minute of their estimated time (C{event_ms}); C{estimated} counts the
-    traffic records whose bracket spans more than that minute, and
-    C{first_ms}/C{last_ms} are the lowest lower bound and the highest upper
-    bound of the minute's traffic records, so that they enclose them.
+    C{c} holds C{op, size, snapshot, filler, est, lb, ub} (times L{NONE} where
+    unknown), one entry per record, live and archive files alike. Traffic
+    columns count records outside snapshots; item sizes are those of traffic
+    adds, exact nearest-rank percentiles. Records count in the minute of their
+    estimated time; C{estimated} counts the traffic records whose bracket
+    spans more than that minute, and C{first_ms}/C{last_ms} are the lowest
+    lower bound and the highest upper bound of the minute's traffic records,
+    so that they enclose them.
     """
-    if len(events) == 0:
-        return pd.DataFrame({c: [] for c in columns(FLOW_DDL)})
-    op = events["op"].to_numpy()
-    snap = events["snapshot"].to_numpy(dtype=bool)
-    fill = events["filler"].to_numpy(dtype=bool)
+    op, est = c["op"], c["est"]
+    if len(op) == 0:
+        return pd.DataFrame({k: [] for k in columns(FLOW_DDL)})
+    snap = c["snapshot"].astype(bool)
+    fill = c["filler"].astype(bool)
     traffic = ~snap
     is_add = np.isin(op, ADD_OPS)
-    est = events["event_ms"]
-    lb = events["time_lb_ms"].fillna(est)
-    ub = events["time_ub_ms"].fillna(est)
-    spans = (lb // MINUTE_MS != ub // MINUTE_MS).to_numpy(dtype=bool)
-    ev = pd.DataFrame({
-        "server": events["server"].to_numpy(), "queue": events["queue"].to_numpy(),
-        "minute_ms": (events["event_ms"] // MINUTE_MS * MINUTE_MS),
-        "lb_ms": lb.where(traffic),
-        "ub_ms": ub.where(traffic),
-        "records": 1,
-        "enqueued": (traffic & is_add).astype(np.int64),
-        "dequeued": (traffic & np.isin(op, DEQUEUE_OPCODES)).astype(np.int64),
-        "opened": (traffic & np.isin(op, OPEN_OPCODES)).astype(np.int64),
-        "confirmed": (traffic & np.isin(op, CONFIRM_OPCODES)).astype(np.int64),
-        "aborted": (traffic & np.isin(op, ABORT_OPCODES)).astype(np.int64),
-        "bytes_enqueued": np.where(traffic & is_add, events["size"].fillna(0), 0).astype(
-            np.int64),
-        "snapshot_records": snap.astype(np.int64),
-        "reemitted_adds": (snap & is_add & ~fill).astype(np.int64),
-        "fillers": fill.astype(np.int64),
-        "estimated": (traffic & spans).astype(np.int64),
-        "add_size": events["size"].where(traffic & is_add),
+    known = est != NONE
+    lb = np.where(c["lb"] != NONE, c["lb"], est)
+    ub = np.where(c["ub"] != NONE, c["ub"], est)
+    minute = np.where(known, est // MINUTE_MS * MINUTE_MS, NONE)
+    # an unknown minute is its own group, last (as pandas puts a missing key)
+    key = np.where(known, minute, np.iinfo(np.int64).max)
+    order = np.argsort(key, kind="stable")
+    keys, group = np.unique(key[order], return_inverse=True)
+    g = np.empty(len(op), np.int64)
+    g[order] = group
+    groups = len(keys)
+
+    def count(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(g, weights=mask, minlength=groups).astype(np.int64)
+
+    t_add = traffic & is_add
+    sizes = c["size"].astype(np.int64)
+    out = pd.DataFrame({
+        "server": server, "queue": queue,
+        "minute_ms": pd.array(np.where(keys == np.iinfo(np.int64).max, 0, keys),
+                              dtype="Int64"),
+        "records": np.bincount(g, minlength=groups).astype(np.int64),
+        "enqueued": count(t_add),
+        "dequeued": count(traffic & np.isin(op, DEQUEUE_OPCODES)),
+        "opened": count(traffic & np.isin(op, OPEN_OPCODES)),
+        "confirmed": count(traffic & np.isin(op, CONFIRM_OPCODES)),
+        "aborted": count(traffic & np.isin(op, ABORT_OPCODES)),
+        "bytes_enqueued": np.bincount(g, weights=np.where(t_add, sizes, 0),
+                                      minlength=groups).astype(np.int64),
+        "snapshot_records": count(snap),
+        "reemitted_adds": count(snap & is_add & ~fill),
+        "fillers": count(fill),
+        "estimated": count(traffic & (lb // MINUTE_MS != ub // MINUTE_MS)),
     })
-    g = ev.groupby(["server", "queue", "minute_ms"], dropna=False, sort=True)
-    sums = g[["records", "enqueued", "dequeued", "opened", "confirmed", "aborted",
-              "bytes_enqueued", "snapshot_records", "reemitted_adds", "fillers",
-              "estimated"]].sum()
-    out = sums.reset_index()
-    out["first_ms"] = g["lb_ms"].min().to_numpy()
-    out["last_ms"] = g["ub_ms"].max().to_numpy()
-    # nearest-rank size percentiles of every group at once: sort by (group, size)
-    codes = g.ngroup().to_numpy()
-    sizes = ev["add_size"].to_numpy(dtype=float)
-    keep = ~np.isnan(sizes)
-    codes, sizes = codes[keep], sizes[keep].astype(np.int64)
-    order = np.lexsort((sizes, codes))
-    codes, sizes = codes[order], sizes[order]
-    groups = len(out)
+    out.loc[keys == np.iinfo(np.int64).max, "minute_ms"] = pd.NA
+    hi = np.iinfo(np.int64).max
+    first = np.full(groups, hi, np.int64)
+    last = np.full(groups, NONE, np.int64)
+    np.minimum.at(first, g[traffic], lb[traffic])
+    np.maximum.at(last, g[traffic], ub[traffic])
+    out["first_ms"] = pd.array(np.where(first == hi, 0, first), dtype="Int64")
+    out["last_ms"] = pd.array(np.where(last == NONE, 0, last), dtype="Int64")
+    out.loc[first == hi, "first_ms"] = pd.NA
+    out.loc[last == NONE, "last_ms"] = pd.NA
+    # nearest-rank size percentiles of every minute at once: sort by (minute, size)
+    codes, vals = g[t_add], sizes[t_add]
+    o = np.lexsort((vals, codes))
+    codes, vals = codes[o], vals[o]
     counts = np.bincount(codes, minlength=groups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     has = counts > 0
-    for name, p in (("size_p50", 0.5), ("size_p90", 0.9), ("size_p99", 0.99)):
+    for name, p in (("size_p50", 0.5), ("size_p90", 0.9), ("size_p99", 0.99), ("size_max", 1)):
         rank = np.maximum(1, np.ceil(p * counts).astype(np.int64))
-        vals = np.zeros(groups, np.int64)
-        vals[has] = sizes[(starts + rank - 1)[has]]
-        out[name] = pd.array(np.where(has, vals, 0), dtype="Int64")
+        got = np.zeros(groups, np.int64)
+        got[has] = vals[(starts + rank - 1)[has]]
+        out[name] = pd.array(got, dtype="Int64")
         out.loc[~has, name] = pd.NA
-    vals = np.zeros(groups, np.int64)
-    vals[has] = sizes[(starts + counts - 1)[has]]
-    out["size_max"] = pd.array(vals, dtype="Int64")
-    out.loc[~has, "size_max"] = pd.NA
-    for c in ("minute_ms", "first_ms", "last_ms"):
-        out[c] = pd.array(out[c], dtype="Int64")
     return out[columns(FLOW_DDL)]
 
 
-def size_bins(events: pd.DataFrame) -> pd.DataFrame:
-    """Return the histogram of traffic add sizes: C{server, queue, bin, count} (log2 bins)."""
-    adds = events[np.isin(events["op"], ADD_OPS) & ~events["snapshot"].astype(bool)]
-    size = adds["size"].fillna(0).astype(np.int64).to_numpy()
-    bins = np.where(size == 0, 0,
-                    np.floor(np.log2(np.maximum(size, 1))).astype(np.int64) + 1)
-    df = pd.DataFrame({"server": adds["server"].to_numpy(), "queue": adds["queue"].to_numpy(),
-                       "bin": bins})
-    return df.groupby(["server", "queue", "bin"]).size().rename("count").reset_index()
+def queue_sizes(server: str, queue: str, op: np.ndarray, size: np.ndarray,
+                snapshot: np.ndarray) -> pd.DataFrame:
+    """Return one queue's histogram of traffic add sizes: C{server, queue, bin, count}
+    (log2 bins: 0 for empty items, then C{floor(log2(size)) + 1})."""
+    adds = np.isin(op, ADD_OPS) & ~snapshot.astype(bool)
+    sz = size[adds].astype(np.int64)
+    bins = np.where(sz == 0, 0, np.floor(np.log2(np.maximum(sz, 1))).astype(np.int64) + 1)
+    counts = np.bincount(bins) if len(bins) else np.zeros(0, np.int64)
+    present = np.flatnonzero(counts)
+    return pd.DataFrame({"server": server, "queue": queue, "bin": present,
+                         "count": counts[present].astype(np.int64)})
 
 
 def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
