@@ -195,16 +195,19 @@ def svg_steps(title: str, starts: Sequence[float], width_ms: int,
     parts.append(f'<text x="12" y="{top + ph / 2:.0f}" font-size="10" text-anchor="middle" '
                  f'transform="rotate(-90 12 {top + ph / 2:.0f})">{html.escape(y_label)}</text>')
     for t, label in time_ticks(x0, x1):
+        # labels near an edge are anchored inside the chart
+        anchor = ("start" if px(t) - left < 40 else "end" if left + pw - px(t) < 40
+                  else "middle")
         parts.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top + ph}" '
                      f'y2="{top + ph + 3}" stroke="#888"/><text x="{px(t):.1f}" '
-                     f'y="{top + ph + 14}" font-size="10" text-anchor="middle">'
+                     f'y="{top + ph + 14}" font-size="10" text-anchor="{anchor}">'
                      f'{html.escape(label)}</text>')
     parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 6}" font-size="10" '
                  f'text-anchor="middle">time (UTC)</text>')
     lo, hi = window
     partial = [(lo is not None and s < lo) or (hi is not None and s + width_ms > hi + 1)
                for s in starts]
-    for i, (name, ys) in enumerate(series.items()):
+    for i, ys in enumerate(series.values()):
         color = _COLORS[i % len(_COLORS)]
         whole = []
         for s, y, part in zip(starts, ys, partial, strict=True):
@@ -217,8 +220,13 @@ def svg_steps(title: str, starts: Sequence[float], width_ms: int,
         if whole:
             parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
                          f'points="{" ".join(whole)}"/>')
-        parts.append(f'<text x="{left + pw - 4}" y="{top + 14 + 12 * i}" font-size="11" '
-                     f'text-anchor="end" fill="{color}">{html.escape(name)}</text>')
+    # the legend sits in the title row, right-aligned, clear of the lines
+    x = left + pw
+    for i, name in reversed(list(enumerate(series))):
+        color = _COLORS[i % len(_COLORS)]
+        parts.append(f'<text x="{x}" y="16" font-size="11" text-anchor="end" '
+                     f'fill="{color}">{html.escape(name)}</text>')
+        x -= 7 * len(name) + 14
     for s, part in zip(starts, partial, strict=True):
         if part:
             parts.append(f'<text x="{(px(s) + px(s + width_ms)) / 2:.1f}" y="{top + 10}" '
@@ -291,8 +299,13 @@ def _n(v: Any) -> str:
 
 
 def _span(first: int, last: int) -> str:
-    """A time window; the end shows only the time when it is the same day."""
-    a, b = _fmt_time(first), _fmt_time(last)
+    """A time window; the end shows only the time when it is the same day, and times
+    show seconds when the window is under an hour."""
+    if last - first < 3_600_000:
+        a, b = (datetime.fromtimestamp(t / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+                for t in (first, last))
+    else:
+        a, b = _fmt_time(first), _fmt_time(last)
     return f"{a} - {b[11:] if a[:10] == b[:10] else b}"
 
 

@@ -25,9 +25,11 @@ from kestrel.journal.events import ABORT_OPCODES, CONFIRM_OPCODES, DEQUEUE_OPCOD
 
 ESTIMATE_NOTE = (
     "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
-    "their times are estimates, bracketed between the neighbouring timestamped records "
-    "(or the file's rotation time, or the live file's modification time). Dequeue minutes "
-    "use the lower bound; time in queue is given as a lower and an upper bound.")
+    "each is bracketed between the neighbouring timestamped records (or the file's "
+    "rotation time, or the live file's modification time plus 20 ms). Minutes place "
+    "them at an estimate inside the bracket (untimed records spread evenly between "
+    "their bounds; the flow's estimated column counts them); the traffic window, time "
+    "in queue and expired items are given from the bounds.")
 
 TRAFFIC_NOTE = (
     "traffic: what clients did (adds, removes, reads opened, confirmed, aborted), counted "
