@@ -130,15 +130,34 @@ for _op, _n in _FIXED.items():
 _LENGTH[[_ADD, _ADDX, _ADD_XID, _CONTINUE]] = 0
 #: Per add opcode: where its i32 block size is, the bytes before the block, its minimum.
 _SIZE_AT = {_ADD: (1, 5, 4), _ADDX: (1, 5, 16), _ADD_XID: (5, 9, 16), _CONTINUE: (5, 9, 16)}
-#: Bytes framed at once (see L{frame_records}); it bounds the framer's memory.
-WINDOW = 1 << 20
+#: Bytes whose possible records are found at once (see L{frame_records}); it bounds
+#: the framer's memory (about 3 bytes per byte of the chunk).
+CHUNK = 4 << 20
+#: Bytes of a chunk whose chain is followed at once: short windows keep the pointer
+#: doubling to a few steps.
+WINDOW = 1 << 16
 
 _VALID, _TRUNCATED, _SHORT = 0, 1, 2
+#: Per opcode byte: the bytes of its head (the whole record for fixed ones), whether it
+#: has a block, whether its size is after an xid, and the block's minimum size.
+_HEAD = np.where(_LENGTH > 0, _LENGTH, 0)
+_HAS_BLOCK = np.zeros(256, bool)
+_SIZE_LATE = np.zeros(256, bool)
+_MINIMUM = np.zeros(256, np.int64)
+for _op, (_at, _head, _min) in _SIZE_AT.items():
+    _HEAD[_op] = _head
+    _HAS_BLOCK[_op] = True
+    _SIZE_LATE[_op] = _at == 5
+    _MINIMUM[_op] = _min
 
 
 def _headers(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     Read, for every position in C{at} whose byte is an opcode, the record it would start.
+
+    All positions at once: the i32 after the opcode and the one four bytes
+    later are read for every position, and tables indexed by the opcode say
+    which is the block size, how long the head is and the block's minimum.
 
     @return: the record lengths, a status per position (L{_VALID}, L{_TRUNCATED}: it
         runs past the end, L{_SHORT}: an add's block is below its minimum) and the
@@ -146,21 +165,19 @@ def _headers(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     """
     end = len(data)
     ops = data[at]
-    length = _LENGTH[ops]
-    status = np.zeros(len(at), np.int8)
+    head = _HEAD[ops]
+    whole = at + head <= end
+    reads = whole & _HAS_BLOCK[ops]
     block = np.zeros(len(at), np.int64)
-    for op, (size_at, head, minimum) in _SIZE_AT.items():
-        sel = np.flatnonzero(ops == op)
-        if not len(sel):
-            continue
-        pos = at[sel]
-        whole = pos + head <= end
-        size = np.zeros(len(sel), np.int64)
-        size[whole] = _gather(data, pos[whole] + size_at, 4, "<i4")
-        block[sel] = size
-        length[sel] = head + size
-        status[sel] = np.where(~whole, _TRUNCATED, np.where(size < minimum, _SHORT, _VALID))
-    status[(status == _VALID) & (at + length > end)] = _TRUNCATED
+    if reads.any():
+        pos = at[reads]
+        late = _SIZE_LATE[ops[reads]]
+        size = _gather(data, pos + np.where(late, 5, 1), 4, "<i4").astype(np.int64)
+        block[reads] = size
+    length = np.where(_HAS_BLOCK[ops], head + block, _LENGTH[ops])
+    status = np.where(~whole, _TRUNCATED,
+                      np.where(block < _MINIMUM[ops], _SHORT,
+                               np.where(at + length > end, _TRUNCATED, _VALID))).astype(np.int8)
     return length, status, block
 
 
@@ -179,50 +196,39 @@ def _problem(data: np.ndarray, pos: int) -> str | None:
     return None
 
 
-def _frame_window(data: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, int]:
+def _chain(succ: np.ndarray, first: int, stop: int) -> np.ndarray:
     """
-    Follow the records from C{start} (a whole record) while they start before C{stop}.
+    Return the indices of the chain of nodes from C{first}, within nodes C{[first, stop)}.
 
-    Every byte of the window that could start a whole record becomes a node
-    linked to the position just past its record; the chain from C{start} is
-    then found by pointer doubling (C{J[k+1] = J[k][J[k]]}, a few gathers over
-    all nodes), and its nodes listed by doubling the known prefix of the
-    chain. No Python step runs per record.
-
-    @return: the record starts, and the position after the last of them.
+    C{succ[i]} is the index of the node just after node C{i}'s record (or -1).
+    The chain is found by pointer doubling (C{J[k+1] = J[k][J[k]]}, a few
+    gathers over the window's nodes), and listed by doubling its known prefix.
     """
-    at = np.flatnonzero(data[start:stop] <= 9).astype(np.int64) + start
-    length, status, _ = _headers(data, at)
-    nodes = at[status == _VALID]
-    nxt = nodes + length[status == _VALID]
-    # the next node's index, or the sentinel len(nodes) when the chain leaves the window
-    # or reaches no whole record
-    idx = np.searchsorted(nodes, nxt)
-    inside = idx < len(nodes)
-    inside[inside] = nodes[idx[inside]] == nxt[inside]
-    sentinel = len(nodes)
-    jump = np.append(np.where(inside, idx, sentinel), sentinel).astype(np.int64)
-    first = int(np.searchsorted(nodes, start))
+    sentinel = stop - first
+    local = succ[first:stop] - first
+    jump = np.append(np.where((local >= 0) & (local < sentinel), local, sentinel), sentinel)
     levels = [jump]
-    while levels[-1][first] != sentinel:
+    while levels[-1][0] != sentinel:
         j = levels[-1]
         levels.append(j[j])
-    chain = np.array([first], np.int64)
+    chain = np.zeros(1, np.int64)
     for j in levels:
         step = j[chain]
         chain = np.concatenate((chain, step[step != sentinel]))
         if step[-1] == sentinel:
             break
-    starts = nodes[chain]
-    return starts, int(nxt[chain[-1]])
+    return chain + first
 
 
 def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int, str | None]:
     """
     Find where every whole record of C{buf} starts, without a Python step per record.
 
-    The bytes are framed one L{WINDOW} at a time (L{_frame_window}); a record
-    that runs past a window's end starts the next window at its end.
+    One L{CHUNK} at a time, every byte that could start a whole record (an
+    opcode whose record is valid and fits) becomes a node linked to the node
+    just past its record; the chain from the chunk's first record is then
+    followed one L{WINDOW} of nodes at a time (L{_chain}). A record that runs
+    past the chunk starts the next chunk at its end.
 
     @return: the start offsets, the clean end (just past the last whole
         record), and why decoding stopped early (C{None} at the end of C{buf}).
@@ -231,14 +237,31 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
     end = len(data)
     parts = []
     pos = 0
+    problem = None
     while pos < end:
         problem = _problem(data, pos)
         if problem is not None:
             break
-        starts, pos = _frame_window(data, pos, min(end, pos + WINDOW))
-        parts.append(starts)
-    else:
-        problem = None
+        stop = min(end, pos + CHUNK)
+        at = np.flatnonzero(data[pos:stop] <= 9).astype(np.int64) + pos
+        length, status, _ = _headers(data, at)
+        valid = status == _VALID
+        nodes = at[valid]
+        nxt = nodes + length[valid]
+        idx = np.searchsorted(nodes, nxt)
+        inside = idx < len(nodes)
+        inside[inside] = nodes[idx[inside]] == nxt[inside]
+        succ = np.where(inside, idx, -1)
+        first = 0  # pos is a whole record: the chunk's first node
+        while True:
+            window_end = max(first + 1, int(np.searchsorted(nodes, nodes[first] + WINDOW)))
+            chain = _chain(succ, first, window_end)
+            parts.append(nodes[chain])
+            last = int(chain[-1])
+            if succ[last] < 0:
+                pos = int(nxt[last])
+                break
+            first = int(succ[last])
     offsets = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     return offsets, pos, problem
 

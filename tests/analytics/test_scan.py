@@ -86,23 +86,28 @@ def test_truncated_tail_is_counted_not_fatal(recs: list, draw: st.DataObject) ->
        st.data())
 def test_the_bulk_framer_agrees_with_the_codec(recs: list, window: int, tail: bytes,
                                                draw: st.DataObject) -> None:
-    """Whatever the window (records crossing it, payloads full of opcode bytes, a cut or
-    garbage at the end), the framer finds the codec's records, clean end and problem."""
+    """Whatever the window and chunk (records crossing them, payloads full of opcode bytes,
+    a cut or garbage at the end), the framer finds the codec's records, clean end and
+    problem."""
     buf = b"".join(r.encode() for r in recs) + tail
     buf = buf[:draw.draw(st.integers(0, len(buf)))]
-    saved = scan_module.WINDOW
-    scan_module.WINDOW = window
+    saved = scan_module.WINDOW, scan_module.CHUNK
+    scan_module.WINDOW, scan_module.CHUNK = window, draw.draw(st.integers(1, 200))
     try:
         offsets, end, problem = frame_records(buf)
     finally:
-        scan_module.WINDOW = saved
+        scan_module.WINDOW, scan_module.CHUNK = saved
     want = records.decode_prefix(buf)
     assert (offsets.tolist(), end, problem) == (want.offsets, want.end, want.problem)
 
 
-def test_payloads_of_opcode_bytes_frame_in_bulk() -> None:
+@pytest.mark.parametrize("chunk", [None, 10_000])
+def test_payloads_of_opcode_bytes_frame_in_bulk(chunk: int | None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A journal whose payloads are all REMOVE and xid bytes (every byte could start a record)
-    frames like the codec, over many windows."""
+    frames like the codec, over many windows and chunks."""
+    if chunk is not None:
+        monkeypatch.setattr(scan_module, "CHUNK", chunk)
     parts = []
     for i in range(3000):
         parts.append(records.encode_add(bytes([1, 9, 4, 0, 2]) * (i % 50), i))
