@@ -137,6 +137,9 @@ CHUNK = 4 << 20
 #: doubling to a few steps.
 WINDOW = 1 << 16
 
+#: Below this many bytes to the end, no block size has a non-zero high byte.
+SMALL = 1 << 24
+
 _VALID, _TRUNCATED, _SHORT = 0, 1, 2
 #: Per opcode byte: the bytes of its head (the whole record for fixed ones), whether it
 #: has a block, whether its size is after an xid, and the block's minimum size.
@@ -196,6 +199,27 @@ def _problem(data: np.ndarray, pos: int) -> str | None:
     return None
 
 
+def _maybe_records(data: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """
+    Return, per byte of C{[start, stop)}, whether a whole record may start there.
+
+    Byte-wide tests over the whole range (cheap, next to reading heads): the
+    byte is an opcode and, for a zero byte (the legacy ADD, and most of the
+    opcode bytes a journal's heads hold: high bytes of sizes and times, empty
+    expiries), its block size (the next four bytes) is at least 4 and, when
+    less than 16 MiB follow, below 16 MiB. Only positions that cannot start
+    a whole record are left out; L{_headers} decides about the rest.
+    """
+    n = stop - start
+    ext = data[start:min(len(data), stop + 5)]
+    if len(ext) < n + 5:
+        ext = np.concatenate((ext, np.zeros(n + 5 - len(ext), np.uint8)))
+    op, s1, s2, s3, s4 = (ext[k:k + n] for k in range(5))
+    bad = (s4 != 0) if len(data) - start < SMALL else (s4 >= 128)
+    bad |= (s1 < 4) & (s2 == 0) & (s3 == 0) & (s4 == 0)
+    return (op <= 9) & ~((op == _ADD) & bad)
+
+
 def _chain(succ: np.ndarray, first: int, stop: int) -> np.ndarray:
     """
     Return the indices of the chain of nodes from C{first}, within nodes C{[first, stop)}.
@@ -243,7 +267,7 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
         if problem is not None:
             break
         stop = min(end, pos + CHUNK)
-        at = np.flatnonzero(data[pos:stop] <= 9).astype(np.int64) + pos
+        at = np.flatnonzero(_maybe_records(data, pos, stop)).astype(np.int64) + pos
         length, status, _ = _headers(data, at)
         valid = status == _VALID
         nodes = at[valid]

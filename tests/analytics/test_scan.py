@@ -91,12 +91,13 @@ def test_the_bulk_framer_agrees_with_the_codec(recs: list, window: int, tail: by
     problem."""
     buf = b"".join(r.encode() for r in recs) + tail
     buf = buf[:draw.draw(st.integers(0, len(buf)))]
-    saved = scan_module.WINDOW, scan_module.CHUNK
+    saved = scan_module.WINDOW, scan_module.CHUNK, scan_module.SMALL
     scan_module.WINDOW, scan_module.CHUNK = window, draw.draw(st.integers(1, 200))
+    scan_module.SMALL = draw.draw(st.sampled_from([0, 1 << 24]))  # both size filters
     try:
         offsets, end, problem = frame_records(buf)
     finally:
-        scan_module.WINDOW, scan_module.CHUNK = saved
+        scan_module.WINDOW, scan_module.CHUNK, scan_module.SMALL = saved
     want = records.decode_prefix(buf)
     assert (offsets.tolist(), end, problem) == (want.offsets, want.end, want.problem)
 
