@@ -2,9 +2,10 @@
 The analysis of whole queues, in one process (``--engine local``) or in Spark tasks.
 
 L{analyse_group} takes every file of some queues (each queue with all its
-live and archive files), scans them with the bulk scanner and computes that
-group's part of every table with L{kestrel.analytics.tables}: flow, size
-histogram, replay (backlog, time in queue, expiry) and file trailers. Since
+live and archive files), decodes them into numpy columns with the bulk
+scanner and computes that group's part of every table with
+L{kestrel.analytics.tables}: flow, size histogram, replay (backlog, time in
+queue, expiry) and file trailers. Since
 a queue never spans two groups, the parts only need concatenating.
 
 L{run_local} runs the groups one after the other in this process; the Spark

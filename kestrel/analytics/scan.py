@@ -2,10 +2,13 @@
 Columnar scan of one journal file, with the server's record codec.
 
 This module is Spark-free: L{scan_buffer} decodes a byte string (the record
-layouts of L{kestrel.journal.records}) into numpy columns: one light pass
-finds where records start, then numpy reads every field of all records at once, and L{to_batch}
-turns them into one Arrow record batch, the shape both the Spark data source
-and the single-process benchmark consume.
+layouts of L{kestrel.journal.records}) into numpy columns with no Python step
+per record: L{frame_records} finds where records start (every byte that could
+start one is linked to the next, and the chain from the file's start found by
+pointer doubling), then numpy reads every field of all records at once.
+L{decode} adds each record's times and snapshot marks (the columns the
+one-process analysis works on), and L{to_batch} turns them into one Arrow
+record batch, the shape the Spark data source and the events table use.
 
 This is the columnar counterpart of L{kestrel.journal.records.decode_prefix}
 (the tests hold it to the same records), not a second codec or a second
@@ -22,8 +25,8 @@ C{end_ms}); C{time_ub_ms} is never below C{time_lb_ms}.
 
 C{time_est_ms} is the estimate inside that bracket (L{time_estimates}): the
 untimed records between two timed ones are spread evenly over the gap, as a
-client reading at a steady pace would have written them. It is what minutes
-and windows are counted by; the bracket is what bounds are computed from.
+client reading at a steady pace would have written them. Minutes are counted
+by it; windows, waits and expiries are computed from the bracket.
 """
 
 from __future__ import annotations
