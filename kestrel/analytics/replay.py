@@ -94,6 +94,9 @@ class QueueReplay:
     @ivar backlog_bytes: payload bytes of queued items and open reads then.
     @ivar wait_lb_ms: per item removed for good, the lower bound of its wait.
     @ivar wait_ub_ms: the matching upper bounds.
+    @ivar expired_removed: items with an expiry removed by a REMOVE whose time's
+        upper bound is past the expiry (discarded as expired, at most);
+        C{expired_removed_min} those whose lower bound is (certainly).
     """
 
     backlog_minute_ms: np.ndarray
@@ -236,8 +239,8 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     # The server discards an item as expired (a REMOVE) when its expiry is before
     # the time of removal, and never hands an expired item to a client: a REMOVE
     # of an item is an expiry exactly when its time is past the item's expiry.
-    # That time is only bracketed: certain below the lower bound, possible below
-    # the upper one.
+    # That time is only bracketed: an expiry before its lower bound is certain,
+    # before its upper bound possible.
     by_remove = removed >= 0
     by_remove[by_remove] = op[removed[by_remove]] == REMOVE
     exp_done = has_exp & by_remove
