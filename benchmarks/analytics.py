@@ -11,9 +11,10 @@ then runs, each as its own process, with a warm page cache:
 - ``kestrel-analyze --engine local`` (one Python process, every table);
 - ``kestrel-analyze --master local[N]`` (Spark, every table, same outputs);
 
-and prints records/s, wall seconds, CPU seconds (user + system of the whole
-process tree, JVM and Python workers included) and the peak resident memory
-of the tree, both sampled from /proc every 0.1 s. On a loaded machine the CPU
+and prints records/s, MiB/s (per wall second and per CPU second), wall
+seconds, CPU seconds (user + system of the whole process tree, JVM and
+Python workers included) and the peak resident memory of the tree, both
+sampled from /proc every 0.1 s. On a loaded machine the CPU
 seconds are the fairer comparison. It also times Spark on one
 tiny file: its fixed overhead. The load average is printed with each line:
 on a shared machine, compare runs made at the same load.
@@ -228,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "cat":
                     cmd = ["sh", "-c", " ".join(cmd) + " > /dev/null"]
                 took, peak, cpu = timed(cmd, env)
-                print(f"  {mode:6} {n / took:12,.0f} records/s  {took:7.1f}s wall  "
+                mib = size / 2**20
+                print(f"  {mode:6} {n / took:12,.0f} records/s  {mib / took:7.1f} MiB/s  "
+                      f"{mib / max(cpu, 0.01):7.1f} MiB per CPU s  {took:7.1f}s wall  "
                       f"{cpu:7.1f}s CPU  peak {peak / 2**20:7,.0f} MiB  "
                       f"load {os.getloadavg()[0]:.1f}")
     finally:

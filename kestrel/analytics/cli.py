@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", action="store_true",
                    help="also write the per-record events table (large)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Spark's own log (its warnings and errors); quiet by default")
     p.add_argument("--no-ship", action="store_true",
                    help="do not ship the kestrel package to a cluster's executors (it is "
                         "installed there); it is never shipped when --py-files gave files")
@@ -82,12 +84,17 @@ def is_local_master(master: str | None) -> bool:
 
 
 def make_session(master: str | None, conf: dict[str, str] | None = None,
-                 app_name: str = "kestrel-analyze") -> SparkSession:
+                 app_name: str = "kestrel-analyze", quiet: bool = False) -> SparkSession:
     """
     Return a Spark session for the job.
 
     For a local master: C{SPARK_LOCAL_IP} defaults to 127.0.0.1 and the
     directory holding the C{kestrel} package joins the workers' C{PYTHONPATH}.
+    With C{quiet}, everything the Spark JVM (and the Python workers it
+    starts) writes to stderr goes to a temporary file instead, from its
+    first line: a master that cannot be reached would otherwise print a
+    hundred lines before the error is raised. If the session does not
+    start, the error names that file; otherwise the file is removed.
     """
     import kestrel
 
@@ -122,7 +129,25 @@ def make_session(master: str | None, conf: dict[str, str] | None = None,
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    if not quiet:
+        return builder.getOrCreate()
+    fd, log_path = tempfile.mkstemp(prefix="kestrel-analyze-spark-", suffix=".log")
+    saved = os.dup(2)
+    os.dup2(fd, 2)  # the JVM started now inherits it as its stderr, and keeps it
+    try:
+        session = builder.getOrCreate()
+    except Exception as e:
+        raise SparkStartError(f"{_one_line(e)} (Spark's log: {log_path})") from e
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+    os.unlink(log_path)
+    return session
+
+
+class SparkStartError(RuntimeError):
+    """The Spark session did not start; the message names Spark's log file."""
 
 
 def _installed(module: str) -> bool:
@@ -282,7 +307,7 @@ def _run_spark(args: argparse.Namespace, conf: dict[str, str],
                         "or use --engine local") from None
     existing = SparkSession.getActiveSession()  # e.g. a notebook's: reuse it, never stop it
     try:
-        spark = existing or make_session(args.master, conf)
+        spark = existing or make_session(args.master, conf, quiet=not args.verbose)
     except Exception as e:  # noqa: BLE001 - Spark start-up failures are user-fixable
         raise UserError(f"Spark did not start: {_one_line(e)} (is Java 17 or 21 installed, "
                         "and the --master URL right?)") from None

@@ -27,6 +27,14 @@ PACK = "pack"
 LIVE = "live"
 
 
+#: Added to a live file's modification time to make it an upper bound of its
+#: last write. Linux stamps files from a coarse clock that lags the real time
+#: by up to one scheduler tick (10 ms at the lowest tick rate, 100 Hz), and
+#: the modification time is read to the millisecond, rounding down: a write at
+#: time t can leave an mtime as early as t - 11 ms (7.4 ms was measured).
+MTIME_SLACK_MS = 20
+
+
 class LayoutError(ValueError):
     """The inputs cannot be analysed as given (a clear message says why)."""
 
@@ -68,6 +76,11 @@ class JournalFile:
     @ivar bound_ms: if the file turns out to be a snapshot (it starts with
         SAVE_XID), no re-emitted item in it was added after this time, and
         fillers were added at or after it (C{None}: unknown).
+    @ivar bound_exact: C{bound_ms} is known to separate the snapshot's items
+        from the adds written after it: it comes from the archive (the file
+        the pack or rewrite rotated away) or from a C{.pack} name. Otherwise
+        it is the file's own timestamp, which a rewritten live file that was
+        rotated later also has: every add of its snapshot may be a client's.
     """
 
     server: str
@@ -82,6 +95,7 @@ class JournalFile:
     end_ms: int | None
     archive: bool = False
     bound_ms: int | None = None
+    bound_exact: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Return the file as a JSON-able dict (see L{from_dict})."""
@@ -282,13 +296,15 @@ def plan_files(listings: Iterable[Listing]) -> Plan:
         previous_end: int | None = None
         history = sorted(archived_ts.get((server, queue), []))
         for seq, (listing, kind, ts) in enumerate(kept):
-            end = listing.mtime_ms if kind == LIVE else ts
+            end = listing.mtime_ms + MTIME_SLACK_MS if kind == LIVE else ts
             bound = ts
+            exact = kind == PACK
             if history and not archive and kind != PACK:
                 older = [t for t in history if ts is None or t <= ts]
                 bound = older[-1] if older else ts
+                exact = bool(older)
             files.append(JournalFile(server, queue, listing.name, listing.path, listing.size,
-                                     kind, ts, seq, previous_end, end, archive, bound))
+                                     kind, ts, seq, previous_end, end, archive, bound, exact))
             previous_end = end if previous_end is None or end is None else max(previous_end, end)
     skipped.sort(key=lambda s: (s.server, s.name))
     return Plan(tuple(files), tuple(skipped))

@@ -2,9 +2,10 @@
 The analysis of whole queues, in one process (``--engine local``) or in Spark tasks.
 
 L{analyse_group} takes every file of some queues (each queue with all its
-live and archive files), scans them with the bulk scanner and computes that
-group's part of every table with L{kestrel.analytics.tables}: flow, size
-histogram, replay (backlog, time in queue, expiry) and file trailers. Since
+live and archive files), decodes them into numpy columns with the bulk
+scanner and computes that group's part of every table with
+L{kestrel.analytics.tables}: flow, size histogram, replay (backlog, time in
+queue, expiry) and file trailers. Since
 a queue never spans two groups, the parts only need concatenating.
 
 L{run_local} runs the groups one after the other in this process; the Spark
@@ -27,12 +28,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kestrel.analytics import tables
-from kestrel.analytics.job import Progress, finish, plan_inputs, stage
 from kestrel.analytics.layout import JournalFile, LayoutError, Plan, is_local
-from kestrel.analytics.scan import SCHEMA, TRAILER_OP, read_local
+from kestrel.analytics.pipeline import Progress, finish, plan_inputs, stage
+from kestrel.analytics.scan import SCHEMA, TRAILER_OP, Decoded, decode_local, read_local
 
 _TRAILER_COLS = ["server", "queue", "file", "archive", "file_seq", "xid", "size", "offset",
-                 "add_ms", "problem"]
+                 "add_ms", "expiry_ms", "problem"]
 _SORT = {"flow": ["server", "queue", "minute_ms"], "sizes": ["server", "queue", "bin"],
          "backlog": ["server", "queue", "minute_ms"], "queues": ["server", "queue"],
          "trailers": ["server", "queue", "archive", "file"]}
@@ -74,7 +75,8 @@ def scan_files(files: Sequence[JournalFile]) -> pa.Table:
 def records_of(scanned: pa.Table) -> pa.Table:
     """Return the record rows of a scan (no trailers, no C{problem}) with C{event_ms}."""
     rows = scanned.filter(pc.not_equal(scanned["op"], TRAILER_OP)).drop_columns(["problem"])
-    event_ms = pc.coalesce(rows["add_ms"], rows["time_lb_ms"], rows["time_ub_ms"])
+    event_ms = pc.coalesce(rows["add_ms"], rows["time_est_ms"], rows["time_lb_ms"],
+                           rows["time_ub_ms"])
     return rows.append_column("event_ms", event_ms)
 
 
@@ -94,38 +96,64 @@ def analyse_group(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
 
 
 def analyse_queue(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
-    """Return the parts of one queue (its live and archive files, in plan order)."""
-    scanned = scan_files(files)
-    trailers = scanned.filter(pc.equal(scanned["op"], TRAILER_OP)).select(
-        _TRAILER_COLS).to_pandas()
-    records = records_of(scanned)
-    ev = records.select(["server", "queue", "op", "size", "snapshot", "filler",
-                         "event_ms"]).to_pandas()
-    flow = tables.flow_table(ev)
-    sizes = tables.size_bins(ev)
-    del ev, records
-    parts = []
-    live = scanned.filter(pc.invert(scanned["archive"]))
-    del scanned
-    # files are in plan order: per queue, by file_seq; records in file order
-    servers = live["server"].to_numpy(zero_copy_only=False)
-    queues = live["queue"].to_numpy(zero_copy_only=False)
-    cols = {}
-    for c in tables.REPLAY_INPUT:
-        col = live[c]
-        if c in tables.REPLAY_FLAGS:
-            cols[c] = col.to_numpy(zero_copy_only=False).astype(bool)
+    """
+    Return the parts of one queue (its live and archive files, in plan order).
+
+    Everything runs on the numpy columns of the decoded files: the flow and
+    size histogram over every record, the replay over the live files' records
+    and one trailer row per live file (which changes nothing but carries the
+    clock, as in the DataFrame job).
+    """
+    server, queue = files[0].server, files[0].queue
+    decoded = [(jf, decode_local(jf)) for jf in files]
+    trailers = pd.DataFrame({
+        "server": server, "queue": queue, "file": [jf.name for jf, _ in decoded],
+        "archive": [jf.archive for jf, _ in decoded],
+        "file_seq": np.array([jf.seq for jf, _ in decoded], np.int32),
+        "xid": np.array([d.scan.count for _, d in decoded], np.int32),
+        "size": np.array([d.scan.truncated_bytes for _, d in decoded], np.int32),
+        "offset": np.array([d.scan.clean_end for _, d in decoded], np.int64),
+        "add_ms": np.array([int(d.snapshot.sum()) for _, d in decoded], np.int64),
+        "expiry_ms": np.array([d.uncertain for _, d in decoded], np.int64),
+        "problem": [d.scan.problem for _, d in decoded],
+    }, columns=_TRAILER_COLS)
+
+    def cat(ds: list[Decoded], get: Callable[[Decoded], np.ndarray],
+            trailer: Callable[[Decoded], Any] | None = None) -> np.ndarray:
+        if trailer is None:
+            arrays = [get(d) for d in ds]
         else:
-            fill = tables.NONE if c in tables.REPLAY_TIMES else 0
-            cols[c] = pc.fill_null(col, fill).to_numpy().astype(np.int64)
-    if len(servers):
-        change = np.flatnonzero((servers[1:] != servers[:-1]) | (queues[1:] != queues[:-1])) + 1
-        bounds = [0, *change.tolist(), len(servers)]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            parts.append(tables.replay_arrays(servers[a], queues[a],
-                                              {c: v[a:b] for c, v in cols.items()}))
-    rep = (pd.concat(parts, ignore_index=True) if parts
-           else pd.DataFrame(columns=tables.columns(tables.REPLAY_DDL)))
+            arrays = [a for d in ds for a in (get(d), np.array([trailer(d)]))]
+        return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+
+    every = [d for _, d in decoded]
+    flow_cols = {"op": cat(every, lambda d: d.scan.op), "size": cat(every, lambda d: d.scan.size),
+                 "snapshot": cat(every, lambda d: d.snapshot),
+                 "filler": cat(every, lambda d: d.filler), "est": cat(every, lambda d: d.est),
+                 "lb": cat(every, lambda d: d.lb), "ub": cat(every, lambda d: d.ub)}
+    flow = tables.queue_flow(server, queue, flow_cols)
+    sizes = tables.queue_sizes(server, queue, flow_cols["op"], flow_cols["size"],
+                               flow_cols["snapshot"])
+    del flow_cols
+    live = [d for jf, d in decoded if not jf.archive]
+    if live:
+        none = tables.NONE
+        cols = {
+            "op": cat(live, lambda d: d.scan.op.astype(np.int64), lambda d: TRAILER_OP),
+            "xid": cat(live, lambda d: d.scan.xid.astype(np.int64), lambda d: d.scan.count),
+            "size": cat(live, lambda d: d.scan.size.astype(np.int64),
+                        lambda d: d.scan.truncated_bytes),
+            "add_ms": cat(live, lambda d: d.scan.add_ms, lambda d: int(d.snapshot.sum())),
+            "expiry_ms": cat(live, lambda d: d.scan.expiry_ms, lambda d: d.uncertain),
+            "time_lb_ms": cat(live, lambda d: d.lb, lambda d: none),
+            "time_ub_ms": cat(live, lambda d: d.ub, lambda d: none),
+            "time_est_ms": cat(live, lambda d: d.est, lambda d: none),
+            "filler": cat(live, lambda d: d.filler, lambda d: False).astype(bool),
+            "snapshot": cat(live, lambda d: d.snapshot, lambda d: False).astype(bool),
+        }
+        rep = tables.replay_arrays(server, queue, cols)
+    else:
+        rep = pd.DataFrame(columns=tables.columns(tables.REPLAY_DDL))
     return {"trailers": trailers, "flow": flow, "sizes": sizes,
             "backlog": rep[rep["kind"] == "backlog"][tables.columns(tables.BACKLOG_DDL)],
             "queues": rep[rep["kind"] == "queue"]}

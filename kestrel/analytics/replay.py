@@ -30,8 +30,9 @@ method call per event, only to replay positions would cost more than the
 rest of the replay. C{tests/analytics/test_replay.py} checks the loop
 against C{event_applier} on random record streams, so the two cannot drift.
 
-Times: each record's clock is the running maximum of its bracketing lower
-bound (or, failing that, upper bound), so backlog minutes never go backwards.
+Times: each record's clock is the running maximum of its estimated time
+(L{kestrel.analytics.scan.time_estimates}), so backlog minutes never go
+backwards.
 An item's time in queue runs from its add time to the record that removed it
 for good; since that record carries no time, both the lower and the upper
 bound of the wait are reported. Percentiles are nearest-rank: the smallest
@@ -93,6 +94,9 @@ class QueueReplay:
     @ivar backlog_bytes: payload bytes of queued items and open reads then.
     @ivar wait_lb_ms: per item removed for good, the lower bound of its wait.
     @ivar wait_ub_ms: the matching upper bounds.
+    @ivar expired_removed: items with an expiry removed by a REMOVE whose time's
+        upper bound is past the expiry (discarded as expired, at most);
+        C{expired_removed_min} those whose lower bound is (certainly).
     """
 
     backlog_minute_ms: np.ndarray
@@ -113,6 +117,7 @@ class QueueReplay:
     last_clock_ms: int | None
     oldest_left_ms: int | None = None
     first_clock_ms: int | None = None
+    expired_removed_min: int = 0
 
     @property
     def items_left(self) -> int:
@@ -120,15 +125,14 @@ class QueueReplay:
         return self.queued + self.open_reads
 
 
-def record_clock(lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+def record_clock(est: np.ndarray) -> np.ndarray:
     """
-    Return a non-decreasing clock per record from its time bounds.
+    Return a non-decreasing clock per record from its estimated time.
 
     Records before the first known time take the first known time; if no
-    record has any bound, every clock is L{NONE}.
+    record has any time, every clock is L{NONE}.
     """
-    t = np.where(lb != NONE, lb, ub)
-    clock = np.maximum.accumulate(t) if len(t) else t
+    clock = np.maximum.accumulate(est) if len(est) else est
     known = clock != NONE
     if known.any() and not known.all():
         clock = np.where(known, clock, clock[np.argmax(known)])
@@ -137,7 +141,7 @@ def record_clock(lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
 
 def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
                  expiry_ms: np.ndarray, time_lb_ms: np.ndarray, time_ub_ms: np.ndarray,
-                 filler: np.ndarray) -> QueueReplay:
+                 time_est_ms: np.ndarray, filler: np.ndarray) -> QueueReplay:
     """
     Replay one queue's records, given in replay order.
 
@@ -147,7 +151,7 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     items but are left out of wait and expiry figures.
     """
     n = len(op)
-    clock = record_clock(time_lb_ms, time_ub_ms)
+    clock = record_clock(time_est_ms)
     minute = np.where(clock != NONE, clock // MINUTE_MS * MINUTE_MS, NONE)
     last_of_minute = np.ones(n, dtype=bool)
     if n > 1:
@@ -232,9 +236,19 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     has_exp = real & (expiry_ms != NONE)
     timed_exp = has_exp & (add_ms != NONE)
     ttl = (expiry_ms - add_ms)[timed_exp]
-    exp_done = has_exp & (removed >= 0)
-    removed_lb = np.where(removed >= 0, time_lb_ms[np.maximum(removed, 0)], NONE)
-    expired_removed = int((exp_done & (removed_lb != NONE) & (removed_lb >= expiry_ms)).sum())
+    # The server discards an item as expired (a REMOVE) when its expiry is before
+    # the time of removal, and never hands an expired item to a client: a REMOVE
+    # of an item is an expiry exactly when its time is past the item's expiry.
+    # That time is only bracketed: an expiry before its lower bound is certain,
+    # before its upper bound possible.
+    by_remove = removed >= 0
+    by_remove[by_remove] = op[removed[by_remove]] == REMOVE
+    exp_done = has_exp & by_remove
+    at = np.maximum(removed, 0)
+    removed_lb = np.where(by_remove, time_lb_ms[at], NONE)
+    removed_ub = np.where(by_remove, time_ub_ms[at], NONE)
+    expired_min = int((exp_done & (removed_lb != NONE) & (removed_lb > expiry_ms)).sum())
+    expired_removed = int((exp_done & ((removed_ub == NONE) | (removed_ub > expiry_ms))).sum())
     last_clock = int(clock[-1]) if n and clock[-1] != NONE else None
     first_clock = int(clock[0]) if n and clock[0] != NONE else None
     left_exp = has_exp & left
@@ -258,6 +272,7 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
         with_expiry=int(has_exp.sum()),
         ttl_ms=ttl.astype(np.int64),
         expired_removed=expired_removed,
+        expired_removed_min=expired_min,
         left_with_expiry=int(left_exp.sum()),
         left_expired=left_expired,
         last_clock_ms=last_clock,

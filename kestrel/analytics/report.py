@@ -59,8 +59,8 @@ def charted_queues(summary: dict[str, Any], flow: pd.DataFrame) -> list[tuple[st
                 .sort_values(ascending=False, kind="stable").index.tolist())
     stuck = sorted(((s, q) for s, qs in summary["servers"].items() for q, v in qs.items()
                     if v["state"] and v["state"]["items_left"] > 0),
-                   key=lambda k: -(summary["servers"][k[0]][k[1]]["state"]
-                                   ["oldest_item_age_ms"] or 0))
+                   key=lambda k: (-(summary["servers"][k[0]][k[1]]["state"]
+                                    ["oldest_item_age_ms"] or 0), k))
     half = MAX_CHARTED_QUEUES // 2
     chosen = [tuple(k) for k in busy[:half]]
     for k in stuck:
@@ -92,7 +92,8 @@ def report_data(summary: dict[str, Any], flow: pd.DataFrame, backlog: pd.DataFra
     out_flow, out_backlog, out_sizes = {}, {}, {}
     for key in chosen:
         g = f[(f["server"] == key[0]) & (f["queue"] == key[1])]
-        out_flow[key] = (g.groupby("bucket")[["enqueued", "dequeued"]].sum().astype("int64")
+        out_flow[key] = (g.groupby("bucket")[["enqueued", "dequeued", "confirmed"]].sum()
+                         .astype("int64")
                          .reset_index().sort_values("bucket"))
         bg = b[(b["server"] == key[0]) & (b["queue"] == key[1])]
         out_backlog[key] = (bg.groupby("bucket")[["items", "open_reads"]].last()
@@ -124,24 +125,63 @@ def _ticks(vmax: float) -> list[float]:
     return [0.0, vmax / 2, float(vmax)]
 
 
-def svg_lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]],
-              y_label: str = "items", width: int = 640, height: int = 230) -> str:
-    """
-    Return an inline SVG line chart of C{series} over time C{xs} (epoch ms).
+#: Time-axis steps to choose from (ms): the smallest giving at most L{MAX_TICKS} ticks.
+_TIME_STEPS = [m * MINUTE_MS for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440,
+                                       2880, 10080, 20160, 40320)]
+MAX_TICKS = 7
 
-    Both axes are labelled: the value axis with C{y_label} and three values,
-    the time axis with three UTC times.
+
+def time_ticks(x0: float, x1: float) -> list[tuple[float, str]]:
+    """
+    Return C{(ms, label)} ticks on whole steps between C{x0} and C{x1}, labels all distinct.
+
+    The step is the smallest of 1, 2, 5, 10, 15, 30 minutes, 1, 2, 3, 6, 12
+    hours, 1, 2, 7, 14, 28 days giving at most L{MAX_TICKS} ticks; labels
+    are C{HH:MM}, with the date (C{MM-DD}) on the first tick and on each
+    tick of a new day, and the date alone for steps of a day or more.
+    """
+    step = next((s for s in _TIME_STEPS if (x1 - x0) / s <= MAX_TICKS - 1), _TIME_STEPS[-1])
+    first = math.ceil(x0 / step) * step
+    ticks: list[tuple[float, str]] = []
+    day = None
+    t = first
+    while t <= x1:
+        when = datetime.fromtimestamp(t / 1000, UTC)
+        if step >= 1440 * MINUTE_MS:
+            label = when.strftime("%m-%d")
+        elif when.date() != day:
+            label = when.strftime("%m-%d %H:%M")
+        else:
+            label = when.strftime("%H:%M")
+        day = when.date()
+        ticks.append((t, label))
+        t += step
+    return ticks
+
+
+def svg_steps(title: str, starts: Sequence[float], width_ms: int,
+              series: dict[str, Sequence[float]], y_label: str = "items",
+              window: tuple[float | None, float | None] = (None, None),
+              width: int = 640, height: int = 230) -> str:
+    """
+    Return an inline SVG chart of C{series}, one flat step per time bucket.
+
+    Bucket C{i} spans C{[starts[i], starts[i] + width_ms)}. A bucket only
+    partly inside C{window} (the data's first and last time) is drawn dashed
+    and marked "partial", so that the last minutes of a short run do not read
+    as a drop. Axes: the values with C{y_label} and three values; the time
+    with whole-step ticks (L{time_ticks}).
     """
     left, right, top, bottom = 70, 10, 24, 40
     pw, ph = width - left - right, height - top - bottom
     parts = _svg_open(title, width, height, left)
-    if not xs:
+    if not starts:
         return _svg_empty(parts, left, top)
-    x0, x1 = min(xs), max(xs)
+    x0, x1 = min(starts), max(starts) + width_ms
     ymax = max([max(v) for v in series.values() if len(v)] + [1])
 
     def px(x: float) -> float:
-        return left + (pw * (x - x0) / (x1 - x0) if x1 > x0 else pw / 2)
+        return left + pw * (x - x0) / (x1 - x0)
 
     def py(y: float) -> float:
         return top + ph - ph * y / ymax
@@ -154,23 +194,43 @@ def svg_lines(title: str, xs: Sequence[float], series: dict[str, Sequence[float]
                      f'text-anchor="end">{v:,.0f}</text>')
     parts.append(f'<text x="12" y="{top + ph / 2:.0f}" font-size="10" text-anchor="middle" '
                  f'transform="rotate(-90 12 {top + ph / 2:.0f})">{html.escape(y_label)}</text>')
-    for x, anchor in ((x0, "start"), ((x0 + x1) / 2, "middle"), (x1, "end")):
-        if x1 == x0 and anchor != "middle":
-            continue
-        parts.append(f'<text x="{px(x):.1f}" y="{top + ph + 14}" font-size="10" '
-                     f'text-anchor="{anchor}">{_fmt_time(x)}</text>')
+    for t, label in time_ticks(x0, x1):
+        # labels near an edge are anchored inside the chart
+        anchor = ("start" if px(t) - left < 40 else "end" if left + pw - px(t) < 40
+                  else "middle")
+        parts.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top + ph}" '
+                     f'y2="{top + ph + 3}" stroke="#888"/><text x="{px(t):.1f}" '
+                     f'y="{top + ph + 14}" font-size="10" text-anchor="{anchor}">'
+                     f'{html.escape(label)}</text>')
     parts.append(f'<text x="{left + pw / 2:.0f}" y="{height - 6}" font-size="10" '
                  f'text-anchor="middle">time (UTC)</text>')
-    for i, (name, ys) in enumerate(series.items()):
+    lo, hi = window
+    partial = [(lo is not None and s < lo) or (hi is not None and s + width_ms > hi + 1)
+               for s in starts]
+    for i, ys in enumerate(series.values()):
         color = _COLORS[i % len(_COLORS)]
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
-        if len(xs) == 1:
-            parts.append(f'<circle cx="{px(xs[0]):.1f}" cy="{py(ys[0]):.1f}" r="3" '
-                         f'fill="{color}"/>')
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
-                     f'points="{points}"/>')
-        parts.append(f'<text x="{left + pw - 4}" y="{top + 14 + 12 * i}" font-size="11" '
-                     f'text-anchor="end" fill="{color}">{html.escape(name)}</text>')
+        whole = []
+        for s, y, part in zip(starts, ys, partial, strict=True):
+            a, b, yy = px(s), px(s + width_ms), py(y)
+            if part:
+                parts.append(f'<line x1="{a:.1f}" x2="{b:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" '
+                             f'stroke="{color}" stroke-width="1.5" stroke-dasharray="4 3"/>')
+            else:
+                whole.append(f"{a:.1f},{yy:.1f} {b:.1f},{yy:.1f}")
+        if whole:
+            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+                         f'points="{" ".join(whole)}"/>')
+    # the legend sits in the title row, right-aligned, clear of the lines
+    x = left + pw
+    for i, name in reversed(list(enumerate(series))):
+        color = _COLORS[i % len(_COLORS)]
+        parts.append(f'<text x="{x}" y="16" font-size="11" text-anchor="end" '
+                     f'fill="{color}">{html.escape(name)}</text>')
+        x -= 7 * len(name) + 14
+    for s, part in zip(starts, partial, strict=True):
+        if part:
+            parts.append(f'<text x="{(px(s) + px(s + width_ms)) / 2:.1f}" y="{top + 10}" '
+                         f'font-size="9" text-anchor="middle" fill="#888">partial</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -205,11 +265,16 @@ def svg_bars(title: str, labels: Sequence[str], values: Sequence[float],
     return "".join(parts)
 
 
-def _size_label(b: int) -> str:
+def _bytes(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else f"{n}"
+
+
+def size_label(b: int) -> str:
+    """Return the range of log2 size bucket C{b}: sizes from C{2**(b-1)} to C{2**b - 1}."""
     if b == 0:
         return "0"
     lo = 1 << (b - 1)
-    return f"{lo}" if lo < 1024 else f"{lo // 1024}K"
+    return f"{lo}" if lo == 1 else f"{_bytes(lo)}-{_bytes(2 * lo)}"
 
 
 def _duration(ms: int) -> str:
@@ -234,8 +299,13 @@ def _n(v: Any) -> str:
 
 
 def _span(first: int, last: int) -> str:
-    """A time window; the end shows only the time when it is the same day."""
-    a, b = _fmt_time(first), _fmt_time(last)
+    """A time window; the end shows only the time when it is the same day, and times
+    show seconds when the window is under an hour."""
+    if last - first < 3_600_000:
+        a, b = (datetime.fromtimestamp(t / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+                for t in (first, last))
+    else:
+        a, b = _fmt_time(first), _fmt_time(last)
     return f"{a} - {b[11:] if a[:10] == b[:10] else b}"
 
 
@@ -275,7 +345,7 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
         out.append(f"<li>{esc(i['server'])} ({esc(i['role'])}): <code>{esc(i['path'])}</code></li>")
     out.append("</ul><h2>Servers</h2><table><tr><th class='l'>server</th><th>files</th>"
                "<th>records</th><th>traffic: enqueued</th><th>dequeued</th><th>opened</th>"
-               "<th>aborted</th><th class='l'>traffic window (UTC)</th>"
+               "<th>confirmed</th><th>aborted</th><th class='l'>traffic window (UTC)</th>"
                "<th>state: items left</th><th>open reads</th><th>bytes left</th>"
                "<th>broken files</th></tr>")
     for server, t in sorted(summary["server_totals"].items()):
@@ -286,7 +356,8 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
         out.append(f"<tr><td class='l'>{esc(server)}</td><td>{t['files']:,}</td>"
                    f"<td>{t['records']:,}</td><td>{tr['enqueued']:,}</td>"
                    f"<td>{tr['dequeued']:,}</td><td>{tr['opened']:,}</td>"
-                   f"<td>{tr['aborted']:,}</td><td class='l'>{window}</td>"
+                   f"<td>{tr['confirmed']:,}</td><td>{tr['aborted']:,}</td>"
+                   f"<td class='l'>{window}</td>"
                    f"<td>{st['items_left']:,}</td><td>{st['open_reads']:,}</td>"
                    f"<td>{st['bytes_left']:,}</td><td>{t['broken_files']:,}</td></tr>")
     out.append("</table>")
@@ -332,26 +403,33 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
     out.append(f"<h2>Charts</h2><p>Per {minutes}-minute bucket, for the busiest queues and "
                "the queues holding the oldest items (at most "
                f"{MAX_CHARTED_QUEUES}). Flow is client traffic; dequeue times are "
-               "estimates.</p>")
+               "estimates. A dashed bucket, marked partial, is only partly inside the "
+               "queue's traffic window (a run's first or last minutes).</p>")
     for key, flow in data.flow.items():
         server, queue = key
         q = summary["servers"].get(server, {}).get(queue)
         extra = f" (oldest item left: {_age(q['state'])})" if q and q["state"] else ""
         out.append(f"<h3>{esc(server)} / {esc(queue)}{esc(extra)}</h3>")
-        out.append(svg_lines(f"traffic: items per {minutes}-minute bucket",
-                             flow["bucket"].tolist(),
+        t = q["traffic"] if q else {"from_ms": None, "to_ms": None}
+        window = (t["from_ms"], t["to_ms"])
+        out.append(svg_steps(f"traffic: items per {minutes}-minute bucket",
+                             flow["bucket"].tolist(), data.bucket_ms,
                              {"enqueued": flow["enqueued"].tolist(),
-                              "dequeued (est.)": flow["dequeued"].tolist()},
-                             y_label=f"items / {minutes} min"))
+                              "dequeued (est.)": flow["dequeued"].tolist(),
+                              "confirmed": flow["confirmed"].tolist()},
+                             y_label=f"items / {minutes} min", window=window))
         bl = data.backlog.get(key)
         if bl is not None:
-            out.append(svg_lines("state: items a restart would hold", bl["bucket"].tolist(),
+            out.append(svg_steps("state: items a restart would hold, at each bucket's end",
+                                 bl["bucket"].tolist(), data.bucket_ms,
                                  {"items": bl["items"].tolist(),
                                   "open reads": bl["open_reads"].tolist()},
-                                 y_label="items held"))
+                                 y_label="items held", window=window))
         sz = data.sizes.get(key)
         if sz is not None:
             out.append(svg_bars("sizes of items clients added (log2 buckets)",
-                                [_size_label(int(b)) for b in sz["bin"]], sz["count"].tolist()))
+                                [size_label(int(b)) for b in sz["bin"]], sz["count"].tolist(),
+                                x_label="item size, bytes (a-b: from a up to, not "
+                                        "including, b; K = 1024)"))
     out.append("</body></html>")
     return "\n".join(out)

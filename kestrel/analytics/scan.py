@@ -2,10 +2,13 @@
 Columnar scan of one journal file, with the server's record codec.
 
 This module is Spark-free: L{scan_buffer} decodes a byte string (the record
-layouts of L{kestrel.journal.records}) into numpy columns: one light pass
-finds where records start, then numpy reads every field of all records at once, and L{to_batch}
-turns them into one Arrow record batch, the shape both the Spark data source
-and the single-process benchmark consume.
+layouts of L{kestrel.journal.records}) into numpy columns with no Python step
+per record: L{frame_records} finds where records start (every byte that could
+start one is linked to the next, and the chain from the file's start found by
+pointer doubling), then numpy reads every field of all records at once.
+L{decode} adds each record's times and snapshot marks (the columns the
+one-process analysis works on), and L{to_batch} turns them into one Arrow
+record batch, the shape the Spark data source and the events table use.
 
 This is the columnar counterpart of L{kestrel.journal.records.decode_prefix}
 (the tests hold it to the same records), not a second codec or a second
@@ -19,13 +22,16 @@ For them C{time_lb_ms == time_ub_ms == add_ms}. Any other record was written
 after the latest add time seen before it in the file (or the file's
 C{start_ms}) and before the next add time in the file (or the file's
 C{end_ms}); C{time_ub_ms} is never below C{time_lb_ms}.
+
+C{time_est_ms} is the estimate inside that bracket (L{time_estimates}): the
+untimed records between two timed ones are spread evenly over the gap, as a
+client reading at a steady pace would have written them. Minutes are counted
+by it; windows, waits and expiries are computed from the bracket.
 """
 
 from __future__ import annotations
 
 import mmap
-import struct
-from array import array
 
 import attrs
 import numpy as np
@@ -67,6 +73,7 @@ SCHEMA = pa.schema([
     ("expiry_ms", pa.int64()),
     ("time_lb_ms", pa.int64()),
     ("time_ub_ms", pa.int64()),
+    ("time_est_ms", pa.int64()),
     ("problem", pa.string()),
 ])
 """The columns of a scanned file: one row per record, plus one trailer row.
@@ -80,13 +87,14 @@ C{filler} marks the empty ADDX records a pack writes for pent-up deletes
 The trailer row has C{op == TRAILER_OP}, C{offset} = the clean end (just past
 the last whole record), C{size} = the bytes after it (C{truncated_bytes}),
 C{xid} = the number of records, C{add_ms} = the number of snapshot records,
-and C{problem} = why decoding stopped early (C{None} when the file decoded
+C{expiry_ms} = the adds of the snapshot that may be client adds
+(L{uncertain_adds}), and C{problem} = why decoding stopped early (C{None} when the file decoded
 to its last byte)."""
 
 SPARK_DDL = ("server string, queue string, file string, file_seq int, archive boolean, "
              "snapshot boolean, "
              "filler boolean, offset long, op byte, xid int, size int, add_ms long, "
-             "expiry_ms long, time_lb_ms long, time_ub_ms long, problem string")
+             "expiry_ms long, time_lb_ms long, time_ub_ms long, time_est_ms long, problem string")
 """L{SCHEMA} in Spark's DDL syntax."""
 
 
@@ -115,76 +123,183 @@ class Scan:
         return len(self.op)
 
 
-_I32 = struct.Struct("<i").unpack_from
 #: Record length of the opcodes without a payload: the opcode, plus an xid if any.
 _FIXED = {int(o): 5 if o in XID_OPCODES else 1 for o in Opcode if o not in ADD_OPCODES}
+#: Per opcode byte (0-255): the fixed length, 0 for the adds (their length is read), -1
+#: for a byte that is no opcode.
+_LENGTH = np.full(256, -1, np.int64)
+for _op, _n in _FIXED.items():
+    _LENGTH[_op] = _n
+_LENGTH[[_ADD, _ADDX, _ADD_XID, _CONTINUE]] = 0
+#: Per add opcode: where its i32 block size is, the bytes before the block, its minimum.
+_SIZE_AT = {_ADD: (1, 5, 4), _ADDX: (1, 5, 16), _ADD_XID: (5, 9, 16), _CONTINUE: (5, 9, 16)}
+#: Bytes whose possible records are found at once (see L{frame_records}); it bounds
+#: the framer's memory (about 3 bytes per byte of the chunk).
+CHUNK = 4 << 20
+#: Bytes of a chunk whose chain is followed at once: short windows keep the pointer
+#: doubling to a few steps.
+WINDOW = 1 << 16
+
+#: Below this many bytes to the end, no block size has a non-zero high byte.
+SMALL = 1 << 24
+
+_VALID, _TRUNCATED, _SHORT = 0, 1, 2
+#: Per opcode byte: the bytes of its head (the whole record for fixed ones), whether it
+#: has a block, whether its size is after an xid, and the block's minimum size.
+_HEAD = np.where(_LENGTH > 0, _LENGTH, 0)
+_HAS_BLOCK = np.zeros(256, bool)
+_SIZE_LATE = np.zeros(256, bool)
+_MINIMUM = np.zeros(256, np.int64)
+for _op, (_at, _head, _min) in _SIZE_AT.items():
+    _HEAD[_op] = _head
+    _HAS_BLOCK[_op] = True
+    _SIZE_LATE[_op] = _at == 5
+    _MINIMUM[_op] = _min
+
+
+def _headers(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """
+    Read, for every position in C{at} whose byte is an opcode, the record it would start.
+
+    All positions at once: the i32 after the opcode and the one four bytes
+    later are read for every position, and tables indexed by the opcode say
+    which is the block size, how long the head is and the block's minimum.
+
+    @return: the record lengths, a status per position (L{_VALID}, L{_TRUNCATED}: it
+        runs past the end, L{_SHORT}: an add's block is below its minimum) and the
+        block sizes (0 for records without one).
+    """
+    end = len(data)
+    ops = data[at]
+    head = _HEAD[ops]
+    whole = at + head <= end
+    reads = whole & _HAS_BLOCK[ops]
+    block = np.zeros(len(at), np.int64)
+    if reads.any():
+        pos = at[reads]
+        late = _SIZE_LATE[ops[reads]]
+        size = _gather(data, pos + np.where(late, 5, 1), 4, "<i4").astype(np.int64)
+        block[reads] = size
+    length = np.where(_HAS_BLOCK[ops], head + block, _LENGTH[ops])
+    status = np.where(~whole, _TRUNCATED,
+                      np.where(block < _MINIMUM[ops], _SHORT,
+                               np.where(at + length > end, _TRUNCATED, _VALID))).astype(np.int8)
+    return length, status, block
+
+
+def _problem(data: np.ndarray, pos: int) -> str | None:
+    """Say why no whole record starts at C{pos} (C{None}: one does, or C{pos} is the end)."""
+    if pos >= len(data):
+        return None
+    op = int(data[pos])
+    if _LENGTH[op] < 0:
+        return f"invalid opcode {op}"
+    _, status, block = _headers(data, np.array([pos], np.int64))
+    if status[0] == _TRUNCATED:
+        return "truncated record"
+    if status[0] == _SHORT:
+        return f"block of {int(block[0])} bytes is shorter than {_SIZE_AT[op][2]}"
+    return None
+
+
+def _maybe_records(data: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """
+    Return, per byte of C{[start, stop)}, whether a whole record may start there.
+
+    Byte-wide tests over the whole range (cheap, next to reading heads): the
+    byte is an opcode and, for a zero byte (the legacy ADD, and most of the
+    opcode bytes a journal's heads hold: high bytes of sizes and times, empty
+    expiries), its block size (the next four bytes) is at least 4 and, when
+    less than 16 MiB follow, below 16 MiB. Only positions that cannot start
+    a whole record are left out; L{_headers} decides about the rest.
+    """
+    n = stop - start
+    ext = data[start:min(len(data), stop + 5)]
+    if len(ext) < n + 5:
+        ext = np.concatenate((ext, np.zeros(n + 5 - len(ext), np.uint8)))
+    op, s1, s2, s3, s4 = (ext[k:k + n] for k in range(5))
+    bad = (s4 != 0) if len(data) - start < SMALL else (s4 >= 128)
+    bad |= (s1 < 4) & (s2 == 0) & (s3 == 0) & (s4 == 0)
+    return (op <= 9) & ~((op == _ADD) & bad)
+
+
+def _chain(succ: np.ndarray, first: int, stop: int) -> np.ndarray:
+    """
+    Return the indices of the chain of nodes from C{first}, within nodes C{[first, stop)}.
+
+    C{succ[i]} is the index of the node just after node C{i}'s record (or -1).
+    The chain is found by pointer doubling (C{J[k+1] = J[k][J[k]]}, a few
+    gathers over the window's nodes), and listed by doubling its known prefix.
+    """
+    sentinel = stop - first
+    local = succ[first:stop] - first
+    jump = np.append(np.where((local >= 0) & (local < sentinel), local, sentinel), sentinel)
+    levels = [jump]
+    while levels[-1][0] != sentinel:
+        j = levels[-1]
+        levels.append(j[j])
+    chain = np.zeros(1, np.int64)
+    for j in levels:
+        step = j[chain]
+        chain = np.concatenate((chain, step[step != sentinel]))
+        if step[-1] == sentinel:
+            break
+    return chain + first
 
 
 def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int, str | None]:
     """
-    Find where every whole record of C{buf} starts, without decoding any.
+    Find where every whole record of C{buf} starts, without a Python step per record.
 
-    This is the only per-record step, and it only reads the opcode (and the
-    length of an add); every field is then read by L{scan_buffer} with numpy
-    over all records at once.
+    One L{CHUNK} at a time, every byte that could start a whole record (an
+    opcode whose record is valid and fits) becomes a node linked to the node
+    just past its record; the chain from the chunk's first record is then
+    followed one L{WINDOW} of nodes at a time (L{_chain}). A record that runs
+    past the chunk starts the next chunk at its end.
 
     @return: the start offsets, the clean end (just past the last whole
         record), and why decoding stopped early (C{None} at the end of C{buf}).
     """
-    mv = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
-    end = len(mv)
-    offsets = array("q")
-    add = offsets.append
-    fixed = _FIXED.get
-    add_op, addx, add_xid, cont = _ADD, _ADDX, _ADD_XID, _CONTINUE
-    i32 = _I32
+    data = np.frombuffer(buf, dtype=np.uint8)
+    end = len(data)
+    parts = []
     pos = 0
-    problem: str | None = None
+    problem = None
     while pos < end:
-        op = mv[pos]
-        step = fixed(op)
-        if step is not None:
-            if pos + step > end:
-                problem = "truncated record"
-                break
-            add(pos)
-            pos += step
-            continue
-        if op == addx or op == add_op:
-            if pos + 5 > end:
-                problem = "truncated record"
-                break
-            (size,) = i32(mv, pos + 1)
-            minimum = 16 if op == addx else 4
-            head = 5
-        elif op == add_xid or op == cont:
-            if pos + 9 > end:
-                problem = "truncated record"
-                break
-            (size,) = i32(mv, pos + 5)
-            minimum = 16
-            head = 9
-        else:
-            problem = f"invalid opcode {op}"
+        problem = _problem(data, pos)
+        if problem is not None:
             break
-        if size < minimum:
-            problem = f"block of {size} bytes is shorter than {minimum}"
-            break
-        nxt = pos + head + size
-        if nxt > end:
-            problem = "truncated record"
-            break
-        add(pos)
-        pos = nxt
-    return np.frombuffer(offsets, dtype=np.int64), pos, problem
+        stop = min(end, pos + CHUNK)
+        at = np.flatnonzero(_maybe_records(data, pos, stop)).astype(np.int64) + pos
+        length, status, _ = _headers(data, at)
+        valid = status == _VALID
+        nodes = at[valid]
+        nxt = nodes + length[valid]
+        idx = np.searchsorted(nodes, nxt)
+        inside = idx < len(nodes)
+        inside[inside] = nodes[idx[inside]] == nxt[inside]
+        succ = np.where(inside, idx, -1)
+        first = 0  # pos is a whole record: the chunk's first node
+        while True:
+            window_end = max(first + 1, int(np.searchsorted(nodes, nodes[first] + WINDOW)))
+            chain = _chain(succ, first, window_end)
+            parts.append(nodes[chain])
+            last = int(chain[-1])
+            if succ[last] < 0:
+                pos = int(nxt[last])
+                break
+            first = int(succ[last])
+    offsets = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return offsets, pos, problem
 
 
 def _gather(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
     """Read one little-endian integer of C{width} bytes at every offset in C{at}."""
     if len(at) == 0:
         return np.zeros(0, dtype=dtype)
-    idx = at[:, None] + np.arange(width, dtype=np.int64)
-    return np.ascontiguousarray(data[idx]).view(dtype).reshape(len(at))
+    # a view with a one-byte stride: element i is the integer whose bytes start at i
+    view = np.ndarray((len(data) - width + 1,), dtype, data, 0, (1,))
+    return view[at]
 
 
 def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
@@ -254,6 +369,42 @@ def time_bounds(scan: Scan, start_ms: int | None,
     return lb.astype(np.int64), ub.astype(np.int64)
 
 
+def time_estimates(scan: Scan, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+    """
+    Estimate the write time of every record inside its bracket C{[lb, ub]}.
+
+    A timed record keeps its own time. A run of C{m} untimed records is
+    spread evenly over its bracket: the k-th (from 0) of a run followed by a
+    timed record at C{lb + (ub - lb) * (k + 1) / (m + 1)}; of a run that ends
+    the file (bounded by the file's end) at C{lb + (ub - lb) * (k + 1) / m},
+    so that its last record lands on the file's end. With one bound unknown
+    the other is taken; with neither, the estimate is unknown too. Estimates
+    never go backwards within a file.
+    """
+    n = scan.count
+    timed = scan.add_ms != _NONE
+    est = np.where(timed, scan.add_ms, np.where(lb != _NONE, lb, ub)).astype(np.int64)
+    both = ~timed & (lb != _NONE) & (ub != _NONE)
+    if not both.any():
+        return est
+    untimed = np.flatnonzero(~timed)
+    run = np.cumsum(timed)[untimed]
+    # position within the run, and the run's length
+    first = np.concatenate(([True], run[1:] != run[:-1]))
+    start_idx = np.flatnonzero(first)
+    lengths = np.diff(np.concatenate((start_idx, [len(untimed)])))
+    run_no = np.cumsum(first) - 1
+    k = np.arange(len(untimed)) - start_idx[run_no]
+    m = lengths[run_no]
+    last_row = untimed[start_idx + lengths - 1][run_no]
+    ends_file = last_row == n - 1
+    frac = (k + 1) / (m + np.where(ends_file, 0, 1))
+    lo, hi = lb[untimed], ub[untimed]
+    spread = lo + np.floor((hi - lo).astype(np.float64) * frac).astype(np.int64)
+    est[untimed] = np.where(both[untimed], np.minimum(spread, hi), est[untimed])
+    return est
+
+
 def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
                    bound_ms: int | None) -> tuple[np.ndarray, np.ndarray]:
     """
@@ -296,15 +447,84 @@ def snapshot_masks(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np
     return snap, filler
 
 
+def uncertain_adds(op: np.ndarray, snapshot: np.ndarray, filler: np.ndarray,
+                   bound_exact: bool) -> int:
+    """
+    Return how many adds the snapshot of a file may have taken from its clients.
+
+    With an exact bound, only the add that triggered a rewrite (written
+    right after the snapshot with an add time taken before it) can hide
+    among the re-emitted items, when client records follow the snapshot.
+    Without one (a rewritten live file, and no archive to date the rewrite),
+    any add of the snapshot's item run may be a client's.
+    """
+    count = int(snapshot.sum())
+    if count == 0:
+        return 0
+    if bound_exact:
+        return int(len(op) > count)
+    items = int((snapshot & (op == _ADDX) & ~filler).sum())
+    opened = int((snapshot & (op == _REMOVE_TENTATIVE_XID)).sum())
+    return max(0, items - opened)
+
+
+@attrs.frozen
+class Decoded:
+    """
+    One file's records as numpy columns, with what the file's place adds to them.
+
+    C{lb}, C{ub} and C{est} are the time bounds and estimate of every record
+    (L{time_bounds}, L{time_estimates}); C{snapshot} and C{filler} its
+    snapshot marks (L{snapshot_masks}); C{uncertain} the snapshot's adds that
+    may be client adds (L{uncertain_adds}).
+    """
+
+    scan: Scan
+    lb: np.ndarray
+    ub: np.ndarray
+    est: np.ndarray
+    snapshot: np.ndarray
+    filler: np.ndarray
+    uncertain: int
+
+
+def decode(scan: Scan, jf: JournalFile) -> Decoded:
+    """Add to the scan of file C{jf} its records' times and snapshot marks."""
+    lb, ub = time_bounds(scan, jf.start_ms, jf.end_ms)
+    est = time_estimates(scan, lb, ub)
+    snapshot, filler = snapshot_masks(scan.op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
+    return Decoded(scan, lb, ub, est, snapshot, filler,
+                   uncertain_adds(scan.op, snapshot, filler, jf.bound_exact))
+
+
+def decode_local(jf: JournalFile) -> Decoded:
+    """Decode a local journal file, memory-mapped (nothing returned refers to the map)."""
+    with open(local_path(jf.path), "rb") as fh:
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            return decode(scan_buffer(b""), jf)
+        try:
+            return decode(scan_buffer(mapped), jf)
+        finally:
+            mapped.close()
+
+
 def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
     """Return the scan of file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
+    return decoded_batch(decode(scan, jf), jf)
+
+
+def decoded_batch(d: Decoded, jf: JournalFile) -> pa.RecordBatch:
+    """Return the decoded file C{jf} as a record batch of L{SCHEMA}, trailer row last."""
+    scan = d.scan
     n = scan.count
-    lb, ub = time_bounds(scan, jf.start_ms, jf.end_ms)
+    lb, ub, est, snapshot, filler, uncertain = d.lb, d.ub, d.est, d.snapshot, d.filler, \
+        d.uncertain
     op = scan.op
     is_add = np.isin(op, ADD_OPS)
     has_xid = np.isin(op, XID_OPS)
     rows = n + 1
-    snapshot, filler = snapshot_masks(op, scan.xid, scan.size, scan.add_ms, jf.bound_ms)
 
     def ints(values: np.ndarray, valid: np.ndarray, trailer: int | None,
              typ: pa.DataType) -> pa.Array:
@@ -326,9 +546,10 @@ def to_batch(scan: Scan, jf: JournalFile) -> pa.RecordBatch:
         ints(scan.xid, has_xid, n, pa.int32()),
         ints(scan.size, is_add, scan.truncated_bytes, pa.int32()),
         ints(scan.add_ms, scan.add_ms != _NONE, int(snapshot.sum()), pa.int64()),
-        ints(scan.expiry_ms, scan.expiry_ms != _NONE, None, pa.int64()),
+        ints(scan.expiry_ms, scan.expiry_ms != _NONE, uncertain, pa.int64()),
         ints(lb, lb != _NONE, None, pa.int64()),
         ints(ub, ub != _NONE, None, pa.int64()),
+        ints(est, est != _NONE, None, pa.int64()),
         pa.array([None] * n + [scan.problem], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
@@ -341,12 +562,4 @@ def scan_file(jf: JournalFile, data: bytes | memoryview) -> pa.RecordBatch:
 
 def read_local(jf: JournalFile) -> pa.RecordBatch:
     """Scan a local journal file (memory-mapped) into one record batch."""
-    with open(local_path(jf.path), "rb") as fh:
-        try:
-            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            return scan_file(jf, b"")
-        try:
-            return scan_file(jf, mapped)
-        finally:
-            mapped.close()
+    return decoded_batch(decode_local(jf), jf)

@@ -25,9 +25,11 @@ from kestrel.journal.events import ABORT_OPCODES, CONFIRM_OPCODES, DEQUEUE_OPCOD
 
 ESTIMATE_NOTE = (
     "REMOVE, REMOVE_TENTATIVE, UNREMOVE and CONFIRM_REMOVE records carry no time: "
-    "their times are estimates, bracketed between the neighbouring timestamped records "
-    "(or the file's rotation time, or the live file's modification time). Dequeue minutes "
-    "use the lower bound; time in queue is given as a lower and an upper bound.")
+    "each is bracketed between the neighbouring timestamped records (or the file's "
+    "rotation time, or the live file's modification time plus 20 ms). Minutes place "
+    "them at an estimate inside the bracket (untimed records spread evenly between "
+    "their bounds; the flow's estimated column counts them); the traffic window, time "
+    "in queue and expired items are given from the bounds.")
 
 TRAFFIC_NOTE = (
     "traffic: what clients did (adds, removes, reads opened, confirmed, aborted), counted "
@@ -49,33 +51,35 @@ REPLAY_DDL = ", ".join(
      "dequeued_items long"]
     + [f"{c} long" for c in WAIT_COLS]
     + ["with_expiry long"] + [f"{c} long" for c in TTL_COLS]
-    + ["expired_removed long", "left_with_expiry long", "left_expired long",
-       "last_clock_ms long", "oldest_left_ms long", "first_clock_ms long", "compacted long"])
+    + ["expired_removed long", "expired_removed_min long", "left_with_expiry long",
+       "left_expired long", "last_clock_ms long", "oldest_left_ms long",
+       "first_clock_ms long", "compacted long"])
 """Rows of the replay: C{kind} 'backlog' (one per minute) or 'queue' (one per queue)."""
 
 REPLAY_INPUT = ["file_seq", "offset", "op", "xid", "size", "add_ms", "expiry_ms",
-                "time_lb_ms", "time_ub_ms", "filler", "snapshot"]
+                "time_lb_ms", "time_ub_ms", "time_est_ms", "filler", "snapshot"]
 #: The boolean columns of L{REPLAY_INPUT}.
 REPLAY_FLAGS = ("filler", "snapshot")
 #: The time columns of L{REPLAY_INPUT}: absent values are L{NONE}, not 0.
-REPLAY_TIMES = ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms")
+REPLAY_TIMES = ("add_ms", "expiry_ms", "time_lb_ms", "time_ub_ms", "time_est_ms")
 
 FLOW_DDL = ("server string, queue string, minute_ms long, first_ms long, last_ms long, "
             "records long, enqueued long, dequeued long, opened long, confirmed long, "
             "aborted long, bytes_enqueued long, snapshot_records long, reemitted_adds long, "
-            "fillers long, size_p50 int, size_p90 int, size_p99 int, size_max int")
+            "fillers long, estimated long, size_p50 int, size_p90 int, size_p99 int, size_max int")
 BACKLOG_DDL = ("server string, queue string, minute_ms long, queued long, open_reads long, "
                "items long, bytes long")
 FILES_DDL = ("server string, queue string, file string, path string, kind string, "
              "archive boolean, file_seq int, counted boolean, reason string, bytes long, "
-             "records long, snapshot_records long, clean_end long, truncated_bytes long, "
-             "problem string")
+             "records long, snapshot_records long, uncertain_adds long, clean_end long, "
+             "truncated_bytes long, problem string")
 _WINDOW = ["from_ms long", "to_ms long", "history_compacted boolean"]
 TIQ_DDL = ", ".join(["server string", "queue string", "dequeued_items long"]
                     + [f"{c} long" for c in WAIT_COLS] + ["estimate boolean", *_WINDOW])
 EXPIRY_DDL = ", ".join(["server string", "queue string", "with_expiry long"]
                        + [f"{c} long" for c in TTL_COLS]
-                       + ["expired_removed long", "left_with_expiry long", "left_expired long",
+                       + ["expired_removed long", "expired_removed_min long",
+                          "left_with_expiry long", "left_expired long",
                           *_WINDOW])
 SIZES_DDL = "server string, queue string, bin int, count long"
 
@@ -126,7 +130,7 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
     """Replay one queue given as numpy columns of L{REPLAY_INPUT}, in replay order."""
     r = replay_queue(*(cols[c] for c in
                        ("op", "xid", "size", "add_ms", "expiry_ms", "time_lb_ms",
-                        "time_ub_ms", "filler")))
+                        "time_ub_ms", "time_est_ms", "filler")))
     known = r.backlog_minute_ms != NONE
     backlog = pd.DataFrame({
         "server": server, "queue": queue, "kind": "backlog",
@@ -141,6 +145,7 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
         "bytes": r.bytes_left, "lost_open_reads": r.lost_open_reads,
         "dequeued_items": len(r.wait_lb_ms),
         "with_expiry": r.with_expiry, "expired_removed": r.expired_removed,
+        "expired_removed_min": r.expired_removed_min,
         "left_with_expiry": r.left_with_expiry, "left_expired": r.left_expired,
         "last_clock_ms": r.last_clock_ms, "oldest_left_ms": r.oldest_left_ms,
         "first_clock_ms": r.first_clock_ms,
@@ -158,78 +163,97 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
     return out[cols].astype({c: "Int64" for c in cols[3:]})
 
 
-def flow_table(events: pd.DataFrame) -> pd.DataFrame:
+def queue_flow(server: str, queue: str, c: dict[str, np.ndarray]) -> pd.DataFrame:
     """
-    Return the per-minute flow of C{events} (pandas), as the Spark job computes it.
+    Return the per-minute flow of one queue's records (numpy columns).
 
-    Traffic columns count records outside snapshots; item sizes are those
-    of traffic adds, exact nearest-rank percentiles.
+    C{c} holds C{op, size, snapshot, filler, est, lb, ub} (times L{NONE} where
+    unknown), one entry per record, live and archive files alike. Traffic
+    columns count records outside snapshots; item sizes are those of traffic
+    adds, exact nearest-rank percentiles. Records count in the minute of their
+    estimated time; C{estimated} counts the traffic records whose bracket
+    spans more than that minute, and C{first_ms}/C{last_ms} are the lowest
+    lower bound and the highest upper bound of the minute's traffic records,
+    so that they enclose them.
     """
-    if len(events) == 0:
-        return pd.DataFrame({c: [] for c in columns(FLOW_DDL)})
-    op = events["op"].to_numpy()
-    snap = events["snapshot"].to_numpy(dtype=bool)
-    fill = events["filler"].to_numpy(dtype=bool)
+    op, est = c["op"], c["est"]
+    if len(op) == 0:
+        return pd.DataFrame({k: [] for k in columns(FLOW_DDL)})
+    snap = c["snapshot"].astype(bool)
+    fill = c["filler"].astype(bool)
     traffic = ~snap
     is_add = np.isin(op, ADD_OPS)
-    ev = pd.DataFrame({
-        "server": events["server"].to_numpy(), "queue": events["queue"].to_numpy(),
-        "minute_ms": (events["event_ms"] // MINUTE_MS * MINUTE_MS),
-        "t_ms": events["event_ms"].where(traffic),
-        "records": 1,
-        "enqueued": (traffic & is_add).astype(np.int64),
-        "dequeued": (traffic & np.isin(op, DEQUEUE_OPCODES)).astype(np.int64),
-        "opened": (traffic & np.isin(op, OPEN_OPCODES)).astype(np.int64),
-        "confirmed": (traffic & np.isin(op, CONFIRM_OPCODES)).astype(np.int64),
-        "aborted": (traffic & np.isin(op, ABORT_OPCODES)).astype(np.int64),
-        "bytes_enqueued": np.where(traffic & is_add, events["size"].fillna(0), 0).astype(
-            np.int64),
-        "snapshot_records": snap.astype(np.int64),
-        "reemitted_adds": (snap & is_add & ~fill).astype(np.int64),
-        "fillers": fill.astype(np.int64),
-        "add_size": events["size"].where(traffic & is_add),
+    known = est != NONE
+    lb = np.where(c["lb"] != NONE, c["lb"], est)
+    ub = np.where(c["ub"] != NONE, c["ub"], est)
+    minute = np.where(known, est // MINUTE_MS * MINUTE_MS, NONE)
+    # an unknown minute is its own group, last (as pandas puts a missing key)
+    key = np.where(known, minute, np.iinfo(np.int64).max)
+    order = np.argsort(key, kind="stable")
+    keys, group = np.unique(key[order], return_inverse=True)
+    g = np.empty(len(op), np.int64)
+    g[order] = group
+    groups = len(keys)
+
+    def count(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(g, weights=mask, minlength=groups).astype(np.int64)
+
+    t_add = traffic & is_add
+    sizes = c["size"].astype(np.int64)
+    out = pd.DataFrame({
+        "server": server, "queue": queue,
+        "minute_ms": pd.array(np.where(keys == np.iinfo(np.int64).max, 0, keys),
+                              dtype="Int64"),
+        "records": np.bincount(g, minlength=groups).astype(np.int64),
+        "enqueued": count(t_add),
+        "dequeued": count(traffic & np.isin(op, DEQUEUE_OPCODES)),
+        "opened": count(traffic & np.isin(op, OPEN_OPCODES)),
+        "confirmed": count(traffic & np.isin(op, CONFIRM_OPCODES)),
+        "aborted": count(traffic & np.isin(op, ABORT_OPCODES)),
+        "bytes_enqueued": np.bincount(g, weights=np.where(t_add, sizes, 0),
+                                      minlength=groups).astype(np.int64),
+        "snapshot_records": count(snap),
+        "reemitted_adds": count(snap & is_add & ~fill),
+        "fillers": count(fill),
+        "estimated": count(traffic & (lb // MINUTE_MS != ub // MINUTE_MS)),
     })
-    g = ev.groupby(["server", "queue", "minute_ms"], dropna=False, sort=True)
-    sums = g[["records", "enqueued", "dequeued", "opened", "confirmed", "aborted",
-              "bytes_enqueued", "snapshot_records", "reemitted_adds", "fillers"]].sum()
-    out = sums.reset_index()
-    out["first_ms"] = g["t_ms"].min().to_numpy()
-    out["last_ms"] = g["t_ms"].max().to_numpy()
-    # nearest-rank size percentiles of every group at once: sort by (group, size)
-    codes = g.ngroup().to_numpy()
-    sizes = ev["add_size"].to_numpy(dtype=float)
-    keep = ~np.isnan(sizes)
-    codes, sizes = codes[keep], sizes[keep].astype(np.int64)
-    order = np.lexsort((sizes, codes))
-    codes, sizes = codes[order], sizes[order]
-    groups = len(out)
+    out.loc[keys == np.iinfo(np.int64).max, "minute_ms"] = pd.NA
+    hi = np.iinfo(np.int64).max
+    first = np.full(groups, hi, np.int64)
+    last = np.full(groups, NONE, np.int64)
+    np.minimum.at(first, g[traffic], lb[traffic])
+    np.maximum.at(last, g[traffic], ub[traffic])
+    out["first_ms"] = pd.array(np.where(first == hi, 0, first), dtype="Int64")
+    out["last_ms"] = pd.array(np.where(last == NONE, 0, last), dtype="Int64")
+    out.loc[first == hi, "first_ms"] = pd.NA
+    out.loc[last == NONE, "last_ms"] = pd.NA
+    # nearest-rank size percentiles of every minute at once: sort by (minute, size)
+    codes, vals = g[t_add], sizes[t_add]
+    o = np.lexsort((vals, codes))
+    codes, vals = codes[o], vals[o]
     counts = np.bincount(codes, minlength=groups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     has = counts > 0
-    for name, p in (("size_p50", 0.5), ("size_p90", 0.9), ("size_p99", 0.99)):
+    for name, p in (("size_p50", 0.5), ("size_p90", 0.9), ("size_p99", 0.99), ("size_max", 1)):
         rank = np.maximum(1, np.ceil(p * counts).astype(np.int64))
-        vals = np.zeros(groups, np.int64)
-        vals[has] = sizes[(starts + rank - 1)[has]]
-        out[name] = pd.array(np.where(has, vals, 0), dtype="Int64")
+        got = np.zeros(groups, np.int64)
+        got[has] = vals[(starts + rank - 1)[has]]
+        out[name] = pd.array(got, dtype="Int64")
         out.loc[~has, name] = pd.NA
-    vals = np.zeros(groups, np.int64)
-    vals[has] = sizes[(starts + counts - 1)[has]]
-    out["size_max"] = pd.array(vals, dtype="Int64")
-    out.loc[~has, "size_max"] = pd.NA
-    for c in ("minute_ms", "first_ms", "last_ms"):
-        out[c] = pd.array(out[c], dtype="Int64")
     return out[columns(FLOW_DDL)]
 
 
-def size_bins(events: pd.DataFrame) -> pd.DataFrame:
-    """Return the histogram of traffic add sizes: C{server, queue, bin, count} (log2 bins)."""
-    adds = events[np.isin(events["op"], ADD_OPS) & ~events["snapshot"].astype(bool)]
-    size = adds["size"].fillna(0).astype(np.int64).to_numpy()
-    bins = np.where(size == 0, 0,
-                    np.floor(np.log2(np.maximum(size, 1))).astype(np.int64) + 1)
-    df = pd.DataFrame({"server": adds["server"].to_numpy(), "queue": adds["queue"].to_numpy(),
-                       "bin": bins})
-    return df.groupby(["server", "queue", "bin"]).size().rename("count").reset_index()
+def queue_sizes(server: str, queue: str, op: np.ndarray, size: np.ndarray,
+                snapshot: np.ndarray) -> pd.DataFrame:
+    """Return one queue's histogram of traffic add sizes: C{server, queue, bin, count}
+    (log2 bins: 0 for empty items, then C{floor(log2(size)) + 1})."""
+    adds = np.isin(op, ADD_OPS) & ~snapshot.astype(bool)
+    sz = size[adds].astype(np.int64)
+    bins = np.where(sz == 0, 0, np.floor(np.log2(np.maximum(sz, 1))).astype(np.int64) + 1)
+    counts = np.bincount(bins) if len(bins) else np.zeros(0, np.int64)
+    present = np.flatnonzero(counts)
+    return pd.DataFrame({"server": server, "queue": queue, "bin": present,
+                         "count": counts[present].astype(np.int64)})
 
 
 def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
@@ -237,7 +261,8 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
     Return the C{files} table from the plan and the scanner's trailer rows.
 
     A trailer row has C{xid} = records, C{offset} = clean end, C{size} =
-    truncated bytes, C{add_ms} = snapshot records, C{problem}.
+    truncated bytes, C{add_ms} = snapshot records, C{expiry_ms} = uncertain
+    adds, C{problem}.
     """
     by_key = {(t.server, bool(t.archive), t.file): t for t in trailers}
     rows = []
@@ -246,7 +271,8 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
         rows.append({"server": f.server, "queue": f.queue, "file": f.name, "path": f.path,
                      "kind": f.kind, "archive": f.archive, "file_seq": f.seq, "counted": True,
                      "reason": None, "bytes": f.size, "records": t.xid,
-                     "snapshot_records": t.add_ms, "clean_end": t.offset,
+                     "snapshot_records": t.add_ms, "uncertain_adds": t.expiry_ms,
+                     "clean_end": t.offset,
                      "truncated_bytes": t.size, "problem": t.problem})
     for s in plan.skipped:
         got = layout.classify(s.name)
@@ -254,11 +280,12 @@ def files_table(plan: Plan, trailers: Sequence[Any]) -> pd.DataFrame:
                      "file": s.name, "path": s.path,
                      "kind": got[1] if isinstance(got, tuple) else None, "archive": None,
                      "file_seq": None, "counted": False, "reason": s.reason, "bytes": s.size,
-                     "records": None, "snapshot_records": None, "clean_end": None,
+                     "records": None, "snapshot_records": None, "uncertain_adds": None,
+                     "clean_end": None,
                      "truncated_bytes": None, "problem": None})
     pdf = pd.DataFrame(rows, columns=columns(FILES_DDL))
-    for c in ("file_seq", "bytes", "records", "snapshot_records", "clean_end",
-              "truncated_bytes"):
+    for c in ("file_seq", "bytes", "records", "snapshot_records", "uncertain_adds",
+              "clean_end", "truncated_bytes"):
         pdf[c] = pdf[c].astype("Int64")
     pdf = pdf.sort_values(["server", "queue", "archive", "file"], na_position="last",
                           kind="stable").reset_index(drop=True)
@@ -278,6 +305,7 @@ def queue_tables(queue_rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     tiq = queue_rows[["server", "queue", "dequeued_items", *WAIT_COLS]].copy()
     tiq["estimate"] = True
     expiry = queue_rows[["server", "queue", "with_expiry", *TTL_COLS, "expired_removed",
+                         "expired_removed_min",
                          "left_with_expiry", "left_expired"]].copy()
     for frame in (tiq, expiry):
         frame["from_ms"] = window["from_ms"].to_numpy()
@@ -334,9 +362,8 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
             snap_files.add((r.server, bool(r.archive), r.file))
             q = servers[r.server][r.queue]
             q["snapshot"]["files"] += 1
-            # a rewrite (client records follow its snapshot) that an add triggered wrote
-            # that add right after the snapshot, timed before it: it reads as re-emitted
-            q["traffic"]["enqueued_uncertain"] += int(r.records) > int(r.snapshot_records)
+            # adds of the snapshot that may be a client's (scan.uncertain_adds)
+            q["traffic"]["enqueued_uncertain"] += _int(r.uncertain_adds) or 0
     if len(flow):
         for (server, queue), g in flow.groupby(["server", "queue"]):
             q = servers[server][queue]
@@ -354,14 +381,23 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
         if (f.server, f.archive, f.name) in snap_files:
             t["history_compacted"] = True
             t["compacted_before_ms"] = t["from_ms"] if t["from_ms"] is not None else f.bound_ms
+    # a stuck queue's own last record is old: ages are taken at the server's
+    # last record (over all its live queues), the closest the journals come to
+    # the moment they were read or copied
+    server_as_of: dict[str, int] = {}
+    for r in queue_rows.itertuples():
+        last = _int(r.last_clock_ms)
+        if last is not None:
+            server_as_of[r.server] = max(last, server_as_of.get(r.server, last))
     for r in queue_rows.itertuples():
         q = servers[r.server][r.queue]
-        as_of = _int(r.last_clock_ms)
+        as_of = server_as_of.get(r.server)
         oldest_ms = _int(r.oldest_left_ms)
         q["state"] = {
             "items_left": int(r.items), "queued": int(r.queued),
             "open_reads": int(r.open_reads), "bytes_left": int(r.bytes),
             "lost_open_reads": int(r.lost_open_reads), "as_of_ms": as_of,
+            "last_record_ms": _int(r.last_clock_ms),
             "from_ms": _int(r.first_clock_ms),
             "history_compacted": bool(_int(r.compacted)),
             "oldest_item_ms": oldest_ms,
@@ -373,6 +409,7 @@ def build_summary(inputs: Sequence[tuple[str, str]], archives: Sequence[tuple[st
         q["expiry"] = {"with_expiry": int(r.with_expiry),
                        **{c[:-3]: _int(getattr(r, c)) for c in TTL_COLS},
                        "expired_removed": int(r.expired_removed),
+                       "expired_removed_min": int(r.expired_removed_min),
                        "left_with_expiry": int(r.left_with_expiry),
                        "left_expired": int(r.left_expired)}
     per_server = {}

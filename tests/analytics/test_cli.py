@@ -196,3 +196,30 @@ def test_executors_without_pyarrow_are_reported(tmp_path: os.PathLike) -> None:
     assert "No module named" in last and "PYSPARK_PYTHON" in last
     assert "Traceback" not in proc.stderr
     assert not os.path.exists(str(tmp_path) + "-out")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_stays_quiet_unless_verbose(tmp_path: os.PathLike) -> None:
+    """A master nobody listens on: stderr is the progress line and the one-line error naming
+    Spark's log file (not Spark's hundred lines); with --verbose Spark's own log shows."""
+    srv = _journal(os.path.join(str(tmp_path), "srv"))
+    env = {**os.environ, "PYTHONPATH": ROOT, "SPARK_LOCAL_IP": "127.0.0.1"}
+    runs = {}
+    for flag in ([], ["--verbose"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kestrel.analytics.cli", srv, "--out",
+             os.path.join(str(tmp_path), f"out{len(flag)}"), "--master",
+             "spark://127.0.0.1:1", *flag],
+            capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        runs[bool(flag)] = proc.stderr.strip().splitlines()
+    quiet = runs[False]
+    assert len(quiet) == 2, quiet
+    assert quiet[0].startswith("kestrel-analyze [1/4] checking")
+    assert quiet[1].startswith("kestrel-analyze: Spark did not start") and "Spark's log: " in \
+        quiet[1]
+    log = quiet[1].split("Spark's log: ")[1].split(")")[0]
+    assert os.path.getsize(log) > 0  # what Spark said is kept there
+    os.unlink(log)
+    assert len(runs[True]) > 5 and runs[True][-1].startswith("kestrel-analyze: Spark did not")

@@ -245,7 +245,8 @@ def test_time_in_queue_and_expiry_match_truth(result: tuple, scenario: tuple) ->
         e = exp[key]
         assert [e["ttl_p50_ms"], e["ttl_p90_ms"], e["ttl_p99_ms"], e["ttl_max_ms"]] == \
             want["ttl"], key
-        for k in ("with_expiry", "expired_removed", "left_with_expiry", "left_expired"):
+        for k in ("with_expiry", "expired_removed", "expired_removed_min", "left_with_expiry",
+                  "left_expired"):
             assert e[k] == want[k], (key, k)
     assert tiq[("alpha", "jobs")]["dequeued_items"] > 50
     # each figure says its window, and whether history before it was compacted away

@@ -8,6 +8,7 @@ import pytest
 
 from kestrel.analytics.layout import (
     LIVE,
+    MTIME_SLACK_MS,
     PACK,
     ROTATED,
     LayoutError,
@@ -62,12 +63,14 @@ def test_newest_pack_replaces_older_files_and_packs() -> None:
 
 
 def test_replay_order_and_time_bounds() -> None:
-    """Files replay by timestamp then the live file; each starts where the previous ended."""
+    """Files replay by timestamp then the live file; each starts where the previous ended.
+    The live file ends at its modification time plus the kernel's clock slack."""
     plan = plan_files([_listing("q"), _listing("q.300"), _listing("q.20"),
                        _listing("q.100.pack")])
     got = [(f.name, f.seq, f.start_ms, f.end_ms, f.kind) for f in plan.files]
     assert got == [("q.100.pack", 0, None, 100, PACK), ("q.300", 1, 100, 300, ROTATED),
-                   ("q", 2, 300, 9_000, LIVE)]
+                   ("q", 2, 300, 9_000 + MTIME_SLACK_MS, LIVE)]
+    assert MTIME_SLACK_MS >= 11  # one tick at 100 Hz, plus the millisecond rounding
     assert [s.name for s in plan.skipped] == ["q.20"]
 
 
@@ -117,9 +120,12 @@ def test_archive_files_count_as_traffic_and_bound_the_live_snapshots() -> None:
                        Listing("s", "q.100", "/a/q.100", 1, 1, True),
                        Listing("s", "q.200", "/a/q.200", 1, 1, True),
                        Listing("s", "q.250.pack", "/a/q.250.pack", 1, 1, True)])
-    got = [(f.name, f.archive, f.seq, f.bound_ms) for f in plan.files]
-    assert got == [("q.100", False, 0, 100), ("q.300", False, 1, 250), ("q", False, 2, 250),
-                   ("q.100", True, 0, 100), ("q.200", True, 1, 200),
-                   ("q.250.pack", True, 2, 250)]
-    alone = plan_files([_listing("q.100"), _listing("q")])
-    assert [f.bound_ms for f in alone.files] == [100, None]
+    got = [(f.name, f.archive, f.seq, f.bound_ms, f.bound_exact) for f in plan.files]
+    assert got == [("q.100", False, 0, 100, True), ("q.300", False, 1, 250, True),
+                   ("q", False, 2, 250, True), ("q.100", True, 0, 100, False),
+                   ("q.200", True, 1, 200, False), ("q.250.pack", True, 2, 250, True)]
+    alone = plan_files([_listing("q.100"), _listing("q"), _listing("q.200.pack")])
+    # without the archive only a .pack name dates a snapshot: a rotated name may be a
+    # rewritten live file's, whose adds came after its rewrite
+    assert [(f.name, f.bound_ms, f.bound_exact) for f in alone.files] == [
+        ("q.200.pack", 200, True), ("q", None, False)]

@@ -13,7 +13,7 @@ np = pytest.importorskip("numpy")
 pytest.importorskip("pyarrow")
 
 from kestrel.analytics.replay import nearest_rank, replay_queue  # noqa: E402
-from kestrel.analytics.scan import scan_buffer, time_bounds  # noqa: E402
+from kestrel.analytics.scan import scan_buffer, time_bounds, time_estimates  # noqa: E402
 from kestrel.journal import events, records  # noqa: E402
 from tests.analytics.journals import QueueWriter  # noqa: E402
 
@@ -22,8 +22,10 @@ def _replay(buf: bytes, start: int | None = None, end: int | None = None,
             filler: list[bool] | None = None) -> object:
     scan = scan_buffer(buf)
     lb, ub = time_bounds(scan, start, end)
+    est = time_estimates(scan, lb, ub)
     fill = np.zeros(scan.count, bool) if filler is None else np.asarray(filler)
-    return replay_queue(scan.op, scan.xid, scan.size, scan.add_ms, scan.expiry_ms, lb, ub, fill)
+    return replay_queue(scan.op, scan.xid, scan.size, scan.add_ms, scan.expiry_ms, lb, ub, est,
+                        fill)
 
 
 @given(st.integers(0, 2**32), st.integers(0, 120))
@@ -82,13 +84,47 @@ def test_reopening_an_open_xid_loses_its_item() -> None:
 
 
 def test_backlog_is_the_state_at_the_end_of_each_minute() -> None:
-    """One backlog point per minute holding the state after that minute's last record."""
+    """One backlog point per minute holding the state after that minute's last record; the
+    untimed REMOVE is dated midway between its neighbours (123 s), in a minute of its own."""
     buf = b"".join([records.encode_add(b"a", 60_000), records.encode_add(b"b", 61_000),
                     records.REMOVE_BYTES, records.encode_add(b"cc", 185_000)])
     r = _replay(buf)
-    assert r.backlog_minute_ms.tolist() == [60_000, 180_000]
-    assert r.backlog_queued.tolist() == [1, 2]
-    assert r.backlog_bytes.tolist() == [1, 3]
+    assert r.backlog_minute_ms.tolist() == [60_000, 120_000, 180_000]
+    assert r.backlog_queued.tolist() == [2, 1, 2]
+    assert r.backlog_bytes.tolist() == [2, 1, 3]
+
+
+def test_a_drain_without_adds_is_spread_to_the_file_end() -> None:
+    """40 items added, then read one every 2 s until the file's end: the dequeues and the
+    backlog follow the reads (27 in the first minute, 13 in the second), not the last add."""
+    t0 = 60_000 * 10 + 5_000
+    adds = [records.encode_add(b"x", t0) for _ in range(40)]
+    buf = b"".join(adds) + records.REMOVE_BYTES * 40
+    end = t0 + 80_000  # the last read, 80 s after the adds (the live file's mtime)
+    r = _replay(buf, end=end)
+    assert r.backlog_minute_ms.tolist() == [600_000, 660_000]
+    # true reads at t0 + 2 s * k: 27 before 660 s, 13 after; the estimate is within one
+    assert abs(r.backlog_queued.tolist()[0] - 13) <= 1
+    assert r.backlog_queued.tolist()[1] == 0
+    assert r.last_clock_ms == end
+    assert max(r.wait_ub_ms.tolist()) == 80_000 and min(r.wait_lb_ms.tolist()) == 0
+
+
+def test_expiry_is_bracketed_by_the_removal_time() -> None:
+    """A sweep's REMOVE is dated by the add before it (which precedes the expiry) and the add
+    after it: the item counts as expired (at most), not certainly; a REMOVE after a timed
+    record past the expiry is certain; a confirmed read never counts as expired."""
+    buf = b"".join([records.encode_add(b"a", 1_000, 2_000),   # swept between 1 s and 5 s
+                    records.REMOVE_BYTES,
+                    records.encode_add(b"b", 5_000, 6_000),
+                    records.encode_add(b"c", 7_000),           # past b's expiry
+                    records.REMOVE_BYTES,                      # b: certainly expired
+                    records.encode_add(b"d", 8_000, 8_500),
+                    records.encode_xid(9, 1),                  # c opened ...
+                    records.encode_xid(6, 1),                  # ... and confirmed
+                    records.encode_add(b"e", 9_000)])
+    r = _replay(buf)
+    assert (r.expired_removed_min, r.expired_removed) == (1, 2)
 
 
 def test_fillers_replay_but_do_not_count_as_waits() -> None:

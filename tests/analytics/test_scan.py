@@ -9,9 +9,11 @@ from hypothesis import strategies as st
 np = pytest.importorskip("numpy")
 pytest.importorskip("pyarrow")
 
+from kestrel.analytics import scan as scan_module  # noqa: E402
 from kestrel.analytics.layout import JournalFile  # noqa: E402
 from kestrel.analytics.scan import (  # noqa: E402
     TRAILER_OP,
+    frame_records,
     scan_buffer,
     scan_file,
     snapshot_masks,
@@ -78,6 +80,43 @@ def test_truncated_tail_is_counted_not_fatal(recs: list, draw: st.DataObject) ->
     assert scan.truncated_bytes == cut - prefix.end
     assert scan.count == len(prefix.records)
     assert (scan.problem is None) == (cut == prefix.end)
+
+
+@given(st.lists(record, max_size=40), st.integers(1, 64), st.binary(max_size=12),
+       st.data())
+def test_the_bulk_framer_agrees_with_the_codec(recs: list, window: int, tail: bytes,
+                                               draw: st.DataObject) -> None:
+    """Whatever the window and chunk (records crossing them, payloads full of opcode bytes,
+    a cut or garbage at the end), the framer finds the codec's records, clean end and
+    problem."""
+    buf = b"".join(r.encode() for r in recs) + tail
+    buf = buf[:draw.draw(st.integers(0, len(buf)))]
+    saved = scan_module.WINDOW, scan_module.CHUNK, scan_module.SMALL
+    scan_module.WINDOW, scan_module.CHUNK = window, draw.draw(st.integers(1, 200))
+    scan_module.SMALL = draw.draw(st.sampled_from([0, 1 << 24]))  # both size filters
+    try:
+        offsets, end, problem = frame_records(buf)
+    finally:
+        scan_module.WINDOW, scan_module.CHUNK, scan_module.SMALL = saved
+    want = records.decode_prefix(buf)
+    assert (offsets.tolist(), end, problem) == (want.offsets, want.end, want.problem)
+
+
+@pytest.mark.parametrize("chunk", [None, 10_000])
+def test_payloads_of_opcode_bytes_frame_in_bulk(chunk: int | None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A journal whose payloads are all REMOVE and xid bytes (every byte could start a record)
+    frames like the codec, over many windows and chunks."""
+    if chunk is not None:
+        monkeypatch.setattr(scan_module, "CHUNK", chunk)
+    parts = []
+    for i in range(3000):
+        parts.append(records.encode_add(bytes([1, 9, 4, 0, 2]) * (i % 50), i))
+        parts.append(records.REMOVE_BYTES if i % 3 else records.encode_xid(9, i))
+    buf = b"".join(parts)
+    offsets, end, problem = frame_records(buf)
+    assert offsets.tolist() == records.decode_prefix(buf).offsets
+    assert (end, problem) == (len(buf), None)
 
 
 def test_corrupt_record_stops_the_scan_with_a_reason() -> None:

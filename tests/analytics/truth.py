@@ -49,7 +49,8 @@ class Truth:
         rows: list[tuple[dict, Rec]] = []
         prev_end = None
         for seq, f in enumerate(counted):
-            end = f.mtime_ms if f.kind == "live" else f.ts
+            # a live file's mtime may lag its last write by a kernel tick: 20 ms of slack
+            end = f.mtime_ms + 20 if f.kind == "live" else f.ts
             start = prev_end
             prev_end = end
             self.files.append(dict(server=server, queue=queue, file=f.name, kind=f.kind,
@@ -76,9 +77,32 @@ class Truth:
                           xid=r.xid, size=r.size if r.op in ADDS else None,
                           add_ms=r.add_ms if r.op in (2, 7, 8) else None,
                           expiry_ms=r.expiry_ms, time_lb_ms=lb, time_ub_ms=ub)
-                ev["event_ms"] = next((v for v in (ev["add_ms"], lb, ub) if v is not None), None)
                 self.events.append(ev)
                 rows.append((ev, r))
+            # estimates: a run of m untimed records between two bounds is spread evenly,
+            # the k-th at lb + (ub - lb) * (k + 1) / (m + 1), or / m when the file ends the run
+            file_evs = [ev for ev, _ in rows[len(rows) - len(f.recs):]]
+            i = 0
+            while i < len(file_evs):
+                if file_evs[i]["add_ms"] is not None:
+                    file_evs[i]["time_est_ms"] = file_evs[i]["add_ms"]
+                    i += 1
+                    continue
+                j = i
+                while j < len(file_evs) and file_evs[j]["add_ms"] is None:
+                    j += 1
+                m = j - i
+                for k in range(m):
+                    ev = file_evs[i + k]
+                    lb, ub = ev["time_lb_ms"], ev["time_ub_ms"]
+                    if lb is None or ub is None:
+                        ev["time_est_ms"] = lb if lb is not None else ub
+                    else:
+                        frac = (k + 1) / (m + (0 if j == len(file_evs) else 1))
+                        ev["time_est_ms"] = min(ub, lb + math.floor((ub - lb) * frac))
+                i = j
+            for ev in file_evs:
+                ev["event_ms"] = ev["time_est_ms"]
         for f in files:
             if not f.counted:
                 self.files.append(dict(server=server, queue=queue, file=f.name, kind=f.kind,
@@ -90,8 +114,15 @@ class Truth:
             m = ev["event_ms"] // MINUTE * MINUTE
             fl = self.flow.setdefault((server, queue, m), dict(
                 records=0, enqueued=0, dequeued=0, opened=0, confirmed=0, aborted=0,
-                bytes_enqueued=0, snapshot_records=0, reemitted_adds=0, fillers=0, sizes=[]))
+                bytes_enqueued=0, snapshot_records=0, reemitted_adds=0, fillers=0,
+                estimated=0, first_ms=None, last_ms=None, sizes=[]))
             fl["records"] += 1
+            if not r.packed:
+                lo = ev["time_lb_ms"] if ev["time_lb_ms"] is not None else ev["event_ms"]
+                hi = ev["time_ub_ms"] if ev["time_ub_ms"] is not None else ev["event_ms"]
+                fl["estimated"] += lo // MINUTE != hi // MINUTE
+                fl["first_ms"] = lo if fl["first_ms"] is None else min(fl["first_ms"], lo)
+                fl["last_ms"] = hi if fl["last_ms"] is None else max(fl["last_ms"], hi)
             fl["snapshot_records"] += r.packed
             fl["fillers"] += r.filler
             if r.packed:
@@ -110,7 +141,7 @@ class Truth:
         clocks: list[int | None] = []
         best = None
         for ev, _ in rows:
-            t = ev["time_lb_ms"] if ev["time_lb_ms"] is not None else ev["time_ub_ms"]
+            t = ev["time_est_ms"]
             if t is not None and (best is None or t > best):
                 best = t
             clocks.append(best)
@@ -125,14 +156,18 @@ class Truth:
 
         # time in queue and expiry, from the model's identities
         counted_items = {id(r.item) for _, r in rows if r.item is not None}
-        lb_waits, ub_waits, expired_removed = [], [], 0
+        lb_waits, ub_waits, expired_removed, expired_min = [], [], 0, 0
         for ev, r in rows:
             gone = r.removed
             if gone is None or id(gone) not in counted_items or gone.filler:
                 continue
-            if gone.expiry_ms is not None and ev["time_lb_ms"] is not None \
-                    and ev["time_lb_ms"] >= gone.expiry_ms:
-                expired_removed += 1
+            # a REMOVE is an expiry when done after the expiry: possibly if before the
+            # upper bound, certainly if after the lower one
+            if gone.expiry_ms is not None and ev["op"] == 1:
+                if ev["time_ub_ms"] is None or ev["time_ub_ms"] > gone.expiry_ms:
+                    expired_removed += 1
+                if ev["time_lb_ms"] is not None and ev["time_lb_ms"] > gone.expiry_ms:
+                    expired_min += 1
             if gone.add_ms is None:
                 continue
             lo = max(0, ev["time_lb_ms"] - gone.add_ms) if ev["time_lb_ms"] is not None else 0
@@ -165,7 +200,8 @@ class Truth:
             records=len(rows), files=len(counted),
             dequeued_items=len(lb_waits), waits=pcts(lb_waits) + pcts(ub_waits),
             with_expiry=sum(1 for r in adds if r.expiry_ms is not None), ttl=pcts(ttl),
-            expired_removed=expired_removed, left_with_expiry=len(left_exp),
+            expired_removed=expired_removed, expired_removed_min=expired_min,
+            left_with_expiry=len(left_exp),
             left_expired=sum(1 for i in left_exp
                              if last_clock is not None and i.expiry_ms <= last_clock),
         )
