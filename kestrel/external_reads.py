@@ -10,16 +10,29 @@ theirs closes. It knows nothing of sockets.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-if TYPE_CHECKING:
-    from kestrel.collection import QueueCollection
-    from kestrel.session import ClientSession
+__all__ = ["ExternalReads", "ReadCloser", "ReadOpener"]
 
-__all__ = ["ExternalReads"]
+
+class ReadOpener(Protocol):
+    """The session that opened an external read: told when one of its reads closes."""
+
+    def external_closed(self, name: str) -> None:
+        """One of this session's external reads on queue C{name} was confirmed or aborted."""
+
+
+class ReadCloser(Protocol):
+    """What confirms or aborts an open read on its queue (the collection)."""
+
+    def confirm_remove(self, name: str, xid: int) -> None:
+        """Confirm open read C{xid} of queue C{name}: its item is gone for good."""
+
+    def unremove(self, name: str, xid: int) -> None:
+        """Abort open read C{xid} of queue C{name}: its item goes back to the head."""
 
 
 class _ExternalRead:
@@ -27,7 +40,7 @@ class _ExternalRead:
 
     __slots__ = ("name", "xid", "session", "timer")
 
-    def __init__(self, name: str, xid: int, session: ClientSession) -> None:
+    def __init__(self, name: str, xid: int, session: ReadOpener) -> None:
         self.name = name
         self.xid = xid
         self.session = session
@@ -46,7 +59,7 @@ class ExternalReads:
 
     _log = Logger()
 
-    def __init__(self, collection: QueueCollection, clock: IReactorTime) -> None:
+    def __init__(self, collection: ReadCloser, clock: IReactorTime) -> None:
         self._collection = collection
         self._clock = clock
         self._reads: dict[int, _ExternalRead] = {}
@@ -58,7 +71,7 @@ class ExternalReads:
     def __contains__(self, external_id: object) -> bool:
         return external_id in self._reads
 
-    def open(self, name: str, xid: int, session: ClientSession) -> int:
+    def open(self, name: str, xid: int, session: ReadOpener) -> int:
         """Record open read C{xid} of queue C{name}; return its new external id."""
         external_id = self._next_id
         self._next_id += 1
@@ -89,7 +102,7 @@ class ExternalReads:
             return False
         if read.timer is not None and read.timer.active():
             read.timer.cancel()
-        read.session._external_closed(read.name)
+        read.session.external_closed(read.name)
         if confirm:
             self._collection.confirm_remove(read.name, read.xid)
         else:

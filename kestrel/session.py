@@ -495,7 +495,8 @@ class ClientSession:
         self._external_counts[name] = self._external_counts.get(name, 0) + 1
         return self.server.external_reads.open(name, xid, self)
 
-    def _external_closed(self, name: str) -> None:
+    def external_closed(self, name: str) -> None:
+        """One of this session's external reads on queue C{name} was confirmed or aborted."""
         count = self._external_counts.get(name, 0)
         if count > 1:
             self._external_counts[name] = count - 1

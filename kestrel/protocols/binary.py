@@ -37,7 +37,7 @@ from kestrel.protocols.memcache_parser import MemcacheParseError, parse_get
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
-    from kestrel.protocols.memcache import MemcacheProtocol
+    from kestrel.protocols.fetching import DialectHost
 
 __all__ = [
     "BINARY_HEADER_SIZE",
@@ -145,7 +145,7 @@ def error_status(exc: BaseException) -> tuple[int, str] | None:
 class BinaryHandler:
     """Serves binary requests over one L{MemcacheProtocol}'s session."""
 
-    def __init__(self, protocol: MemcacheProtocol) -> None:
+    def __init__(self, protocol: DialectHost) -> None:
         self.protocol = protocol
 
     def serve(self, req: BinaryRequest, value: bytes) -> bytes | Deferred[bytes]:

@@ -60,6 +60,7 @@ from kestrel.protocols.binary import (
     error_status,
     status_reply,
 )
+from kestrel.protocols.fetching import Fetched
 from kestrel.protocols.framing import NEED, REFUSE, SERVE, RequestFramer
 from kestrel.protocols.memcache_parser import (
     Command,
@@ -92,8 +93,6 @@ _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
 Reply = bytes | Deferred[bytes]
-#: What L{MemcacheProtocol.fetch} returns: an item, None, a refusal's reply, or a Deferred.
-Fetched = QItem | None | bytes | Deferred[QItem | None]
 
 
 def _encode(text: str) -> bytes:

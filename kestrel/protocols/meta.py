@@ -43,7 +43,7 @@ from kestrel.protocols.memcache_parser import (
 )
 
 if TYPE_CHECKING:
-    from kestrel.protocols.memcache import MemcacheProtocol
+    from kestrel.protocols.fetching import DialectHost
 
 __all__ = [
     "MetaDelete",
@@ -272,7 +272,7 @@ def meta_delete_reply(req: MetaDelete) -> bytes:
 class MetaHandler:
     """Serves meta requests over one L{MemcacheProtocol}'s session."""
 
-    def __init__(self, protocol: MemcacheProtocol) -> None:
+    def __init__(self, protocol: DialectHost) -> None:
         self.protocol = protocol
 
     def get(self, req: MetaGet) -> bytes | Deferred[bytes]:

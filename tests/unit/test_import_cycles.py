@@ -18,14 +18,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kestrel"
 
-#: Cycles tolerated for now, each as the exact set of modules of its strongly
-#: connected component. analytics.job <-> analytics.local is being removed on
-#: another branch (the analytics rework); delete this entry when it is merged.
-ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"kestrel.analytics.job", "kestrel.analytics.local"}),
-})
-
-
 def module_name(path: Path) -> str:
     """The dotted name of a source file of the package (a package is its C{__init__})."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -108,15 +100,7 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 def test_no_import_cycle_anywhere() -> None:
     """No two kestrel modules import each other, directly or round a longer loop."""
-    unexpected = [sorted(c) for c in strongly_connected(import_graph())
-                  if c not in ALLOWED_CYCLES]
-    assert unexpected == []
-
-
-def test_every_allowed_cycle_still_exists() -> None:
-    """An allowance outlives its cycle only by mistake: remove it once the cycle is gone."""
-    present = set(strongly_connected(import_graph()))
-    assert [sorted(c) for c in ALLOWED_CYCLES if c not in present] == []
+    assert [sorted(c) for c in strongly_connected(import_graph())] == []
 
 
 def test_the_graph_sees_every_kind_of_import() -> None:
