@@ -36,7 +36,7 @@ def failing(server: KestrelServer, name: str, *, writes: bool = True) -> Disk:
         disk.fsync_fails = True
     journal._os_write = disk.write
     journal._writer._os_write = disk.write
-    journal._fsync = disk.fsync
+    journal.files.fsync = disk.fsync
     return disk
 
 

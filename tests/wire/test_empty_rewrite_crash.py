@@ -95,7 +95,7 @@ def test_kill_during_empty_rewrites_loses_and_brings_back_nothing(
                     sock.sendall(b"set q 0 0 %d\r\n%s\r\n" % (len(data), data))
                     assert _reply(sock, buf, b"\r\n") == b"STORED\r\n"
                     present, maybe = data, set()
-                    if rng.random() < 0.3:
+                    if rng.random() < 0.5:
                         # (a kill now finds an acknowledged item in a replaced journal)
                         time.sleep(rng.uniform(0.0, 0.005))
                     get_sent_at = time.monotonic()
