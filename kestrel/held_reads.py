@@ -159,9 +159,9 @@ class HeldReads:
         reads: list[tuple[str, int]] = []
         for name, entry in self.pending:
             if entry.__class__ is int:
-                reads.append((name, entry))  # type: ignore[arg-type]
+                reads.append((name, entry))
             else:
-                xid = take(name, entry, in_kernel)  # type: ignore[arg-type]
+                xid = take(name, entry, in_kernel)
                 if xid is not None:
                     reads.append((name, xid))
         self.pending = reads

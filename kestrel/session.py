@@ -28,6 +28,7 @@ from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooM
 from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
 from kestrel.queue_info import QueueInfo
+from kestrel.settled import settled
 from kestrel.status import Status
 
 if TYPE_CHECKING:
@@ -296,9 +297,9 @@ class ClientSession:
             d.addBoth(self._forget_waiter, d)
             d.addErrback(self._wait_ended_by_close)
             d.addCallback(self._record_waited_read, name, started, deadline, peeking)
-        elif not d.paused:
+        else:
             # Answered at once (the hot path): record directly, no callback.
-            result = d.result
+            result = settled(d)
             now = self._clock.seconds()
             if result is None:
                 self._metrics.record_miss(name, (now - started) * 1e6)
@@ -320,9 +321,8 @@ class ClientSession:
         if result is None:
             self._metrics.record_miss(name, (now - started) * 1e6)
         elif result.__class__ is QItem:
-            item: QItem = result  # type: ignore[assignment]
             self._metrics.record_hit(name, (now - started) * 1e6,
-                                     None if peeking else now * 1000 - item.add_time_ms)
+                                     None if peeking else now * 1000 - result.add_time_ms)
 
     def _record_waited_read(self, item: QItem | None, name: str, started: float,
                             deadline: float | None, peeking: bool) -> QItem | None:
@@ -570,7 +570,7 @@ class ClientSession:
         raised for a later one, it ends the batch there.
         """
         outcomes: list[list[object]] = []
-        waits: list[Deferred[object]] = []
+        waits: list[Deferred[None]] = []
         for data in items:
             try:
                 d = self.set_item(name, data, expiry_ms)
@@ -579,10 +579,10 @@ class ClientSession:
                     raise
                 break
             box: list[object] = []
-            d.addBoth(box.append)
+            boxed = d.addBoth(box.append)
             outcomes.append(box)
             if not box:
-                waits.append(d)
+                waits.append(boxed)
             elif stop_at_refusal and box[0] is not True:
                 break
 
