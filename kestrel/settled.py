@@ -17,7 +17,7 @@ from typing import Final, Literal, TypeVar
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-__all__ = ["PENDING", "settled"]
+__all__ = ["PENDING", "Pending", "settled"]
 
 _T = TypeVar("_T")
 
@@ -29,8 +29,11 @@ class _Pending(enum.Enum):
 #: What L{settled} returns for a Deferred whose outcome is not known yet.
 PENDING: Final = _Pending.PENDING
 
+#: The type of L{PENDING}.
+Pending = Literal[_Pending.PENDING]
 
-def settled(d: Deferred[_T]) -> _T | Failure | Literal[_Pending.PENDING]:
+
+def settled(d: Deferred[_T]) -> _T | Failure | Pending:
     """
     The outcome C{d} holds now: its value, or the L{Failure} it failed
     with, once it has fired and no callback is waiting on another Deferred

@@ -286,7 +286,8 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
-        frame = self._framer.framer_for(buf[0]) if size else None
+        # (the loop frames only when there is input: frame is then its dialect's)
+        frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
         try:
             while (pos < size and not self._waiting and not self._closing
                    and not self.output_blocked):
@@ -300,7 +301,7 @@ class MemcacheProtocol(SessionProtocol):
                         continue
                 if self.awaiting_first_line and self._http_first_line(buf, pos):
                     break
-                kind, request, data, end = frame(buf, pos)  # type: ignore[misc]
+                kind, request, data, end = frame(buf, pos)
                 if kind == SERVE:
                     pos = end
                     self._serve(request, data, pos < size)
