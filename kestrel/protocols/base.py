@@ -246,9 +246,9 @@ class SessionProtocol(Protocol):
             if self.session is not None:
                 self.session.held_reads.drained()
             transport = self.transport
-            if not self.output_blocked and getattr(transport, "disconnecting", False):
+            if (not self.output_blocked and transport is not None
+                    and getattr(transport, "disconnecting", False)):
                 # (Twisted called us instead of closing: let the close go on.)
-                assert transport is not None
                 transport.unregisterProducer()
         if not self.output_blocked:
             return

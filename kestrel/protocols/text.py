@@ -427,22 +427,22 @@ class TextProtocol(SessionProtocol):
             raise BadRequest("Not that many transactions open.")
         return count_reply(count)
 
-    def _flush(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _flush(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{flush <q>}: C{+0}."""
         self.live_session.flush(self._queue_name(args))
         return b"+0\n"
 
-    def _flush_all(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _flush_all(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{flush_all}: flush every queue, C{+0}."""
         self.live_session.flush_all()
         return b"+0\n"
 
-    def _delete(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _delete(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{delete <q>}: C{+0}."""
         self.live_session.delete(self._queue_name(args))
         return b"+0\n"
 
-    def _status(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _status(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{status}: C{:UP} etc.; C{status <name>}: C{+0} once changed."""
         if not args:
             return string_reply(str(self.live_session.current_status()).upper())
@@ -453,7 +453,7 @@ class TextProtocol(SessionProtocol):
         """C{version}: C{:<version>}."""
         return string_reply(self.server.version)
 
-    def _reload(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _reload(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{reload}: reread the config file; C{+0}, or C{-<problem>} keeping the old config."""
         self.live_session.check_control("reload")
         self.server.reload()
