@@ -48,6 +48,7 @@ from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
 from kestrel.queue_folder import ensure_queue_path, refuse_foreign_journal
 from kestrel.queue_info import QueueInfo
+from kestrel.settled import settled
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
 from kestrel.status import ServerStatus
 
@@ -449,7 +450,7 @@ class QueueCollection(Service):
         if queue is None:
             queue = self._create_queue(name)
         d = queue.add(data, expiry_ms)
-        if d.called and d.result is True:
+        if settled(d) is True:
             # The usual case (no durable_acks): count now, no callback chain.
             self.stats.total_items += 1
             return d
@@ -481,17 +482,16 @@ class QueueCollection(Service):
         if queue is None:
             queue = self._create_queue(name)
         d = queue.wait_peek(deadline) if peek else queue.wait_remove(deadline, open_read)
-        if d.called and not d.paused:
-            # Answered at once (the usual case): count now, no callback chain.
-            result = d.result
-            if result is None:
-                self.stats.get_misses += 1
-                return d
-            if result.__class__ is QItem:
-                self.stats.get_hits += 1
-                if held:
-                    queue.transactions -= 1
-                return d
+        # Answered at once (the usual case): count now, no callback chain.
+        result = settled(d)
+        if result is None:
+            self.stats.get_misses += 1
+            return d
+        if result.__class__ is QItem:
+            self.stats.get_hits += 1
+            if held:
+                queue.transactions -= 1
+            return d
         d.addCallback(self._count_get)
         if held:
             d.addCallback(self._uncount_transaction, name)
@@ -515,15 +515,16 @@ class QueueCollection(Service):
         """Return open read C{xid} to the head of C{name}; no-op if the queue is gone."""
         queue = None if self._stopping else self._queues.get(name)
         if queue is not None:
-            self._track_maybe(queue.unremove(xid))
+            self._track_maybe(queue.unremove, xid)
 
     def confirm_remove(self, name: str, xid: int) -> None:
         """Confirm open read C{xid} of C{name}; no-op if the queue is gone."""
         queue = None if self._stopping else self._queues.get(name)
         if queue is not None:
-            self._track_maybe(queue.confirm_remove(xid))
+            self._track_maybe(queue.confirm_remove, xid)
 
-    def _track_maybe(self, result: object) -> None:
+    def _track_maybe(self, op: Callable[[int], object], xid: int) -> None:
+        result = op(xid)  # (a Deferred while a journal write is in flight)
         if isinstance(result, Deferred):
             self._track(result).addErrback(
                 lambda f: self._log.failure("Journal write failed", f))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -201,7 +201,7 @@ class JournalLoader:
         self._timer = timer
         self.loading: dict[str, LoadingQueue] = {}
         # The queue being replayed now (name, queue, its steps, start time); the ones after it.
-        self._replaying: tuple[str, Any, Iterator[int], float] | None = None
+        self._replaying: tuple[str, Any, Generator[int, None, None], float] | None = None
         self._order: deque[str] = deque()
         self._waiters: list[Deferred[None]] = []
         self._failure: Failure | None = None

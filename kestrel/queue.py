@@ -17,7 +17,7 @@ is how long the last fetched item waited.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
@@ -293,7 +293,7 @@ class PersistentQueue:
         for _ in self.setup_steps():
             pass
 
-    def setup_steps(self, slice_bytes: int | None = None) -> Iterator[int]:
+    def setup_steps(self, slice_bytes: int | None = None) -> Generator[int, None, None]:
         """
         L{setup} in steps: a generator pausing after about every C{slice_bytes}
         bytes of journal read (see C{FileJournal.replay_steps}). Closed before

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -28,6 +28,7 @@ from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooM
 from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
 from kestrel.queue_info import QueueInfo
+from kestrel.settled import PENDING, Pending, settled
 from kestrel.status import Status
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from kestrel.stats import ServerStats
     from kestrel.status import ServerStatus
 
-_NOT_FIRED = object()
+_T = TypeVar("_T")
 
 
 class SessionHost(Protocol):
@@ -72,11 +73,11 @@ class SessionHost(Protocol):
         ...
 
 
-def _result_now(d: Deferred) -> object:
-    """The result of a fired C{d} (a L{Failure} included, taken out), else L{_NOT_FIRED}."""
+def _result_now(d: Deferred[_T]) -> _T | Failure | Pending:
+    """The outcome of a fired C{d} (a L{Failure} included), taken out of it, else L{PENDING}."""
     if not d.called or d.paused:
-        return _NOT_FIRED
-    box: list[object] = []
+        return PENDING
+    box: list[_T | Failure] = []
     d.addBoth(box.append)
     return box[0]
 
@@ -296,9 +297,9 @@ class ClientSession:
             d.addBoth(self._forget_waiter, d)
             d.addErrback(self._wait_ended_by_close)
             d.addCallback(self._record_waited_read, name, started, deadline, peeking)
-        elif not d.paused:
+        else:
             # Answered at once (the hot path): record directly, no callback.
-            result = d.result
+            result = settled(d)
             now = self._clock.seconds()
             if result is None:
                 self._metrics.record_miss(name, (now - started) * 1e6)
@@ -320,9 +321,8 @@ class ClientSession:
         if result is None:
             self._metrics.record_miss(name, (now - started) * 1e6)
         elif result.__class__ is QItem:
-            item: QItem = result  # type: ignore[assignment]
             self._metrics.record_hit(name, (now - started) * 1e6,
-                                     None if peeking else now * 1000 - item.add_time_ms)
+                                     None if peeking else now * 1000 - result.add_time_ms)
 
     def _record_waited_read(self, item: QItem | None, name: str, started: float,
                             deadline: float | None, peeking: bool) -> QItem | None:
@@ -402,7 +402,7 @@ class ClientSession:
                     done.errback(Failure())
                     return
                 result = _result_now(d)
-                if result is _NOT_FIRED:
+                if result is PENDING:
                     self._add_waiter(d)
                     d.addCallback(self._record_waited_read, name, started, deadline, False)
                     d.addBoth(resume, d, remaining)
@@ -412,7 +412,7 @@ class ClientSession:
                     return
                 remaining -= 1
 
-        def handle(result: object) -> bool:
+        def handle(result: QItem | Failure | None) -> bool:
             if isinstance(result, Failure):
                 if result.check(CancelledError):
                     done.callback(None)
@@ -423,10 +423,9 @@ class ClientSession:
             if result is None:
                 done.callback(None)
                 return False
-            item: QItem = result  # type: ignore[assignment]
-            external = record(name, item.xid) if record is not None else None
+            external = record(name, result.xid) if record is not None else None
             try:
-                got_item(item, external or 0)
+                got_item(result, external or 0)
             except Exception:
                 failure = Failure()
                 self._log.failure("Monitor consumer on {queue} failed", failure, queue=name)
@@ -434,7 +433,7 @@ class ClientSession:
                 return False
             return True
 
-        def resume(result: object, d: Deferred, remaining: int) -> None:
+        def resume(result: QItem | Failure | None, d: Deferred, remaining: int) -> None:
             self._waiters.discard(d)
             if handle(result):
                 step(remaining - 1)
@@ -571,7 +570,7 @@ class ClientSession:
         raised for a later one, it ends the batch there.
         """
         outcomes: list[list[object]] = []
-        waits: list[Deferred[object]] = []
+        waits: list[Deferred[None]] = []
         for data in items:
             try:
                 d = self.set_item(name, data, expiry_ms)
@@ -580,10 +579,10 @@ class ClientSession:
                     raise
                 break
             box: list[object] = []
-            d.addBoth(box.append)
+            boxed = d.addBoth(box.append)
             outcomes.append(box)
             if not box:
-                waits.append(d)
+                waits.append(boxed)
             elif stop_at_refusal and box[0] is not True:
                 break
 

@@ -24,7 +24,12 @@ import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from twisted.internet import abstract, tcp
-from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ITransport
+from twisted.internet.interfaces import (
+    IConsumer,
+    IHalfCloseableProtocol,
+    IPushProducer,
+    ITransport,
+)
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -37,7 +42,8 @@ if TYPE_CHECKING:
     from kestrel.session import ClientSession
 
 __all__ = [
-    "HTTP_REFUSED", "SessionFactory", "SessionProtocol", "looks_like_http", "write_now",
+    "HTTP_REFUSED", "IConnectionTransport", "SessionFactory", "SessionProtocol",
+    "looks_like_http", "write_now",
 ]
 
 #: An HTTP/1.x request line: a known method and a path, or any word, target and version.
@@ -58,6 +64,18 @@ def looks_like_http(line: bytes) -> bool:
     path, so a real client's first line is never taken for one.
     """
     return _HTTP_REQUEST_LINE.match(line) is not None
+
+
+class IConnectionTransport(ITransport, IConsumer, IPushProducer):
+    """
+    What a L{SessionProtocol} uses of its transport: Twisted's TCP, UNIX and
+    TLS connections provide it. Besides L{ITransport}, it takes this protocol
+    as the producer of its replies (L{IConsumer}), lets reading pause and
+    resume (L{IPushProducer}), and can be closed at once.
+    """
+
+    def abortConnection() -> None:  # noqa: N802 - Twisted's name
+        """Close the connection now, dropping whatever is not sent yet."""
 
 
 @implementer(IHalfCloseableProtocol, IPushProducer)
@@ -86,7 +104,12 @@ class SessionProtocol(Protocol):
     #: The wire protocol's name, given to the session (for its log lines).
     protocol_name: ClassVar[str] = "unnamed"
 
-    factory: SessionFactory | None = None
+    #: Set by L{SessionFactory.buildProtocol} (Twisted's Factory typing requires
+    #: it; a protocol made without a factory, in unit tests, has None).
+    factory: SessionFactory
+
+    #: Set by Twisted when the connection is made (C{makeConnection}).
+    transport: IConnectionTransport | None = None
 
     #: True until the connection's first request line has been seen (L{first_line_is_http}).
     awaiting_first_line: bool = True
@@ -136,9 +159,17 @@ class SessionProtocol(Protocol):
         """The client no longer reads: close."""
         self.close_connection()
 
+    @property
+    def live_session(self) -> ClientSession:
+        """The connection's session, which serves its requests (open from connectionMade on)."""
+        session = self.session
+        assert session is not None, "the connection is not made yet"
+        return session
+
     def close_connection(self) -> None:
         """Close the connection once the replies already written are sent."""
-        self.transport.loseConnection()
+        if self.transport is not None:
+            self.transport.loseConnection()
 
     def end_session(self) -> None:
         """
@@ -214,15 +245,18 @@ class SessionProtocol(Protocol):
             self._awaiting_drain = False
             if self.session is not None:
                 self.session.held_reads.drained()
-            if not self.output_blocked and getattr(self.transport, "disconnecting", False):
+            transport = self.transport
+            if (not self.output_blocked and transport is not None
+                    and getattr(transport, "disconnecting", False)):
                 # (Twisted called us instead of closing: let the close go on.)
-                self.transport.unregisterProducer()
+                transport.unregisterProducer()
         if not self.output_blocked:
             return
         self.output_blocked = False
-        if getattr(self.transport, "disconnecting", False):
+        transport = self.transport
+        if transport is not None and getattr(transport, "disconnecting", False):
             # Closing: a registered producer would hold the close back forever.
-            self.transport.unregisterProducer()
+            transport.unregisterProducer()
             return
         self._update_reading()
         if not self._session_ended:
@@ -261,7 +295,9 @@ class SessionProtocol(Protocol):
         case), else when the transport's buffer drains. If the connection is
         lost first, the session puts them back at the head of their queues.
         """
-        in_kernel = write_now(self.transport, data)
+        transport = self.transport
+        assert transport is not None
+        in_kernel = write_now(transport, data)
         session = self.session
         if session is not None and session.held_reads.pending:
             if session.held_reads.written(in_kernel):
@@ -360,7 +396,7 @@ class SessionProtocol(Protocol):
         """The client read its replies: serve buffered requests again (default: nothing)."""
 
 
-class SessionFactory(Factory):
+class SessionFactory(Factory[SessionProtocol]):
     """
     Builds a L{protocol} per connection over one L{KestrelServer}, and tracks
     the live ones so that a stopping server can end them (L{disconnect_all}).

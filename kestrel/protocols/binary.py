@@ -33,6 +33,7 @@ from kestrel.errors import (
 )
 from kestrel.item import QItem, memcache_expiry_ms
 from kestrel.protocols.memcache_parser import MemcacheParseError, parse_get
+from kestrel.settled import settled
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -124,7 +125,7 @@ def status_reply(opcode: int, opaque: int, status: int, message: bytes) -> bytes
     return response(opcode, opaque, status, message)
 
 
-def error_status(exc: BaseException) -> tuple[int, str] | None:
+def error_status(exc: BaseException | None) -> tuple[int, str] | None:
     """
     The status and message a refusal is answered with, connection kept; None
     for a failure that is not a refusal (answered 0x0084, then closed).
@@ -190,11 +191,11 @@ class BinaryHandler:
         except MemcacheParseError as e:
             return self._invalid(req, e.reason)
         result = self.protocol.fetch(get)
-        if result.__class__ is bytes:
+        if isinstance(result, bytes):
             return self._invalid(req, "a read is open on this queue: use /close, /open or /abort")
         if isinstance(result, QItem) or result is None:
             return self._get_reply(result, req)
-        return result.addCallback(self._get_reply, req)  # type: ignore[union-attr]
+        return result.addCallback(self._get_reply, req)
 
     @staticmethod
     def _get_reply(item: QItem | None, req: BinaryRequest) -> bytes:
@@ -217,8 +218,9 @@ class BinaryHandler:
         if exptime:
             expiry_ms = memcache_expiry_ms(exptime, int(protocol.clock.seconds() * 1000))
         d = session.set_item(req.key.decode("latin-1"), value, expiry_ms)
-        if d.called and not d.paused and d.result.__class__ is bool:
-            return self._set_reply(d.result, req)
+        stored = settled(d)
+        if stored.__class__ is bool:
+            return self._set_reply(stored, req)
         return d.addCallback(self._set_reply, req)
 
     @staticmethod

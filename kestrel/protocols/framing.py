@@ -36,11 +36,12 @@ from kestrel.protocols.binary import (
 from kestrel.protocols.memcache_parser import (
     MemcacheParseError,
     Refusal,
+    Request,
     SetRequest,
     Unframable,
     parse_line,
 )
-from kestrel.protocols.meta import MetaSet, is_meta_word, parse_meta
+from kestrel.protocols.meta import MetaRequest, MetaSet, is_meta_word, parse_meta
 
 __all__ = ["NEED", "REFUSE", "SERVE", "UNFRAMABLE", "RequestFramer"]
 
@@ -114,6 +115,7 @@ class RequestFramer:
             return UNFRAMABLE, b"CLIENT_ERROR request line too long\r\n", None, 0
         line = buf[pos:end]
         after = nl + 1
+        request: Request | MetaRequest
         try:
             if line[:1] in _META_FIRST and is_meta_word(line):
                 request = parse_meta(line)
@@ -124,8 +126,7 @@ class RequestFramer:
             if err.disconnect:
                 return UNFRAMABLE, reply, None, 0
             return REFUSE, reply, None, after
-        cls = request.__class__
-        if cls is SetRequest or cls is MetaSet:
+        if request.__class__ is SetRequest or request.__class__ is MetaSet:
             length = request.length
             if length > limit:
                 return (UNFRAMABLE, b"CLIENT_ERROR item of %d bytes is larger than "
@@ -136,9 +137,9 @@ class RequestFramer:
             if buf[data_end] != 13 or buf[data_end + 1] != 10:
                 return UNFRAMABLE, b"CLIENT_ERROR bad data chunk\r\n", None, 0
             return SERVE, request, buf[after:data_end], data_end + 2
-        if cls is Unframable:
+        if request.__class__ is Unframable:
             return UNFRAMABLE, request.reply, None, 0
-        if cls is Refusal:
+        if request.__class__ is Refusal:
             return REFUSE, request.reply, None, after
         return SERVE, request, None, after
 

@@ -71,6 +71,7 @@ from kestrel.protocols.memcache_parser import (
     SetRequest,
 )
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
+from kestrel.settled import PENDING, settled
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -151,7 +152,6 @@ class MemcacheProtocol(SessionProtocol):
         self._last_active = 0.0
         self._dispatch: dict[type, Callable[[Any], Reply]] = {
             GetRequest: self._get,
-            SetRequest: self._set,
             QueueCommand: self._queue_command,
             ConfirmRequest: self._confirm,
             MonitorRequest: self._monitor,
@@ -183,7 +183,8 @@ class MemcacheProtocol(SessionProtocol):
     def close_connection(self) -> None:
         """Stop serving requests and close once the replies written are sent."""
         self._closing = True
-        self.transport.loseConnection()
+        if self.transport is not None:
+            self.transport.loseConnection()
 
     def stop_answering(self) -> None:
         """Serve nothing more; stop the idle timer; drop buffered input at once."""
@@ -284,7 +285,8 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
-        frame = self._framer.framer_for(buf[0]) if size else None
+        # (the loop frames only when there is input: frame is then its dialect's)
+        frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
         try:
             while (pos < size and not self._waiting and not self._closing
                    and not self.output_blocked):
@@ -298,7 +300,7 @@ class MemcacheProtocol(SessionProtocol):
                         continue
                 if self.awaiting_first_line and self._http_first_line(buf, pos):
                     break
-                kind, request, data, end = frame(buf, pos)  # type: ignore[misc]
+                kind, request, data, end = frame(buf, pos)
                 if kind == SERVE:
                     pos = end
                     self._serve(request, data, pos < size)
@@ -379,13 +381,12 @@ class MemcacheProtocol(SessionProtocol):
         except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
             self._error(Failure(exc), request)
             return
-        if reply.__class__ is bytes:
+        if isinstance(reply, bytes):
             if reply:
                 self._out.append(reply)
             return
         self._waiting = True
-        reply.addCallbacks(self._async_reply, self._error,  # type: ignore[union-attr]
-                           errbackArgs=(request,))
+        reply.addCallbacks(self._async_reply, self._error, errbackArgs=(request,))
 
     def _async_reply(self, reply: bytes) -> None:
         """A waiting request finished: queue its reply and carry on with the buffer."""
@@ -420,8 +421,9 @@ class MemcacheProtocol(SessionProtocol):
                 out.clear()
                 self._closing = True
                 self._log.error("Replies dropped: a journal write failed")
-                self.transport.write(b"SERVER_ERROR journal write failed\r\n")
-                self.transport.loseConnection()
+                if self.transport is not None:
+                    self.transport.write(b"SERVER_ERROR journal write failed\r\n")
+                self.close_connection()
                 return
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
@@ -434,7 +436,7 @@ class MemcacheProtocol(SessionProtocol):
             self._out.append(reply)
         self._closing = True
         self._flush()
-        self.transport.loseConnection()
+        self.close_connection()
 
     def _error(self, failure: Failure, request: object = None) -> None:
         """
@@ -455,7 +457,7 @@ class MemcacheProtocol(SessionProtocol):
             self._fail(exc.reply)
             return
         if request.__class__ is BinaryRequest:
-            self._binary_error(failure, request)  # type: ignore[arg-type]
+            self._binary_error(failure, request)
             return
         if isinstance(exc, AvailabilityError):
             reply = b"SERVER_ERROR %s\r\n" % _encode(str(exc))
@@ -516,15 +518,14 @@ class MemcacheProtocol(SessionProtocol):
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         # (A lone request, served with no batch open: its reply is written next.)
         d = session.get_item(name, deadline, req.open_read, req.peeking, not self._batch_open)
-        if d.called and not d.paused:
-            item = d.result
-            if not isinstance(item, Failure):
-                return item
+        item = settled(d)
+        if item is not PENDING and not isinstance(item, Failure):
+            return item
         return d
 
     def _get(self, req: GetRequest) -> Reply:
         result = self.fetch(req)
-        if result.__class__ is bytes:
+        if isinstance(result, bytes):
             return b"ERROR %s\r\n" % result
         if isinstance(result, Deferred):
             return result.addCallback(value_reply, req.key)
@@ -539,10 +540,9 @@ class MemcacheProtocol(SessionProtocol):
         if req.exptime:
             expiry_ms = memcache_expiry_ms(req.exptime, int(self.clock.seconds() * 1000))
         d = session.set_item(req.name, data, expiry_ms)
-        if d.called and not d.paused:
-            stored = d.result
-            if not isinstance(stored, Failure):
-                return b"" if req.noreply else _STORED if stored else _NOT_STORED
+        stored = settled(d)
+        if stored is not PENDING and not isinstance(stored, Failure):
+            return b"" if req.noreply else _STORED if stored else _NOT_STORED
         if req.noreply:
             return d.addCallback(lambda _: b"")
         return d.addCallback(lambda ok: _STORED if ok else _NOT_STORED)

@@ -335,11 +335,11 @@ def parse_line(line: bytes) -> Request:
     if request is not None:
         return request
     parsed = _parse_line(line)
-    cls = parsed.__class__
-    if (cls is GetRequest or cls is SetRequest) and len(line) <= RECENT_LINE_LIMIT:
+    if ((parsed.__class__ is GetRequest or parsed.__class__ is SetRequest)
+            and len(line) <= RECENT_LINE_LIMIT):
         if len(_recent) >= RECENT_LIMIT:
             _recent.clear()
-        _recent[line] = parsed  # type: ignore[assignment]
+        _recent[line] = parsed
     return parsed
 
 

@@ -41,6 +41,7 @@ from kestrel.protocols.memcache_parser import (
     parse_int,
     split_tokens,
 )
+from kestrel.settled import settled
 
 if TYPE_CHECKING:
     from kestrel.protocols.fetching import DialectHost
@@ -171,8 +172,7 @@ def parse_meta(line: bytes) -> MetaRequest:
     if word == b"mn":
         return MetaNoop()
     if word == b"ma" or word == b"me":
-        name = word.decode()
-        return Refusal(b"CLIENT_ERROR %s is not supported by a queue server\r\n" % name.encode())
+        return Refusal(b"CLIENT_ERROR %s is not supported by a queue server\r\n" % word)
     if word == b"ms":
         return _parse_set(tokens)
     if len(tokens) < 2:
@@ -278,7 +278,7 @@ class MetaHandler:
     def get(self, req: MetaGet) -> bytes | Deferred[bytes]:
         """C{mg}: the fetch its key stands for, answered C{VA}/C{HD}/C{EN}."""
         result = self.protocol.fetch(req.get)
-        if result.__class__ is bytes:
+        if isinstance(result, bytes):
             return b"CLIENT_ERROR %s\r\n" % result
         if isinstance(result, Deferred):
             return result.addCallback(self._got, req)
@@ -298,8 +298,9 @@ class MetaHandler:
         if req.ttl:
             expiry_ms = memcache_expiry_ms(req.ttl, int(protocol.clock.seconds() * 1000))
         d = session.set_item(req.name, data, expiry_ms)
-        if d.called and not d.paused and d.result.__class__ is bool:
-            return meta_set_reply(req, d.result)
+        stored = settled(d)
+        if stored.__class__ is bool:
+            return meta_set_reply(req, stored)
         return d.addCallback(lambda stored: meta_set_reply(req, stored))
 
     def delete(self, req: MetaDelete) -> bytes:

@@ -179,7 +179,7 @@ class TextProtocol(SessionProtocol):
         self._buffer.clear()
         self._scan_from = 0
         self._put_items = []
-        self.transport.loseConnection()
+        self.close_connection()
         self._closed = True
 
     def output_resumed(self) -> None:
@@ -225,7 +225,7 @@ class TextProtocol(SessionProtocol):
         self._write(error_reply(f"Line too long (limit {self.MAX_LENGTH} bytes)."))
         self._buffer.clear()
         self._scan_from = 0
-        self.transport.loseConnection()
+        self.close_connection()
         self._closed = True
 
     def _line_received(self, line: bytes) -> None:
@@ -243,7 +243,7 @@ class TextProtocol(SessionProtocol):
                 self._run(header, items)
         elif self.awaiting_first_line and self.first_line_is_http(line):
             self._write(error_reply(HTTP_REFUSED + "."))
-            self.transport.loseConnection()
+            self.close_connection()
             self._closed = True
         elif line.endswith(b":"):
             self._put_header = split_tokens(line[:-1])
@@ -306,7 +306,7 @@ class TextProtocol(SessionProtocol):
         if not self._processing:
             self._process_lines()
         if self._read_closed and not self._waiting:
-            self.transport.loseConnection()
+            self.close_connection()
 
     def _reply(self, outcome: Any) -> None:
         """Write a request's reply bytes, or the error line for its failure."""
@@ -361,7 +361,7 @@ class TextProtocol(SessionProtocol):
         name = self._queue_name(args)
         expiry_msec = parse_int(args[1], "expiration time") if len(args) > 1 else 0
         expiry_ms = relative_expiry_ms(expiry_msec, int(self._clock.seconds() * 1000))
-        return self.session.set_items(name, items, expiry_ms).addCallback(self._stored, name)
+        return self.live_session.set_items(name, items, expiry_ms).addCallback(self._stored, name)
 
     def _stored(self, outcomes: list[object], name: str) -> bytes:
         """C{+<n>}, n counting the items the queue accepted."""
@@ -379,14 +379,14 @@ class TextProtocol(SessionProtocol):
         name = self._queue_name(args)
         deadline = self._deadline(args, 1)
         self._confirm_all_reads(name)
-        return self.session.get_item(name, deadline, True, False).addCallback(_item_data)
+        return self.live_session.get_item(name, deadline, True, False).addCallback(_item_data)
 
     def _confirm_all_reads(self, name: str) -> None:
         """
         Confirm this connection's open reads on C{name} (the next request on
         it says they arrived), each once its reply is in the kernel.
         """
-        if self.session.close_all_reads(name, after_replies=True):
+        if self.live_session.close_all_reads(name, after_replies=True):
             self.settle_replies()
 
     def _peek(self, args: list[bytes], items: list[bytes]) -> Any:
@@ -394,7 +394,7 @@ class TextProtocol(SessionProtocol):
         name = self._queue_name(args)
         deadline = self._deadline(args, 1)
         self._confirm_all_reads(name)
-        return self.session.get_item(name, deadline, False, True).addCallback(_item_data)
+        return self.live_session.get_item(name, deadline, False, True).addCallback(_item_data)
 
     def _monitor(self, args: list[bytes], items: list[bytes]) -> Any:
         """
@@ -410,7 +410,7 @@ class TextProtocol(SessionProtocol):
         def got_item(item: Any) -> None:
             self._write(item_reply(item.data))
 
-        done = self.session.monitor_until(
+        done = self.live_session.monitor_until(
             name, deadline, self.server.max_open_transactions, True, got_item)
         return done.addCallback(lambda _: _NO_ITEM)
 
@@ -423,47 +423,52 @@ class TextProtocol(SessionProtocol):
             raise BadRequest("Queue name & count required.")
         name = args[0].decode("latin-1")
         count = parse_int(args[1], "count")
-        if not self.session.close_reads(name, count):
+        if not self.live_session.close_reads(name, count):
             raise BadRequest("Not that many transactions open.")
         return count_reply(count)
 
-    def _flush(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _flush(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{flush <q>}: C{+0}."""
-        return _then(self.session.flush(self._queue_name(args)), b"+0\n")
+        self.live_session.flush(self._queue_name(args))
+        return b"+0\n"
 
-    def _flush_all(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _flush_all(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{flush_all}: flush every queue, C{+0}."""
-        return _then(self.session.flush_all(), b"+0\n")
+        self.live_session.flush_all()
+        return b"+0\n"
 
-    def _delete(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _delete(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{delete <q>}: C{+0}."""
-        return _then(self.session.delete(self._queue_name(args)), b"+0\n")
+        self.live_session.delete(self._queue_name(args))
+        return b"+0\n"
 
-    def _status(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _status(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{status}: C{:UP} etc.; C{status <name>}: C{+0} once changed."""
         if not args:
-            return string_reply(str(self.session.current_status()).upper())
-        return _then(self.session.set_status(args[0].decode("latin-1")), b"+0\n")
+            return string_reply(str(self.live_session.current_status()).upper())
+        self.live_session.set_status(args[0].decode("latin-1"))
+        return b"+0\n"
 
     def _version(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{version}: C{:<version>}."""
         return string_reply(self.server.version)
 
-    def _reload(self, args: list[bytes], items: list[bytes]) -> Any:
+    def _reload(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{reload}: reread the config file; C{+0}, or C{-<problem>} keeping the old config."""
-        self.session.check_control("reload")
-        return _then(self.server.reload(), b"+0\n")
+        self.live_session.check_control("reload")
+        self.server.reload()
+        return b"+0\n"
 
     def _shutdown(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{shutdown}: C{+0}, then the server stops cleanly."""
-        self.session.check_control("shutdown")
+        self.live_session.check_control("shutdown")
         self._write(b"+0\n")
         self.server.request_shutdown()
         return b""
 
     def _quit(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{quit}: close the connection, no reply."""
-        self.transport.loseConnection()
+        self.close_connection()
         self._closed = True
         return b""
 
@@ -471,13 +476,6 @@ class TextProtocol(SessionProtocol):
 def _item_data(item: Any) -> bytes:
     """The reply to a get/peek outcome."""
     return item_reply(None if item is None else item.data)
-
-
-def _then(outcome: Any, reply: bytes) -> Any:
-    """C{reply} once C{outcome} (a value or a Deferred) is done."""
-    if isinstance(outcome, Deferred):
-        return outcome.addCallback(lambda _: reply)
-    return reply
 
 
 class TextFactory(SessionFactory):

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from kestrel.session import ClientSession
 
 try:
-    from thriftpy2.protocol.cybin import TCyBinaryProtocol as _BinaryProtocol
+    # (thriftpy2 re-exports its compiled protocol with a star import from an
+    # extension module it ships no types for, so mypy cannot see the name.)
+    from thriftpy2.protocol.cybin import TCyBinaryProtocol as _BinaryProtocol  # type: ignore[attr-defined]
     from thriftpy2.transport.memory import TCyMemoryBuffer as _MemoryBuffer
 except ImportError:  # pragma: no cover - thriftpy2 built without its C extensions
     from thriftpy2.protocol.binary import TBinaryProtocol as _BinaryProtocol
@@ -451,7 +453,7 @@ class ThriftProtocol(SessionProtocol):
         self._frames.clear()
         self._queued_bytes = 0
         self._closed = True
-        self.transport.loseConnection()
+        self.close_connection()
 
     def lengthLimitExceeded(self, length: int) -> None:
         """Drop a connection announcing a frame over C{max_request_size} (or negative)."""
@@ -460,7 +462,7 @@ class ThriftProtocol(SessionProtocol):
         self._frames.clear()
         self._queued_bytes = 0
         self._closed = True
-        self.transport.loseConnection()
+        self.close_connection()
 
     def _run_frames(self) -> None:
         """Answer queued frames in order until one has to wait."""
@@ -480,7 +482,7 @@ class ThriftProtocol(SessionProtocol):
             self._paused = False
             self.resume_input()
         if self._read_closed:
-            self.transport.loseConnection()
+            self.close_connection()
 
     def output_resumed(self) -> None:
         """The client read its replies: answer the frames that waited meanwhile."""
@@ -515,7 +517,7 @@ class ThriftProtocol(SessionProtocol):
             self._frames.clear()
             self._queued_bytes = 0
             self._closed = True
-            self.transport.loseConnection()
+            self.close_connection()
             return None
         try:
             for name in _REQUIRED_ARGS[api]:
