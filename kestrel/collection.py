@@ -31,11 +31,12 @@ from twisted.python.failure import Failure
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, InvalidQueueName, QueueLoading, ShuttingDown
 from kestrel.item import QItem
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
-from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
+from kestrel.journal.syncfile import FsyncObserver
 from kestrel.loading import LoadingQueue
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver

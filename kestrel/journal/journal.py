@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 from kestrel.item import QItem
 from kestrel.journal import naming
 from kestrel.journal import records as rec
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.chores import Chore
 from kestrel.journal.events import legacy_item
 from kestrel.journal.naming import PACK_SUFFIX, TEMP_INFIX, journal_queue_name
@@ -52,12 +53,7 @@ from kestrel.journal.pack import (
     dump_records,
     pack_layout,
 )
-from kestrel.journal.syncfile import (
-    FsyncObserver,
-    PeriodicSyncFile,
-    RunInThread,
-    WriteCoalescer,
-)
+from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile, RunInThread
 
 _T = TypeVar("_T")
 

@@ -18,8 +18,8 @@ from twisted.internet.task import Clock
 
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.journal import FileJournal
-from kestrel.journal.syncfile import WriteCoalescer
 from kestrel.queue import JOURNAL_RETRY_SECONDS, PersistentQueue
 from kestrel.stats import ServerStats
 from tests.unit.test_queue import PENDING, datas, value

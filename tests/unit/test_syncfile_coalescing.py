@@ -14,7 +14,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
-from kestrel.journal.syncfile import PeriodicSyncFile, WriteCoalescer
+from kestrel.journal.batch import WriteCoalescer
+from kestrel.journal.syncfile import PeriodicSyncFile
 
 
 class CountingFsync:

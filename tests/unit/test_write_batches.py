@@ -14,8 +14,9 @@ from twisted.internet.task import Clock
 
 from kestrel.collection import QueueCollection
 from kestrel.config import parse_config
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.records import iter_records
-from kestrel.journal.syncfile import PeriodicSyncFile, WriteCoalescer
+from kestrel.journal.syncfile import PeriodicSyncFile
 
 
 def make_collection(tmp_path: Path, clock: Clock) -> QueueCollection:
