@@ -8,6 +8,10 @@ L{QueueConfig}, journals every change, and wakes blocked readers. It knows
 nothing of sockets: time comes from the injected clock, and the journal is
 an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 
+Its helpers each hold one idea: L{kestrel.queue_health} what happens when
+the journal cannot be written, L{kestrel.queue_policy} when the journal is
+compacted, L{kestrel.waiters} the blocked reads.
+
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
 to a client, C{open_transaction_timeout} is enforced by a timer, and C{age}
@@ -16,7 +20,7 @@ is how long the last fetched item waited.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,28 +36,33 @@ from kestrel.item import QItem
 from kestrel.journal.events import QueueEvents, event_applier
 from kestrel.journal.interface import IJournal
 from kestrel.journal.records import next_xid
-from kestrel.waiters import ReadWaiters
+from kestrel.queue_health import (
+    ABORT,
+    CONFIRM,
+    JOURNAL_RETRY_SECONDS,
+    OPEN,
+    JournalHealth,
+    Unsettled,
+    reason_of,
+)
+from kestrel.queue_policy import (
+    Compaction,
+    Pause,
+    compaction_step,
+    rotation_checkpoint,
+    within_limits,
+)
+from kestrel.waiters import PendingRead, ReadWaiters
 
 if TYPE_CHECKING:
     from kestrel.journal.pack import Checkpoint
 
-#: Seconds between attempts to write a failed journal again (see docs/journal.md).
-JOURNAL_RETRY_SECONDS = 1.0
-
-#: How many recent confirms and aborts a queue remembers, to apply them again
-#: when a journal failure cut their records.
-RECENT_CLOSES = 65536
-
-_OK = "ok"
-_FAILED = "failed"
-_READ_ONLY = "read-only"
+__all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 
 
-def _reason(error: BaseException) -> str:
-    """A short reason for an I/O error: C{No space left on device (errno 28)}."""
-    if isinstance(error, OSError) and error.strerror:
-        return f"{error.strerror} (errno {error.errno})"
-    return str(error) or type(error).__name__
+def _key(item: QItem) -> tuple[bytes, int, int]:
+    """What tells an item from another after a reload (its payload and times)."""
+    return (item.data, item.add_time_ms, item.expiry_ms)
 
 
 class QueueObserver(Protocol):
@@ -87,14 +96,16 @@ class QueueObserver(Protocol):
         """
 
 
-class PersistentQueue:
+
+class PersistentQueue(QueueEvents):
     """
     A named queue with journaled adds, removes and open reads.
 
     Promises: an item whose add was acknowledged stays in the queue (or the
     journal) until it is removed, confirmed, expired, discarded by
     C{discard_old_when_full} or flushed; each item is handed to at most one
-    reader at a time; aborted reads go back to the head.
+    reader at a time; aborted reads go back to the head; a reader is handed
+    an item only once the records that make it the reader's are in the OS.
 
     Stats are plain attributes, read without cost: C{length}, C{bytes},
     C{memory_bytes}, C{total_items}, C{expired_items}, C{discarded},
@@ -103,6 +114,9 @@ class PersistentQueue:
     C{get_items_hit}, C{get_items_miss}, C{create_time} (clock seconds);
     C{memory_length}, C{waiter_count}, C{open_read_count} and C{age}
     are cheap properties.
+
+    The queue is the L{QueueEvents} its journal's records replay into (the
+    event methods C{added} .. C{xid_saved}; nothing else calls them).
 
     @ivar expire_to: called with every item that expires, when the
         collection wires C{expire_to_queue}; C{None} drops expired items.
@@ -123,7 +137,6 @@ class PersistentQueue:
                  fsync_failed: Callable[[OSError], None] | None = None) -> None:
         self.name = name
         self.observer = observer
-        self._fsync_failed = fsync_failed
         self.journal = journal
         self._clock = clock
         self._config = config
@@ -140,26 +153,13 @@ class PersistentQueue:
         self._rewrite_timer: IDelayedCall | None = None
         self._open_read_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
-        # After a failed journal write or fsync: _FAILED until memory is
-        # rebuilt from the journal, then _READ_ONLY until a probe succeeds.
-        self._journal_state = _OK
-        self._journal_reason = ""
-        self._failure_kind = "write"
-        self._recovery_call: IDelayedCall | None = None
-        self._recovering = False
-        # Confirms (True) and aborts (False) of open reads asked for while _FAILED.
-        self._closes_while_failed: list[tuple[int, bool]] = []
-        # The latest closes of open reads (xid -> confirmed): after a failure
-        # cut their records, a reload applies them again as they were.
-        self._recent_closes: OrderedDict[int, bool] = OrderedDict()
-        #: How many times the journal failed and the queue went read-only.
-        self.journal_failures = 0
-        # What each replayed record does to memory (kestrel.journal.events).
-        self._replay_apply = event_applier(_Replay(self), self._now_ms)
-        journal.on_failure = self._journal_failed
+        # What happens when the journal cannot be written, and what the
+        # journal may not hold yet of what clients were told.
+        self._health = JournalHealth(name, journal, clock, self, fsync_failed=fsync_failed)
+        self._unsettled = Unsettled(self._health, journal)
+        # What each replayed record does to memory (the event methods below).
+        self._replay_apply = event_applier(self, self._now_ms)
         journal.on_skipped_adds = self._count_replayed
-        #: Calls a function outside any open write batch (see L{IJournal.call_unbatched}).
-        self.call_unbatched = journal.call_unbatched
         self.expire_to: Callable[[QItem], object] | None = None
         self.is_fanout_master = names.FANOUT_SEPARATOR not in name
         self.create_time = clock.seconds()
@@ -215,9 +215,10 @@ class PersistentQueue:
     @property
     def journal_state(self) -> str:
         """C{"ok"}, C{"failed"} (a journal write or fsync failed; memory is being
-        rebuilt from the journal) or C{"read-only"} (adds refused until the
-        journal can be written again)."""
-        return self._journal_state
+        rebuilt from the journal), C{"read-only"} (adds refused until the
+        journal can be written again) or C{"probing"} (a probe record is being
+        written): see L{kestrel.queue_health}."""
+        return self._health.state
 
     @property
     def is_closed(self) -> bool:
@@ -318,11 +319,53 @@ class PersistentQueue:
         finally:
             self._replaying = False
         for xid in sorted(self._open_reads, reverse=True):
-            self._journal_write(self.journal.unremove, xid)
+            self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self._return_to_head(xid)
         self._log.info(
             "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
             queue=self.name, items=self.length, bytes=self.bytes, xid=self._xid_counter)
+
+    # (the QueueEvents a replayed journal record sets off)
+
+    def added(self, item: QItem, xid: int) -> None:
+        """Replay: store the item at the tail (an ADD_XID's xid means nothing now)."""
+        self._store(item)
+        if not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size:
+            self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
+                           queue=self.name, bytes=self.bytes)
+            self.journal.start_read_behind()
+
+    def removed(self) -> None:
+        """Replay: drop the head item."""
+        self._pop_head()
+
+    def opened(self, xid: int | None) -> None:
+        """Replay: open the head item under C{xid} (a Kestrel 1.x open: the next xid)."""
+        if xid is None:
+            xid = self._next_xid()
+        # Never lower the counter: a rewritten journal's SAVE_XID may be
+        # above the xids of the opens that follow it.
+        elif xid > self._xid_counter:
+            self._xid_counter = xid
+        item = self._pop_head()
+        if item is None:
+            self._log.warn("Journal of {queue} opens xid {xid} on an empty queue; ignored",
+                           queue=self.name, xid=xid)
+            return
+        item.xid = xid
+        self._open_reads[xid] = item
+
+    def unremoved(self, xid: int) -> None:
+        """Replay: put open read C{xid}'s item back at the head."""
+        self._return_to_head(xid)
+
+    def confirmed(self, xid: int) -> None:
+        """Replay: forget open read C{xid}."""
+        self._open_reads.pop(xid, None)
+
+    def xid_saved(self, xid: int) -> None:
+        """Replay: set the xid counter."""
+        self._xid_counter = xid
 
     def _forget_replayed(self) -> None:
         """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
@@ -337,22 +380,6 @@ class PersistentQueue:
         self.put_bytes += data_bytes
         self.bytes += data_bytes
         self.length += items
-
-    def _replay_add(self, item: QItem) -> None:
-        self._store(item)
-        if not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size:
-            self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
-                           queue=self.name, bytes=self.bytes)
-            self.journal.start_read_behind()
-
-    def _replay_open(self, xid: int) -> None:
-        item = self._pop_head()
-        if item is None:
-            self._log.warn("Journal of {queue} opens xid {xid} on an empty queue; ignored",
-                           queue=self.name, xid=xid)
-            return
-        item.xid = xid
-        self._open_reads[xid] = item
 
     # ----- adding
 
@@ -371,8 +398,11 @@ class PersistentQueue:
         The Deferred fires at once, except when the queue acknowledges
         durably (C{sync_journal: always}, or C{durable_acks} with a sync
         period), where it fires after the fsync covering the journal write
-        (and fails if that fsync fails). A journal write that fails at once stores nothing and
-        fails the Deferred.
+        (and fails if that fsync fails). A journal write that fails at once
+        stores nothing and fails the Deferred (L{JournalUnavailable}), as
+        does an add while the journal cannot be written. A blocked reader is
+        woken once the item's record is in the OS (after the write batch
+        holding it, if any, flushed).
 
         @param expiry_ms: absolute epoch ms, 0 for never; capped by C{max_age}.
         @param add_time_ms: the item's add time (default: now).
@@ -383,8 +413,54 @@ class PersistentQueue:
             return succeed(False)
         if cfg.fanout_only and self.is_fanout_master:
             return succeed(True)
-        if self._journal_state is not _OK:
-            return fail(JournalUnavailable(self.name, self._journal_reason))
+        health = self._health
+        if not health.takes_adds:
+            return fail(health.unavailable())
+        if not self._make_room():
+            return succeed(False)
+        now_ms = int(self._clock.seconds() * 1000)
+        item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
+                     self._expiry_for(expiry_ms, now_ms))
+        if cfg.keep_journal:
+            self._before_add()
+            if not health.takes_adds:
+                # Journal maintenance above (a sweep, a rotation) failed.
+                return fail(health.unavailable())
+        journal = self.journal
+        try:
+            d = journal.add(item) if xid is None else journal.continue_(xid, item)
+        except Exception as e:
+            self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
+            return fail(JournalUnavailable(self.name, reason_of(e)))
+        if d.called and isinstance(d.result, Failure):
+            # The OS refused the write (the file is cut back): the item is not in the journal.
+            failure = d.result
+            d.addErrback(lambda _: None)
+            self._log.warn("Journal write failed for {queue}; item refused: {error}",
+                           error=failure.value, queue=self.name)
+            return fail(JournalUnavailable(self.name, reason_of(failure.value)))
+        if xid is not None and self._open_reads.pop(xid, None) is not None:
+            self._open_since.pop(xid, None)
+            self._unsettled.note(CONFIRM, xid, None, d)
+            self._open_reads_changed()
+        self._store(item)
+        observer = self.observer
+        if observer is not None:
+            observer.item_added(size, len(self._items))
+        self._wake()
+        if cfg.durable_acks or cfg.sync_journal == 0.0:
+            # The journal's Deferred is this write's own: chain on it directly.
+            return d.addCallbacks(_stored, self._durable_add_failed)
+        if not d.called:
+            d.addErrback(self._write_failed)
+        return succeed(True)
+
+    def _make_room(self) -> bool:
+        """
+        Discard the expired head items, then (C{discard_old_when_full}) the
+        oldest ones while the queue is full; return whether an add fits.
+        """
+        cfg = self._config
         items = self._items
         # (_sweep's own first test, inlined: on this path the call costs more than the test)
         if items and (items[0].expiry_ms or cfg.max_age is not None):
@@ -394,62 +470,38 @@ class PersistentQueue:
         while ((max_items is not None and self.length >= max_items)
                or (max_size is not None and self.bytes >= max_size)):
             if not cfg.discard_old_when_full or not self._items:
-                return succeed(False)
+                return False
             self._pop_head()
             self.discarded += 1
             self._journal_write(self.journal.remove)
             self._fill_read_behind()
             self._sweep(None)
-        now_ms = int(self._clock.seconds() * 1000)
-        if cfg.max_age is not None:
-            cap = now_ms + int(cfg.max_age * 1000)
+        return True
+
+    def _expiry_for(self, expiry_ms: int, now_ms: int) -> int:
+        """The expiry of an item added now: C{expiry_ms} capped by C{max_age}."""
+        max_age = self._config.max_age
+        if max_age is not None:
+            cap = now_ms + int(max_age * 1000)
             if not expiry_ms or cap < expiry_ms:
-                expiry_ms = cap
-        item = QItem(data, now_ms if add_time_ms is None else add_time_ms, expiry_ms)
-        journal = self.journal
-        if cfg.keep_journal:
-            self._check_rotate_journal()
-            # Never with an empty memory: the head must stay readable (max_memory_size 0).
-            if (not journal.in_read_behind and self.bytes >= cfg.max_memory_size
-                    and self._items):
-                self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
-                               queue=self.name, bytes=self.bytes)
-                journal.start_read_behind()
-        if self._journal_state is not _OK:
-            # Journal maintenance above (a sweep, a rotation) failed.
-            return fail(JournalUnavailable(self.name, self._journal_reason))
-        try:
-            d = journal.add(item) if xid is None else journal.continue_(xid, item)
-        except Exception as e:
-            self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
-            return fail(JournalUnavailable(self.name, _reason(e)))
-        if d.called and isinstance(d.result, Failure):
-            # The OS refused the write (the file is cut back): the item is not in the journal.
-            failure = d.result
-            d.addErrback(lambda _: None)
-            self._log.warn("Journal write failed for {queue}; item refused: {error}",
-                           error=failure.value, queue=self.name)
-            return fail(JournalUnavailable(self.name, _reason(failure.value)))
-        if xid is not None and self._open_reads.pop(xid, None) is not None:
-            self._open_since.pop(xid, None)
-            self._open_reads_changed()
-        self._store(item)
-        observer = self.observer
-        if observer is not None:
-            observer.item_added(size, len(items))
-        self._waiters.trigger()
-        if cfg.durable_acks or cfg.sync_journal == 0.0:
-            # The journal's Deferred is this write's own: chain on it directly.
-            return d.addCallbacks(_stored, self._durable_add_failed)
-        if not d.called:
-            d.addErrback(self._write_failed)
-        return succeed(True)
+                return cap
+        return expiry_ms
+
+    def _before_add(self) -> None:
+        """Compact the journal if it outgrew a limit; drop to read-behind if memory is full."""
+        self._check_rotate_journal()
+        # Never with an empty memory: the head must stay readable (max_memory_size 0).
+        if (not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size
+                and self._items):
+            self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
+                           queue=self.name, bytes=self.bytes)
+            self.journal.start_read_behind()
 
     def _durable_add_failed(self, failure: Failure) -> None:
         """A durable add's write or fsync failed: the recovery drops it; say why."""
         if failure.check(JournalUnavailable):
             failure.raiseException()
-        raise JournalUnavailable(self.name, _reason(failure.value))
+        raise JournalUnavailable(self.name, reason_of(failure.value))
 
     def _store(self, item: QItem) -> None:
         size = len(item.data)
@@ -468,8 +520,8 @@ class PersistentQueue:
         """Return the head item without removing it (expired items are discarded first)."""
         if self._closed or not self.length:
             return None
-        if self._journal_state is _FAILED:
-            raise JournalUnavailable(self.name, self._journal_reason)
+        if not self._health.readable:
+            raise self._health.unavailable()
         self._sweep(None)
         return self._items[0] if self._items else None
 
@@ -481,12 +533,15 @@ class PersistentQueue:
         live. With C{open_read}, the item is opened under a fresh xid
         (C{item.xid}) and stays owed to the queue until L{confirm_remove} or
         L{unremove}. Open reads older than C{open_transaction_timeout} are
-        aborted before the item is chosen.
+        aborted before the item is chosen. Raises L{JournalUnavailable} while
+        memory is rebuilt after a journal failure, and when the remove's own
+        record cannot be written (the item is not handed out).
         """
         if self._closed or not self.length:
             return None
-        if self._journal_state is _FAILED:
-            raise JournalUnavailable(self.name, self._journal_reason)
+        health = self._health
+        if not health.readable:
+            raise health.unavailable()
         if open_read:
             self.transactions += 1
         if self._open_since and self._config.open_transaction_timeout is not None:
@@ -507,13 +562,14 @@ class PersistentQueue:
             self._open_since[xid] = self._clock.seconds()
             if self._open_read_timer is None and self._config.open_transaction_timeout is not None:
                 self._schedule_open_read_timer()
-            self._journal_write(journal.remove_tentative, xid)
+            self._journal_write(journal.remove_tentative, xid, note=(OPEN, xid, _key(item)))
         else:
             self._journal_write(journal.remove)
-        if self._journal_state is _FAILED:
-            # The remove is not journaled: the item is not handed out (memory
-            # is rebuilt from the journal, where it is still queued).
-            raise JournalUnavailable(self.name, self._journal_reason)
+        if not health.readable:
+            # The remove is not journaled (the journal reported it): the item
+            # is not handed out; memory is rebuilt from the journal, where it
+            # is still queued.
+            raise health.unavailable()
         if self._config.keep_journal:
             if journal.in_read_behind:
                 self._fill_read_behind()
@@ -551,14 +607,19 @@ class PersistentQueue:
         @return: a Deferred firing with the item, or C{None} at the deadline
             (or when the queue closes or evicts its waiters). Waiters are
             served first come, first served, one item each. Cancelling the
-            Deferred leaves the line; no item is taken for it.
+            Deferred leaves the line; no item is taken for it. A waiter whose
+            own remove cannot be journaled fails with L{JournalUnavailable}.
         """
         item = self.remove(open_read)
         if item is not None:
             # The usual case: no closure, no pending read.
             self.get_items_hit += 1
             return succeed(item)
-        return self._wait(lambda: self.remove(open_read), deadline, False, item)
+        return self._wait(lambda: self._retry_remove(open_read), deadline, False, item)
+
+    def _retry_remove(self, open_read: bool) -> QItem | None:
+        """A woken reader's remove; C{None} while memory is being rebuilt (it waits on)."""
+        return self.remove(open_read) if self._health.readable else None
 
     def wait_peek(self, deadline: float | None) -> Deferred[QItem | None]:
         """
@@ -567,23 +628,39 @@ class PersistentQueue:
         A woken peeker leaves the item in place and passes the wake-up on, so
         a reader behind it is woken for the same item.
         """
-        return self._wait(self.peek, deadline, True, self.peek())
+        return self._wait(self._retry_peek, deadline, True, self.peek())
 
-    def _wait(self, op: Callable[[], QItem | None], deadline: float | None,
+    def _retry_peek(self) -> QItem | None:
+        return self.peek() if self._health.readable else None
+
+    def _wait(self, attempt: Callable[[], QItem | None], deadline: float | None,
               passes_wake: bool, item: QItem | None) -> Deferred[QItem | None]:
-        """Answer with C{item} (the result of a first C{op()}), or wait to retry C{op}."""
+        """Answer with C{item} (the result of a first try), or wait to retry C{attempt}."""
         if (item is not None or deadline is None or self._closed
                 or deadline <= self._clock.seconds()):
-            if item is None:
-                self.get_items_miss += 1
-            else:
-                self.get_items_hit += 1
+            self._count_get(item)
             return succeed(item)
-        return _PendingRead(self, op, deadline, passes_wake).result
+        return PendingRead(self._waiters, self._clock, attempt, deadline,
+                           closed=lambda: self._closed, settled=self._count_get,
+                           passes_wake=passes_wake).result
+
+    def _count_get(self, item: QItem | None) -> None:
+        if item is None:
+            self.get_items_miss += 1
+        else:
+            self.get_items_hit += 1
+
+    def _wake(self) -> None:
+        """
+        Wake the next blocked reader once what was just written is in the OS,
+        outside any write batch: its records and its reply are its own.
+        """
+        if len(self._waiters):
+            self.journal.after_written(self._waiters.trigger)
 
     def evict_waiters(self) -> None:
-        """Answer every blocked read with "no item" now."""
-        self._waiters.evict_all()
+        """Answer every blocked read with "no item" (outside any write batch)."""
+        self.journal.after_written(self._waiters.evict_all)
 
     # ----- open reads
 
@@ -591,30 +668,24 @@ class PersistentQueue:
         """
         Abort open read C{xid}: its item goes back to the head and one waiter is woken.
 
-        An unknown xid is logged and ignored.
+        An unknown xid is logged and ignored. While memory is being rebuilt
+        after a journal failure, the abort is kept and applied by the reload.
         """
         if self._closed:
             return
-        if self._journal_state is _FAILED:
-            self._closes_while_failed.append((xid, False))
+        if not self._health.readable:
+            self._unsettled.note(ABORT, xid, None, None)
             return
         if xid in self._open_reads:
             self._return_to_head(xid)
             self._open_since.pop(xid, None)
-            self._remember_close(xid, False)
-            self._journal_write(self.journal.unremove, xid)
+            self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self.canceled_transactions += 1
             self._open_reads_changed()
         else:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
-        self._waiters.trigger()
-
-    def _remember_close(self, xid: int, confirmed: bool) -> None:
-        closes = self._recent_closes
-        closes[xid] = confirmed
-        if len(closes) > RECENT_CLOSES:
-            closes.popitem(last=False)
+        self._wake()
 
     def _return_to_head(self, xid: int) -> None:
         opened = self._open_reads.pop(xid, None)
@@ -629,16 +700,19 @@ class PersistentQueue:
         self.length += 1
 
     def confirm_remove(self, xid: int) -> None:
-        """Confirm open read C{xid}: its item is gone for good. An unknown xid is logged."""
+        """
+        Confirm open read C{xid}: its item is gone for good. An unknown xid is
+        logged. While memory is being rebuilt after a journal failure, the
+        confirm is kept and applied by the reload.
+        """
         if self._closed:
             return
-        if self._journal_state is _FAILED:
-            self._closes_while_failed.append((xid, True))
+        if not self._health.readable:
+            self._unsettled.note(CONFIRM, xid, None, None)
             return
         if self._open_reads.pop(xid, None) is not None:
             self._open_since.pop(xid, None)
-            self._remember_close(xid, True)
-            self._journal_write(self.journal.confirm_remove, xid)
+            self._journal_write(self.journal.confirm_remove, xid, note=(CONFIRM, xid, None))
             self._open_reads_changed()
         else:
             self._log.warn("{queue}: confirm of xid {xid}, which is not open",
@@ -763,104 +837,33 @@ class PersistentQueue:
         if self._closed:
             return succeed(None)
         if (graceful and self.length == 0 and self._config.keep_journal
-                and self._journal_state is _OK):
+                and self._health.takes_adds):
             self._log.info("Rewriting journal of {queue} at graceful shutdown", queue=self.name)
             self._rewrite_journal()
         self._closed = True
-        for timer in (self._rewrite_timer, self._open_read_timer, self._recovery_call):
+        self._health.close()
+        for timer in (self._rewrite_timer, self._open_read_timer):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._rewrite_timer = self._open_read_timer = self._recovery_call = None
-        self._waiters.trigger_all()
+        self._rewrite_timer = self._open_read_timer = None
+        self.journal.after_written(self._waiters.trigger_all)
         return self.journal.close()
 
     def destroy_journal(self) -> None:
         """Erase (or archive) every journal file of this queue."""
         self.journal.erase()
 
-    # ----- a journal that fails
+    # ----- after a journal failure (what JournalHealth asks)
 
-    def _journal_failed(self, kind: str, error: OSError) -> None:
+    def reload(self) -> None:
         """
-        A write or fsync of the journal failed: refuse work until memory is
-        rebuilt from the journal (at once, on the next reactor turn).
-
-        The journal is the truth: an add whose record did not make it is not
-        in the queue afterwards, a remove whose record did not make it is
-        not removed. Until the journal is written again the queue refuses
-        adds (L{JournalUnavailable}); reads go on.
+        Rebuild the items and open reads from the journal (just cut back to
+        what it surely holds), keeping counters, waiters and xids handed out;
+        then make again, in order, what clients were told and the journal
+        lacks (L{Unsettled}): closes of reads it still holds open, and opens
+        whose item reached a reader and is back at the head.
         """
-        if kind == "fsync" and self._fsync_failed is not None:
-            self._fsync_failed(error)
-        if self._closed:
-            return
-        self._journal_reason = _reason(error)
-        if self._journal_state is _FAILED:
-            self._failure_kind = "fsync" if kind == "fsync" else self._failure_kind
-            return
-        self.journal_failures += 1
-        self._journal_state = _FAILED
-        self._failure_kind = kind
-        self._log.error(
-            "Journal {kind} failed for {queue}: {error}; the queue is read-only until its "
-            "journal can be written again", kind=kind, queue=self.name, error=self._journal_reason)
-        if not self._recovering:
-            self._schedule_recovery(0.0)
-
-    def _schedule_recovery(self, delay: float) -> None:
-        call = self._recovery_call
-        if call is not None and call.active():
-            call.cancel()
-        self._recovery_call = self._clock.callLater(delay, self._recover)
-
-    def _recover(self) -> None:
-        """Cut the journal back to what it surely holds and rebuild memory from it."""
-        self._recovery_call = None
-        if self._closed:
-            return
-        self._recovering = True
-        kind = self._failure_kind
-        error = OSError(self._journal_reason)
-        try:
-            d = self.journal.recover(kind, error)
-        except Exception as e:
-            d = fail(e)
-        d.addCallbacks(self._recovered_journal, self._recovery_failed)
-
-    def _recovery_failed(self, failure: Failure) -> None:
-        self._recovering = False
-        self._journal_reason = _reason(failure.value)
-        self._journal_state = _FAILED
-        self._log.error("Journal of {queue} still cannot be written ({error}); retrying in "
-                        "{delay}s", queue=self.name, error=self._journal_reason,
-                        delay=JOURNAL_RETRY_SECONDS)
-        if not self._closed:
-            self._schedule_recovery(JOURNAL_RETRY_SECONDS)
-
-    def _recovered_journal(self, kept: int) -> None:
-        if self._closed:
-            self._recovering = False
-            return
-        try:
-            self._reload()
-        except Exception:
-            self._recovery_failed(Failure())
-            return
-        self._recovering = False
-        if self._journal_state is _FAILED:
-            # (the reload's own writes failed again)
-            self._schedule_recovery(JOURNAL_RETRY_SECONDS)
-            return
-        self._journal_state = _READ_ONLY
-        self._log.warn("Journal of {queue} reloaded after a failure: {items} items, {open} open "
-                       "reads; adds are refused until the journal can be written",
-                       queue=self.name, items=self.length, open=len(self._open_reads))
-        self._waiters.trigger()
-        self._recovery_call = self._clock.callLater(JOURNAL_RETRY_SECONDS, self._probe)
-
-    def _reload(self) -> None:
-        """Rebuild the items and open reads from the journal, keeping counters and waiters."""
-        before_open = self._open_reads
+        owed = self._unsettled.take()
         before_since = self._open_since
         xid_before = self._xid_counter
         counters = (self.total_items, self.put_items, self.put_bytes)
@@ -871,72 +874,73 @@ class PersistentQueue:
         self._replaying = True
         try:
             self.journal.replay(self._replay_apply, self._forget_replayed)
+        except BaseException:
+            self._unsettled.restore(owed)
+            raise
         finally:
             self._replaying = False
             self.total_items, self.put_items, self.put_bytes = counters
-        # Never hand out an xid twice: a client may hold one the journal lost.
-        self._xid_counter = max(self._xid_counter, xid_before)
+            # Never hand out an xid twice: a client may hold one the journal lost.
+            self._xid_counter = max(self._xid_counter, xid_before)
         now = self._clock.seconds()
         self._open_since = {x: before_since.get(x, now) for x in self._open_reads}
-        # Open in the journal, closed in memory since (the close was cut off
-        # with the failed records): closed again as it was (a confirm may have
-        # been acknowledged); put back when unknown, never lost.
-        gone = sorted((x for x in self._open_reads if x not in before_open), reverse=True)
-        closes, self._closes_while_failed = self._closes_while_failed, []
-        self._journal_state = _READ_ONLY
-        for xid in gone:
-            self._open_since.pop(xid, None)
-            if self._recent_closes.get(xid, False):
-                self._open_reads.pop(xid, None)
-                self._journal_write(self.journal.confirm_remove, xid)
-            else:
-                self._journal_write(self.journal.unremove, xid)
-                self._return_to_head(xid)
-        for xid, confirm in closes:
-            if confirm:
-                self.confirm_remove(xid)
-            else:
-                self.unremove(xid)
+        for what, xid, key, handed in owed:
+            if what == OPEN:
+                items = self._items
+                if (handed and xid not in self._open_reads and items
+                        and _key(items[0]) == key):
+                    self._reopen(xid, before_since.get(xid, now))
+            elif xid in self._open_reads:
+                if what == CONFIRM:
+                    del self._open_reads[xid]
+                    self._open_since.pop(xid, None)
+                    self._journal_write(self.journal.confirm_remove, xid,
+                                        note=(CONFIRM, xid, None))
+                else:
+                    self._return_to_head(xid)
+                    self._open_since.pop(xid, None)
+                    self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
+        self._log.info("Reloaded {queue} from its journal: {items} items, {open} open reads",
+                       queue=self.name, items=self.length, open=len(self._open_reads))
         self._open_reads_changed()
         self._schedule_open_read_timer(reschedule=True)
 
-    def _probe(self) -> None:
-        """While read-only, try a harmless journal write; on success the queue is writable."""
-        self._recovery_call = None
-        if self._closed or self._journal_state is not _READ_ONLY:
-            return
-        try:
-            d = self.journal.probe(self._xid_counter)
-        except Exception as e:
-            d = fail(e)
-        d.addCallbacks(self._probe_succeeded, self._probe_failed)
+    def _reopen(self, xid: int, since: float) -> None:
+        """Open the head item again under C{xid}: its reader has it (its record was cut)."""
+        item = self._pop_head()
+        assert item is not None
+        item.xid = xid
+        self._open_reads[xid] = item
+        self._open_since[xid] = since
+        self._journal_write(self.journal.remove_tentative, xid,
+                            note=(OPEN, xid, _key(item)), handed=True)
 
-    def _probe_succeeded(self, _: object) -> None:
-        if self._closed or self._journal_state is not _READ_ONLY:
-            return
-        self._journal_state = _OK
-        self._journal_reason = ""
-        self._log.info("Journal of {queue} can be written again; the queue takes adds",
-                       queue=self.name)
-
-    def _probe_failed(self, failure: Failure) -> None:
-        if self._closed or self._journal_state is not _READ_ONLY:
-            return
-        # A failure reported by the file itself already switched the state.
-        self._journal_reason = _reason(failure.value)
-        self._recovery_call = self._clock.callLater(JOURNAL_RETRY_SECONDS, self._probe)
+    def readable_again(self) -> None:
+        """Memory agrees with the journal again: wake the next blocked reader."""
+        self._wake()
 
     # ----- journal maintenance
 
-    def _journal_write(self, write: Callable[..., Deferred[None]], *args: object) -> None:
-        """Write a record whose durability nobody waits for; log any failure."""
+    def _journal_write(self, write: Callable[..., Deferred[None]], *args: object,
+                       note: tuple[int, int, object] | None = None,
+                       handed: bool = False) -> bool:
+        """
+        Write a record whose durability nobody waits for; log any failure.
+
+        With C{note} (what, xid, item key), the record is kept as L{Unsettled}
+        until durable. Returns false if the write was refused at once.
+        """
         try:
             d = write(*args)
-        except Exception:
+        except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self.name)
-            return
-        if not d.called or isinstance(d.result, Failure):
+            d = fail(e)
+        if note is not None:
+            self._unsettled.note(*note, d, handed=handed)
+        refused = d.called and isinstance(d.result, Failure)
+        if not d.called or refused:
             d.addErrback(self._write_failed)
+        return not refused
 
     def _write_failed(self, failure: Failure) -> None:
         if failure.check(CancelledError) is not None:
@@ -1018,175 +1022,53 @@ class PersistentQueue:
 
     def _check_rotate_journal(self) -> None:
         """
-        Rewrite or rotate the journal when it has grown (Kestrel's checkRotateJournal).
+        Rewrite or rotate the journal when it has grown (Kestrel's
+        checkRotateJournal; the rules are L{compaction_step}'s).
 
         A rewrite or rotation that fails (a full disk, say) leaves the
         journal files as they were; it is logged and tried again later.
         """
         journal = self.journal
         cfg = self._config
-        size = journal.size
-        if (size < cfg.default_journal_size and size <= cfg.max_memory_size
-                and size + journal.archived_size <= cfg.max_journal_size):
+        if within_limits(cfg, journal.size, journal.archived_size):
             return  # nothing to do (the common case, checked first: it runs per operation)
-        if (self._journal_state is not _OK or self._maintaining
-                or journal.maintaining):
+        if not self._health.takes_adds or self._maintaining or journal.maintaining:
             # (an acknowledgement fired by a rotation or rewrite in progress
             # led here, or a rotation's fsyncs still run in a thread: that
             # one finishes first; the next operation checks again)
             return
+        step = compaction_step(cfg, size=journal.size, archived=journal.archived_size,
+                               length=self.length, data_bytes=self.bytes,
+                               allow_rewrites=self._allow_rewrites, packing=journal.packing)
+        if step is None:
+            return
         self._maintaining = True
         try:
-            self._check_rotate_journal_now()
+            self._compact(step)
         except OSError as e:
             self._log.error("Journal maintenance of {queue} failed: {error}; the journal "
-                            "stays as it was", queue=self.name, error=_reason(e))
+                            "stays as it was", queue=self.name, error=reason_of(e))
         finally:
             self._maintaining = False
 
-    def _check_rotate_journal_now(self) -> None:
-        """The journal has outgrown a limit (L{_check_rotate_journal} checked): act on it."""
+    def _compact(self, step: Compaction) -> None:
+        """Carry out C{step}: a rewrite (and its pause), then a rotation if still needed."""
         cfg = self._config
         journal = self.journal
-        size = journal.size
-        # Kestrel has two policies: the aggressive one (the default) and the
-        # one of disable_aggressive_rewrites, which takes a break after
-        # rewriting an empty queue that stays large (KEST-366) and rewrites
-        # an empty queue before rotating. Their middle step is the same.
-        aggressive = not cfg.disable_aggressive_rewrites
-        # While a pack is being written a rewrite would wait for it: ask again later.
-        rewrites = not journal.packing
-        if (rewrites and (aggressive or self._allow_rewrites)
-                and size >= cfg.default_journal_size and self.length == 0):
+        if step.rewrite:
+            if step.pause is Pause.ALWAYS:
+                self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
+                               queue=self.name, bytes=self.bytes)
             self._rewrite_journal()
-            if not aggressive and journal.size >= cfg.default_journal_size // 2:
+            if step.pause is Pause.ALWAYS or (
+                    step.pause is Pause.IF_STILL_LARGE
+                    and journal.size >= cfg.default_journal_size // 2):
                 self._disallow_rewrites_for_delay()
-        elif (rewrites and self._allow_rewrites
-              and size + journal.archived_size > cfg.max_journal_size
-              and self.bytes < cfg.max_memory_size):
-            self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
-                           queue=self.name, bytes=self.bytes)
-            self._rewrite_journal()
-            self._disallow_rewrites_for_delay()
-        elif size > cfg.max_memory_size:
-            if rewrites and not aggressive and self.length == 0:
-                self._rewrite_journal()
-            if journal.size > cfg.max_memory_size:
-                self._log.info("Rotating journal of {queue}", queue=self.name)
-                self._rotate_journal(
-                    journal.size + journal.archived_size > cfg.max_journal_size)
-
-
-class _PendingRead:
-    """
-    One blocked read: retries C{op} each time it is woken, until the deadline.
-
-    The result Deferred fires once, with the item or C{None}. Cancelling it
-    leaves the line. A woken read whose result already fired passes the
-    wake-up on; a woken peek that saw an item passes it on too, as the item
-    is still there for the next reader.
-    """
-
-    __slots__ = ("_queue", "_op", "_deadline", "_passes_wake", "_inner", "result")
-
-    def __init__(self, queue: PersistentQueue, op: Callable[[], QItem | None],
-                 deadline: float, passes_wake: bool) -> None:
-        self._queue = queue
-        self._op = op
-        self._deadline = deadline
-        self._passes_wake = passes_wake
-        self._inner: Deferred[bool] | None = None
-        self.result: Deferred[QItem | None] = Deferred(self._cancel)
-        self._join(front=False)
-
-    def _join(self, front: bool) -> None:
-        inner = self._queue._waiters.wait(self._deadline, front)
-        self._inner = inner
-        inner.addCallbacks(self._woken, _ignore_cancel)
-
-    def _cancel(self, _: Deferred[QItem | None]) -> None:
-        inner, self._inner = self._inner, None
-        if inner is not None:
-            inner.cancel()
-
-    def _woken(self, woken: bool) -> None:
-        self._inner = None
-        queue = self._queue
-        if self.result.called:
-            if woken:
-                queue._waiters.trigger()
-            return
-        if not woken:
-            self._finish(None)
-            return
-        try:
-            item = self._op()
-        except JournalUnavailable:
-            # Memory is being rebuilt from the journal: keep the place in line.
-            item = None
-        if item is None and not queue.is_closed and self._deadline > queue._clock.seconds():
-            self._join(front=True)
-            return
-        self._finish(item)
-        if item is not None and self._passes_wake:
-            queue._waiters.trigger()
-
-    def _finish(self, item: QItem | None) -> None:
-        queue = self._queue
-        if item is None:
-            queue.get_items_miss += 1
-        else:
-            queue.get_items_hit += 1
-        # The reader's connection may reply (and serve more requests) at once,
-        # perhaps inside another connection's write batch: the journal records
-        # behind this result must reach the OS first, and its own must not be held.
-        queue.call_unbatched(self.result.callback, item)
+        if step.rotate and journal.size > cfg.max_memory_size:
+            self._log.info("Rotating journal of {queue}", queue=self.name)
+            self._rotate_journal(
+                rotation_checkpoint(cfg, journal.size, journal.archived_size))
 
 
 def _stored(_: object) -> bool:
     return True
-
-
-class _Replay(QueueEvents):
-    """What replayed journal records do to a queue's memory (its items, open reads, xids)."""
-
-    __slots__ = ("_queue",)
-
-    def __init__(self, queue: PersistentQueue) -> None:
-        self._queue = queue
-
-    def added(self, item: QItem, xid: int) -> None:
-        """Store the item at the tail (an ADD_XID's xid means nothing now)."""
-        self._queue._replay_add(item)
-
-    def removed(self) -> None:
-        """Drop the head item."""
-        self._queue._pop_head()
-
-    def opened(self, xid: int | None) -> None:
-        """Open the head item under C{xid} (a Kestrel 1.x open: the next xid of the counter)."""
-        queue = self._queue
-        if xid is None:
-            queue._replay_open(queue._next_xid())
-            return
-        queue._replay_open(xid)
-        # Never lower the counter: a rewritten journal's SAVE_XID may be
-        # above the xids of the opens that follow it.
-        if xid > queue._xid_counter:
-            queue._xid_counter = xid
-
-    def unremoved(self, xid: int) -> None:
-        """Put open read C{xid}'s item back at the head."""
-        self._queue._return_to_head(xid)
-
-    def confirmed(self, xid: int) -> None:
-        """Forget open read C{xid}."""
-        self._queue._open_reads.pop(xid, None)
-
-    def xid_saved(self, xid: int) -> None:
-        """Set the xid counter."""
-        self._queue._xid_counter = xid
-
-
-def _ignore_cancel(failure: Failure) -> None:
-    failure.trap(CancelledError)

@@ -10,9 +10,7 @@ the coalescer knows nothing else of them (see L{HeldFile}).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
-
-_T = TypeVar("_T")
+from typing import Any, Protocol
 
 
 class HeldFile(Protocol):
@@ -33,9 +31,15 @@ class WriteCoalescer:
     call L{flush} before it lets anything depend on those writes (before a
     reply to them is handed to a transport): only then are they in the OS,
     and only if L{batch_failed} is still false did they all get there.
+
+    A batch holds only the records of the connection that opened it:
+    whatever would serve another connection from inside it (waking a
+    blocked reader, answering one) waits in L{after_flush} until the held
+    bytes are in the OS, and then runs outside the batch, where its own
+    records are written on their own.
     """
 
-    __slots__ = ("depth", "_dirty", "_failed")
+    __slots__ = ("depth", "_dirty", "_failed", "_after")
 
     def __init__(self) -> None:
         #: How many batches are open (nested); 0: writes go straight through.
@@ -45,6 +49,8 @@ class WriteCoalescer:
         self._dirty: list[HeldFile] = []
         # Whether the OS refused a held-back write of the open batch.
         self._failed = False
+        # Calls waiting for the batch's flush (see after_flush), in order.
+        self._after: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
 
     @property
     def active(self) -> bool:
@@ -71,7 +77,7 @@ class WriteCoalescer:
         if self.depth > 0:
             return True
         self.depth = 0
-        return self.flush() if self._dirty else True
+        return self.flush() if self._dirty or self._after else True
 
     @property
     def holding(self) -> bool:
@@ -80,15 +86,18 @@ class WriteCoalescer:
 
     def flush(self) -> bool:
         """
-        Write every held-back byte to the OS now (one C{os.write} per file).
+        Write every held-back byte to the OS now (one C{os.write} per file),
+        then run the calls that waited for it (L{after_flush}).
 
         Returns false if a file refused its bytes: that file was cut back to
-        where it stood before them, the failure was logged, and the
-        Deferreds of the writes that were waiting to be made durable failed.
+        where it stood before them, the failure was logged and reported
+        (C{on_error}) before any waiting call runs, and the Deferreds of the
+        writes that were waiting to be made durable failed.
         """
         ok = True
-        # Whatever a flush sets off (an inline fsync firing acknowledgements)
-        # runs outside the batch, so that its own writes are not held back.
+        # Whatever a flush sets off (an inline fsync firing acknowledgements,
+        # the waiting calls) runs outside the batch, so that its own writes
+        # are not held back.
         depth, self.depth = self.depth, 0
         failed = self._failed
         try:
@@ -97,6 +106,10 @@ class WriteCoalescer:
                 for sync_file in dirty:
                     if not sync_file.flush():
                         ok = False
+            while self._after:
+                after, self._after = self._after, []
+                for f, args in after:
+                    f(*args)
         finally:
             self.depth = depth
             self._failed = failed or not ok
@@ -108,31 +121,23 @@ class WriteCoalescer:
         write of the open batch reached the OS (true outside a batch): the
         check a protocol makes before it sends the batch's replies.
         """
-        if self._dirty:
+        if self._dirty or self._after:
             self.flush()
         return not (self._failed and self.depth)
 
-    def call_unbatched(self, f: Callable[..., _T], *args: Any) -> _T:
+    def after_flush(self, f: Callable[..., object], *args: Any) -> None:
         """
-        Call C{f(*args)} with any open batch set aside, and return its result.
+        Call C{f(*args)} outside any batch once every byte held back so far is in the OS.
 
-        Held-back writes reach the OS first, and writes made by C{f} go
-        straight through (or into batches C{f} opens itself). This is how a
-        result leaves for another connection from inside a batch: that
-        connection may reply, and go on serving, at once.
+        Outside a batch that is now: C{f} is called at once. Inside, C{f}
+        waits for the batch's next L{flush} and runs after the files wrote
+        (or refused) their bytes, with the batch set aside: the writes C{f}
+        makes go straight through, so that they are its own, not the batch's.
         """
-        depth = self.depth
-        if not depth:
-            return f(*args)
-        if self._dirty:
-            self.flush()
-        failed = self._failed
-        self.depth = 0
-        try:
-            return f(*args)
-        finally:
-            self.depth = depth
-            self._failed = failed
+        if not self.depth:
+            f(*args)
+            return
+        self._after.append((f, args))
 
     def hold(self, sync_file: HeldFile) -> None:
         """C{sync_file} holds back bytes for the next L{flush} (called once per flush)."""

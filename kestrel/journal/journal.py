@@ -310,15 +310,17 @@ class FileJournal:
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
 
-    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
+    def after_written(self, f: Callable[..., object], *args: object) -> None:
         """
-        Call C{f(*args)} outside any open write batch (see
-        L{WriteCoalescer.call_unbatched}); without a coalescer, just call it.
+        Call C{f(*args)} once the records written so far are in the OS,
+        outside any open write batch (see L{WriteCoalescer.after_flush});
+        without a coalescer, at once.
         """
         coalescer = self._coalescer
         if coalescer is None:
-            return f(*args)
-        return coalescer.call_unbatched(f, *args)
+            f(*args)
+        else:
+            coalescer.after_flush(f, *args)
 
     # -- file listing and the pack rule ------------------------------------
 

@@ -127,10 +127,13 @@ def test_close_twice_is_harmless(journal_and_records: tuple[Journal, Any]) -> No
     assert recorded() == [rec.Add(b"kept", 1, 0)]
 
 
-def test_call_unbatched_calls_and_returns(journal_and_records: tuple[Journal, Any]) -> None:
-    """call_unbatched calls the function with its arguments and returns its result."""
+def test_after_written_calls_at_once_outside_a_batch(
+        journal_and_records: tuple[Journal, Any]) -> None:
+    """after_written, with no write batch open, calls the function with its arguments now."""
     journal, _ = journal_and_records
-    assert journal.call_unbatched(lambda a, b: (a, b), 1, "two") == (1, "two")
+    calls: list[tuple[object, ...]] = []
+    journal.after_written(lambda *args: calls.append(args), 1, "two")
+    assert calls == [(1, "two")]
 
 
 def test_recover_of_a_healthy_journal_keeps_everything(
