@@ -21,11 +21,11 @@ is how long the last fetched item waited.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -35,7 +35,7 @@ from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
 from kestrel.journal.events import QueueEvents, event_applier
 from kestrel.journal.interface import IJournal
-from kestrel.journal.records import next_xid
+from kestrel.open_reads import OpenReads
 from kestrel.queue_health import (
     ABORT,
     CONFIRM,
@@ -45,13 +45,8 @@ from kestrel.queue_health import (
     Unsettled,
     reason_of,
 )
-from kestrel.queue_policy import (
-    Compaction,
-    Pause,
-    compaction_step,
-    rotation_checkpoint,
-    within_limits,
-)
+from kestrel.queue_observer import QueueObserver
+from kestrel.queue_policy import Compactor
 from kestrel.waiters import PendingRead, ReadWaiters
 
 if TYPE_CHECKING:
@@ -63,38 +58,6 @@ __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 def _key(item: QItem) -> tuple[bytes, int, int]:
     """What tells an item from another after a reload (its payload and times)."""
     return (item.data, item.add_time_ms, item.expiry_ms)
-
-
-class QueueObserver(Protocol):
-    """
-    What a queue reports about itself when observed (Kestrel's per-queue metrics).
-
-    Every method is called synchronously from the queue's own operation and
-    must be cheap and must not raise. A queue built without an observer
-    reads no clock and calls nothing for them. Durations are clock seconds.
-    """
-
-    def journal_rewritten(self, seconds: float) -> None:
-        """A journal rewrite (compaction) took C{seconds}."""
-
-    def journal_rotated(self, seconds: float) -> None:
-        """A journal rotation took C{seconds}."""
-
-    def read_behind_filled(self, seconds: float) -> None:
-        """A read-behind refill (reading items back from the journal) took C{seconds}."""
-
-    def item_added(self, size: int, queue_size: int) -> None:
-        """A client add of C{size} payload bytes was stored; C{queue_size} items are in memory."""
-
-    def item_removed(self, queue_size: int) -> None:
-        """An item was removed for a reader; C{queue_size} items remain in memory."""
-
-    def open_reads_changed(self, open_reads: int, expiring: int) -> None:
-        """
-        The table of open reads changed (opened, confirmed, aborted, continued):
-        it holds C{open_reads}, C{expiring} of them under C{open_transaction_timeout}.
-        """
-
 
 
 class PersistentQueue(QueueEvents):
@@ -141,22 +104,17 @@ class PersistentQueue(QueueEvents):
         self._clock = clock
         self._config = config
         self._items: deque[QItem] = deque()
-        self._open_reads: dict[int, QItem] = {}
-        #: open xid -> clock seconds when it was opened, in the order they were opened
-        self._open_since: dict[int, float] = {}
-        self._xid_counter = 0
+        self._reads = OpenReads(clock, self._time_out_open_reads)
+        self._reads.timeout = config.open_transaction_timeout
         self._waiters = ReadWaiters(clock)
         self._closed = False
         self._replaying = False
-        self._allow_rewrites = True
-        self._maintaining = False
-        self._rewrite_timer: IDelayedCall | None = None
-        self._open_read_timer: IDelayedCall | None = None
         self._last_wait_ms = 0
         # What happens when the journal cannot be written, and what the
         # journal may not hold yet of what clients were told.
         self._health = JournalHealth(name, journal, clock, self, fsync_failed=fsync_failed)
         self._unsettled = Unsettled(self._health, journal)
+        self._compactor = Compactor(self, clock)
         # What each replayed record does to memory (the event methods below).
         self._replay_apply = event_applier(self, self._now_ms)
         journal.on_skipped_adds = self._count_replayed
@@ -177,8 +135,6 @@ class PersistentQueue(QueueEvents):
         self.transactions = 0
         self.canceled_transactions = 0
         self.total_flushes = 0
-        self.journal_rewrites = 0
-        self.journal_rotations = 0
 
     # ----- configuration and derived stats
 
@@ -190,7 +146,7 @@ class PersistentQueue(QueueEvents):
     @config.setter
     def config(self, config: QueueConfig) -> None:
         self._config = config
-        self._schedule_open_read_timer(reschedule=True)
+        self._reads.timeout = config.open_transaction_timeout
 
     @property
     def memory_length(self) -> int:
@@ -205,12 +161,31 @@ class PersistentQueue(QueueEvents):
     @property
     def open_read_count(self) -> int:
         """How many reads are open (removed tentatively, not yet confirmed or aborted)."""
-        return len(self._open_reads)
+        return len(self._reads)
 
     @property
     def age(self) -> int:
         """Milliseconds the last fetched item waited in the queue; 0 when the queue is empty."""
         return self._last_wait_ms if self.length else 0
+
+    @property
+    def journal_rewrites(self) -> int:
+        """How many times the journal was rewritten (compacted)."""
+        return self._compactor.rewrites
+
+    @property
+    def journal_rotations(self) -> int:
+        """How many times the journal was rotated."""
+        return self._compactor.rotations
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the journal may be compacted now: its writes work."""
+        return self._health.takes_adds
+
+    def memory_items(self) -> Sequence[QItem]:
+        """The queued items held in memory, head first (not a copy: do not change it)."""
+        return self._items
 
     @property
     def journal_state(self) -> str:
@@ -244,11 +219,11 @@ class PersistentQueue(QueueEvents):
     @property
     def xid_counter(self) -> int:
         """The last xid handed out (or replayed)."""
-        return self._xid_counter
+        return self._reads.xid_counter
 
     def open_items(self) -> list[QItem]:
         """Return the open reads' items, most recently opened xid first (descending xid)."""
-        return [self._open_reads[x] for x in sorted(self._open_reads, reverse=True)]
+        return self._reads.newest_first()
 
     def dump_stats(self) -> list[tuple[str, str]]:
         """Return the per-queue stats in the order of Kestrel's C{STATS} (without C{children})."""
@@ -263,7 +238,7 @@ class PersistentQueue(QueueEvents):
             ("age", str(self.age)),
             ("discarded", str(self.discarded)),
             ("waiters", str(len(self._waiters))),
-            ("open_transactions", str(len(self._open_reads))),
+            ("open_transactions", str(len(self._reads))),
             ("transactions", str(self.transactions)),
             ("canceled_transactions", str(self.canceled_transactions)),
             ("total_flushes", str(self.total_flushes)),
@@ -307,7 +282,7 @@ class PersistentQueue(QueueEvents):
             self.journal.erase()
             return
         self._log.info("Replaying transaction journal for {queue}", queue=self.name)
-        self._xid_counter = 0
+        self._reads.xid_counter = 0
         self._replaying = True
         # (Sliced replay is FileJournal's; setup() replays through replay() as always.)
         replay_steps = getattr(self.journal, "replay_steps", None)
@@ -318,12 +293,12 @@ class PersistentQueue(QueueEvents):
                 yield from replay_steps(self._replay_apply, self._forget_replayed, slice_bytes)
         finally:
             self._replaying = False
-        for xid in sorted(self._open_reads, reverse=True):
+        for xid in [item.xid for item in self._reads.newest_first()]:
             self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self._return_to_head(xid)
         self._log.info(
             "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
-            queue=self.name, items=self.length, bytes=self.bytes, xid=self._xid_counter)
+            queue=self.name, items=self.length, bytes=self.bytes, xid=self._reads.xid_counter)
 
     # (the QueueEvents a replayed journal record sets off)
 
@@ -341,19 +316,19 @@ class PersistentQueue(QueueEvents):
 
     def opened(self, xid: int | None) -> None:
         """Replay: open the head item under C{xid} (a Kestrel 1.x open: the next xid)."""
+        reads = self._reads
         if xid is None:
-            xid = self._next_xid()
-        # Never lower the counter: a rewritten journal's SAVE_XID may be
-        # above the xids of the opens that follow it.
-        elif xid > self._xid_counter:
-            self._xid_counter = xid
+            xid = reads.next_xid()
+        else:
+            # Never lower the counter: a rewritten journal's SAVE_XID may be
+            # above the xids of the opens that follow it.
+            reads.saw_xid(xid)
         item = self._pop_head()
         if item is None:
             self._log.warn("Journal of {queue} opens xid {xid} on an empty queue; ignored",
                            queue=self.name, xid=xid)
             return
-        item.xid = xid
-        self._open_reads[xid] = item
+        reads.open(item, xid)
 
     def unremoved(self, xid: int) -> None:
         """Replay: put open read C{xid}'s item back at the head."""
@@ -361,16 +336,16 @@ class PersistentQueue(QueueEvents):
 
     def confirmed(self, xid: int) -> None:
         """Replay: forget open read C{xid}."""
-        self._open_reads.pop(xid, None)
+        self._reads.pop(xid)
 
     def xid_saved(self, xid: int) -> None:
         """Replay: set the xid counter."""
-        self._xid_counter = xid
+        self._reads.xid_counter = xid
 
     def _forget_replayed(self) -> None:
         """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
         self._items = deque()
-        self._open_reads = {}
+        self._reads.clear()
         self.length = self.bytes = self.memory_bytes = 0
 
     def _count_replayed(self, items: int, data_bytes: int) -> None:
@@ -439,8 +414,7 @@ class PersistentQueue(QueueEvents):
             self._log.warn("Journal write failed for {queue}; item refused: {error}",
                            error=failure.value, queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(failure.value)))
-        if xid is not None and self._open_reads.pop(xid, None) is not None:
-            self._open_since.pop(xid, None)
+        if xid is not None and self._reads.pop(xid) is not None:
             self._unsettled.note(CONFIRM, xid, None, d)
             self._open_reads_changed()
         self._store(item)
@@ -489,7 +463,7 @@ class PersistentQueue(QueueEvents):
 
     def _before_add(self) -> None:
         """Compact the journal if it outgrew a limit; drop to read-behind if memory is full."""
-        self._check_rotate_journal()
+        self._compactor.check()
         # Never with an empty memory: the head must stay readable (max_memory_size 0).
         if (not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size
                 and self._items):
@@ -544,7 +518,7 @@ class PersistentQueue(QueueEvents):
             raise health.unavailable()
         if open_read:
             self.transactions += 1
-        if self._open_since and self._config.open_transaction_timeout is not None:
+        if self._reads.timeout is not None and len(self._reads):
             self._time_out_open_reads()
         items = self._items
         if items and (items[0].expiry_ms or self._config.max_age is not None):  # (as in add)
@@ -556,12 +530,7 @@ class PersistentQueue(QueueEvents):
         self._last_wait_ms = wait_ms if wait_ms > 0 else 0
         journal = self.journal
         if open_read:
-            xid = self._next_xid()
-            item.xid = xid
-            self._open_reads[xid] = item
-            self._open_since[xid] = self._clock.seconds()
-            if self._open_read_timer is None and self._config.open_transaction_timeout is not None:
-                self._schedule_open_read_timer()
+            xid = self._reads.open(item)
             self._journal_write(journal.remove_tentative, xid, note=(OPEN, xid, _key(item)))
         else:
             self._journal_write(journal.remove)
@@ -573,7 +542,7 @@ class PersistentQueue(QueueEvents):
         if self._config.keep_journal:
             if journal.in_read_behind:
                 self._fill_read_behind()
-            self._check_rotate_journal()
+            self._compactor.check()
         observer = self.observer
         if observer is not None:
             observer.item_removed(len(self._items))
@@ -593,10 +562,6 @@ class PersistentQueue(QueueEvents):
         if self._replaying:
             self._fill_read_behind()
         return item
-
-    def _next_xid(self) -> int:
-        self._xid_counter = xid = next_xid(self._xid_counter, self._open_reads)
-        return xid
 
     def wait_remove(self, deadline: float | None,
                     open_read: bool = False) -> Deferred[QItem | None]:
@@ -676,9 +641,8 @@ class PersistentQueue(QueueEvents):
         if not self._health.readable:
             self._unsettled.note(ABORT, xid, None, None)
             return
-        if xid in self._open_reads:
+        if xid in self._reads:
             self._return_to_head(xid)
-            self._open_since.pop(xid, None)
             self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self.canceled_transactions += 1
             self._open_reads_changed()
@@ -688,7 +652,7 @@ class PersistentQueue(QueueEvents):
         self._wake()
 
     def _return_to_head(self, xid: int) -> None:
-        opened = self._open_reads.pop(xid, None)
+        opened = self._reads.pop(xid)
         if opened is None:
             return
         # A fresh object: whoever held the aborted read keeps a stale copy, never a live one.
@@ -710,8 +674,7 @@ class PersistentQueue(QueueEvents):
         if not self._health.readable:
             self._unsettled.note(CONFIRM, xid, None, None)
             return
-        if self._open_reads.pop(xid, None) is not None:
-            self._open_since.pop(xid, None)
+        if self._reads.pop(xid) is not None:
             self._journal_write(self.journal.confirm_remove, xid, note=(CONFIRM, xid, None))
             self._open_reads_changed()
         else:
@@ -722,46 +685,18 @@ class PersistentQueue(QueueEvents):
         """Tell the observer (if any) the size of the open-read table and of its timed part."""
         observer = self.observer
         if observer is not None:
-            count = len(self._open_reads)
+            count = len(self._reads)
             timed = count if self._config.open_transaction_timeout is not None else 0
             observer.open_reads_changed(count, timed)
 
     def _time_out_open_reads(self) -> None:
         """Abort every open read older than the timeout; the oldest ends up at the head."""
-        timeout = self._config.open_transaction_timeout
-        if timeout is None:
+        if self._closed:
             return
-        limit = self._clock.seconds() - timeout
-        stale = []
-        for xid, since in self._open_since.items():
-            if since > limit:
-                break
-            stale.append(xid)
-        for xid in reversed(stale):
+        for xid in reversed(self._reads.stale()):
             self._log.info("{queue}: open read {xid} timed out; returned to the head",
                            queue=self.name, xid=xid)
             self.unremove(xid)
-
-    def _schedule_open_read_timer(self, reschedule: bool = False) -> None:
-        if self._open_read_timer is not None:
-            if not reschedule:
-                return
-            if self._open_read_timer.active():
-                self._open_read_timer.cancel()
-            self._open_read_timer = None
-        timeout = self._config.open_transaction_timeout
-        if timeout is None or not self._open_since or self._closed:
-            return
-        oldest = next(iter(self._open_since.values()))
-        delay = oldest + timeout - self._clock.seconds()
-        self._open_read_timer = self._clock.callLater(max(0.0, delay), self._open_read_timer_fired)
-
-    def _open_read_timer_fired(self) -> None:
-        self._open_read_timer = None
-        if self._closed:
-            return
-        self._time_out_open_reads()
-        self._schedule_open_read_timer()
 
     # ----- expiry
 
@@ -839,13 +774,11 @@ class PersistentQueue(QueueEvents):
         if (graceful and self.length == 0 and self._config.keep_journal
                 and self._health.takes_adds):
             self._log.info("Rewriting journal of {queue} at graceful shutdown", queue=self.name)
-            self._rewrite_journal()
+            self._compactor.rewrite()
         self._closed = True
         self._health.close()
-        for timer in (self._rewrite_timer, self._open_read_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
-        self._rewrite_timer = self._open_read_timer = None
+        self._compactor.close()
+        self._reads.stop()
         self.journal.after_written(self._waiters.trigger_all)
         return self.journal.close()
 
@@ -864,13 +797,13 @@ class PersistentQueue(QueueEvents):
         whose item reached a reader and is back at the head.
         """
         owed = self._unsettled.take()
-        before_since = self._open_since
-        xid_before = self._xid_counter
+        reads = self._reads
+        before_since = reads.clear()
+        xid_before = reads.xid_counter
         counters = (self.total_items, self.put_items, self.put_bytes)
         self._items = deque()
-        self._open_reads = {}
         self.length = self.bytes = self.memory_bytes = 0
-        self._xid_counter = 0
+        reads.xid_counter = 0
         self._replaying = True
         try:
             self.journal.replay(self._replay_apply, self._forget_replayed)
@@ -881,37 +814,35 @@ class PersistentQueue(QueueEvents):
             self._replaying = False
             self.total_items, self.put_items, self.put_bytes = counters
             # Never hand out an xid twice: a client may hold one the journal lost.
-            self._xid_counter = max(self._xid_counter, xid_before)
+            reads.saw_xid(xid_before)
         now = self._clock.seconds()
-        self._open_since = {x: before_since.get(x, now) for x in self._open_reads}
+        replayed = reads.items()
+        reads.clear()
+        for item in replayed:  # (opened when they were, for the timeout)
+            reads.open(item, item.xid, before_since.get(item.xid, now))
         for what, xid, key, handed in owed:
             if what == OPEN:
                 items = self._items
-                if (handed and xid not in self._open_reads and items
-                        and _key(items[0]) == key):
+                if handed and xid not in reads and items and _key(items[0]) == key:
                     self._reopen(xid, before_since.get(xid, now))
-            elif xid in self._open_reads:
+            elif xid in reads:
                 if what == CONFIRM:
-                    del self._open_reads[xid]
-                    self._open_since.pop(xid, None)
+                    reads.pop(xid)
                     self._journal_write(self.journal.confirm_remove, xid,
                                         note=(CONFIRM, xid, None))
                 else:
                     self._return_to_head(xid)
-                    self._open_since.pop(xid, None)
                     self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
         self._log.info("Reloaded {queue} from its journal: {items} items, {open} open reads",
-                       queue=self.name, items=self.length, open=len(self._open_reads))
+                       queue=self.name, items=self.length, open=len(reads))
         self._open_reads_changed()
-        self._schedule_open_read_timer(reschedule=True)
+        reads.timeout = self._config.open_transaction_timeout
 
     def _reopen(self, xid: int, since: float) -> None:
         """Open the head item again under C{xid}: its reader has it (its record was cut)."""
         item = self._pop_head()
         assert item is not None
-        item.xid = xid
-        self._open_reads[xid] = item
-        self._open_since[xid] = since
+        self._reads.open(item, xid, since)
         self._journal_write(self.journal.remove_tentative, xid,
                             note=(OPEN, xid, _key(item)), handed=True)
 
@@ -982,93 +913,8 @@ class PersistentQueue(QueueEvents):
 
     def _got_checkpoint(self, checkpoint: Checkpoint) -> None:
         self._log.info("Packing journal of {queue} from checkpoint", queue=self.name)
-        self.journal.start_pack(checkpoint, list(self._open_reads.values()), list(self._items),
-                                xid_counter=self._xid_counter)
-
-    def _rewrite_journal(self) -> None:
-        if len(self._items) != self.length:
-            # Some items are only on disk (read-behind): a rewrite from memory would lose them.
-            self._log.warn("Not rewriting journal of {queue}: {missing} items are not in memory",
-                           queue=self.name, missing=self.length - len(self._items))
-            return
-        observer = self.observer
-        started = self._clock.seconds() if observer is not None else 0.0
-        self.journal.rewrite(self.open_items(), list(self._items),
-                             xid_counter=self._xid_counter)
-        self.journal_rewrites += 1
-        if observer is not None:
-            observer.journal_rewritten(self._clock.seconds() - started)
-
-    def _rotate_journal(self, set_checkpoint: bool) -> None:
-        observer = self.observer
-        started = self._clock.seconds() if observer is not None else 0.0
-        self.journal.rotate(self.open_items(), set_checkpoint)
-        self.journal_rotations += 1
-        if observer is not None:
-            observer.journal_rotated(self._clock.seconds() - started)
-
-    def _disallow_rewrites_for_delay(self) -> None:
-        delay = self._config.min_journal_compact_delay
-        if delay is None:
-            return
-        self._allow_rewrites = False
-        if self._rewrite_timer is not None and self._rewrite_timer.active():
-            self._rewrite_timer.cancel()
-        self._rewrite_timer = self._clock.callLater(delay, self._allow_rewrites_again)
-
-    def _allow_rewrites_again(self) -> None:
-        self._rewrite_timer = None
-        self._allow_rewrites = True
-
-    def _check_rotate_journal(self) -> None:
-        """
-        Rewrite or rotate the journal when it has grown (Kestrel's
-        checkRotateJournal; the rules are L{compaction_step}'s).
-
-        A rewrite or rotation that fails (a full disk, say) leaves the
-        journal files as they were; it is logged and tried again later.
-        """
-        journal = self.journal
-        cfg = self._config
-        if within_limits(cfg, journal.size, journal.archived_size):
-            return  # nothing to do (the common case, checked first: it runs per operation)
-        if not self._health.takes_adds or self._maintaining or journal.maintaining:
-            # (an acknowledgement fired by a rotation or rewrite in progress
-            # led here, or a rotation's fsyncs still run in a thread: that
-            # one finishes first; the next operation checks again)
-            return
-        step = compaction_step(cfg, size=journal.size, archived=journal.archived_size,
-                               length=self.length, data_bytes=self.bytes,
-                               allow_rewrites=self._allow_rewrites, packing=journal.packing)
-        if step is None:
-            return
-        self._maintaining = True
-        try:
-            self._compact(step)
-        except OSError as e:
-            self._log.error("Journal maintenance of {queue} failed: {error}; the journal "
-                            "stays as it was", queue=self.name, error=reason_of(e))
-        finally:
-            self._maintaining = False
-
-    def _compact(self, step: Compaction) -> None:
-        """Carry out C{step}: a rewrite (and its pause), then a rotation if still needed."""
-        cfg = self._config
-        journal = self.journal
-        if step.rewrite:
-            if step.pause is Pause.ALWAYS:
-                self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
-                               queue=self.name, bytes=self.bytes)
-            self._rewrite_journal()
-            if step.pause is Pause.ALWAYS or (
-                    step.pause is Pause.IF_STILL_LARGE
-                    and journal.size >= cfg.default_journal_size // 2):
-                self._disallow_rewrites_for_delay()
-        if step.rotate and journal.size > cfg.max_memory_size:
-            self._log.info("Rotating journal of {queue}", queue=self.name)
-            self._rotate_journal(
-                rotation_checkpoint(cfg, journal.size, journal.archived_size))
-
+        self.journal.start_pack(checkpoint, self._reads.items(), list(self._items),
+                                xid_counter=self._reads.xid_counter)
 
 def _stored(_: object) -> bool:
     return True
