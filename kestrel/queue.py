@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -47,6 +47,7 @@ from kestrel.queue_health import (
 )
 from kestrel.queue_observer import QueueObserver
 from kestrel.queue_policy import Compactor
+from kestrel.queue_stats import QueueStats
 from kestrel.waiters import PendingRead, ReadWaiters
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _key(item: QItem) -> tuple[bytes, int, int]:
     return (item.data, item.add_time_ms, item.expiry_ms)
 
 
-class PersistentQueue(QueueEvents):
+class PersistentQueue(QueueStats, QueueEvents):
     """
     A named queue with journaled adds, removes and open reads.
 
@@ -70,13 +71,7 @@ class PersistentQueue(QueueEvents):
     reader at a time; aborted reads go back to the head; a reader is handed
     an item only once the records that make it the reader's are in the OS.
 
-    Stats are plain attributes, read without cost: C{length}, C{bytes},
-    C{memory_bytes}, C{total_items}, C{expired_items}, C{discarded},
-    C{transactions}, C{canceled_transactions}, C{total_flushes},
-    C{journal_rewrites}, C{journal_rotations}, C{put_items}, C{put_bytes},
-    C{get_items_hit}, C{get_items_miss}, C{create_time} (clock seconds);
-    C{memory_length}, C{waiter_count}, C{open_read_count} and C{age}
-    are cheap properties.
+    Its stats (counters and cheap properties) are L{QueueStats}'.
 
     The queue is the L{QueueEvents} its journal's records replay into (the
     event methods C{added} .. C{xid_saved}; nothing else calls them).
@@ -113,7 +108,7 @@ class PersistentQueue(QueueEvents):
         # What happens when the journal cannot be written, and what the
         # journal may not hold yet of what clients were told.
         self._health = JournalHealth(name, journal, clock, self, fsync_failed=fsync_failed)
-        self._unsettled = Unsettled(self._health, journal)
+        self._records = Unsettled(name, self._health, journal)
         self._compactor = Compactor(self, clock)
         # What each replayed record does to memory (the event methods below).
         self._replay_apply = event_applier(self, self._now_ms)
@@ -121,20 +116,7 @@ class PersistentQueue(QueueEvents):
         self.expire_to: Callable[[QItem], object] | None = None
         self.is_fanout_master = names.FANOUT_SEPARATOR not in name
         self.create_time = clock.seconds()
-
-        self.length = 0
-        self.bytes = 0
-        self.memory_bytes = 0
-        self.total_items = 0
-        self.put_items = 0
-        self.put_bytes = 0
-        self.get_items_hit = 0
-        self.get_items_miss = 0
-        self.expired_items = 0
-        self.discarded = 0
-        self.transactions = 0
-        self.canceled_transactions = 0
-        self.total_flushes = 0
+        self._reset_counters()
 
     # ----- configuration and derived stats
 
@@ -149,36 +131,6 @@ class PersistentQueue(QueueEvents):
         self._reads.timeout = config.open_transaction_timeout
 
     @property
-    def memory_length(self) -> int:
-        """How many items are held in memory (the rest are read-behind on disk)."""
-        return len(self._items)
-
-    @property
-    def waiter_count(self) -> int:
-        """How many blocked reads wait on this queue."""
-        return len(self._waiters)
-
-    @property
-    def open_read_count(self) -> int:
-        """How many reads are open (removed tentatively, not yet confirmed or aborted)."""
-        return len(self._reads)
-
-    @property
-    def age(self) -> int:
-        """Milliseconds the last fetched item waited in the queue; 0 when the queue is empty."""
-        return self._last_wait_ms if self.length else 0
-
-    @property
-    def journal_rewrites(self) -> int:
-        """How many times the journal was rewritten (compacted)."""
-        return self._compactor.rewrites
-
-    @property
-    def journal_rotations(self) -> int:
-        """How many times the journal was rotated."""
-        return self._compactor.rotations
-
-    @property
     def compacts(self) -> bool:
         """Whether the journal may be compacted now: its writes work."""
         return self._health.takes_adds
@@ -186,71 +138,6 @@ class PersistentQueue(QueueEvents):
     def memory_items(self) -> Sequence[QItem]:
         """The queued items held in memory, head first (not a copy: do not change it)."""
         return self._items
-
-    @property
-    def journal_state(self) -> str:
-        """C{"ok"}, C{"failed"} (a journal write or fsync failed; memory is being
-        rebuilt from the journal), C{"read-only"} (adds refused until the
-        journal can be written again) or C{"probing"} (a probe record is being
-        written): see L{kestrel.queue_health}."""
-        return self._health.state
-
-    @property
-    def is_closed(self) -> bool:
-        """Whether L{close} ran: the queue refuses adds and returns no items."""
-        return self._closed
-
-    @property
-    def in_read_behind(self) -> bool:
-        """Whether some of the queue's items are only on disk."""
-        return self.journal.in_read_behind
-
-    @property
-    def journal_bytes(self) -> int:
-        """Bytes in every journal file of the queue (current and rotated)."""
-        journal = self.journal
-        return journal.size + journal.archived_size
-
-    @property
-    def logsize(self) -> int:
-        """Bytes in the current journal file (Kestrel's C{logsize} stat)."""
-        return self.journal.size
-
-    @property
-    def xid_counter(self) -> int:
-        """The last xid handed out (or replayed)."""
-        return self._reads.xid_counter
-
-    def open_items(self) -> list[QItem]:
-        """Return the open reads' items, most recently opened xid first (descending xid)."""
-        return self._reads.newest_first()
-
-    def dump_stats(self) -> list[tuple[str, str]]:
-        """Return the per-queue stats in the order of Kestrel's C{STATS} (without C{children})."""
-        return [
-            ("items", str(self.length)),
-            ("bytes", str(self.bytes)),
-            ("total_items", str(self.total_items)),
-            ("logsize", str(self.logsize)),
-            ("expired_items", str(self.expired_items)),
-            ("mem_items", str(len(self._items))),
-            ("mem_bytes", str(self.memory_bytes)),
-            ("age", str(self.age)),
-            ("discarded", str(self.discarded)),
-            ("waiters", str(len(self._waiters))),
-            ("open_transactions", str(len(self._reads))),
-            ("transactions", str(self.transactions)),
-            ("canceled_transactions", str(self.canceled_transactions)),
-            ("total_flushes", str(self.total_flushes)),
-            ("journal_rewrites", str(self.journal_rewrites)),
-            ("journal_rotations", str(self.journal_rotations)),
-        ]
-
-    def is_ready_for_expiration(self) -> bool:
-        """Whether C{max_queue_age} says the sweep may delete this queue (empty and old enough)."""
-        max_queue_age = self._config.max_queue_age
-        return (max_queue_age is not None and not self._items
-                and self._clock.seconds() > self.create_time + max_queue_age)
 
     def _now_ms(self) -> int:
         return int(self._clock.seconds() * 1000)
@@ -294,7 +181,7 @@ class PersistentQueue(QueueEvents):
         finally:
             self._replaying = False
         for xid in [item.xid for item in self._reads.newest_first()]:
-            self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
+            self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self._return_to_head(xid)
         self._log.info(
             "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
@@ -415,7 +302,7 @@ class PersistentQueue(QueueEvents):
                            error=failure.value, queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(failure.value)))
         if xid is not None and self._reads.pop(xid) is not None:
-            self._unsettled.note(CONFIRM, xid, None, d)
+            self._records.note(CONFIRM, xid, None, d)
             self._open_reads_changed()
         self._store(item)
         observer = self.observer
@@ -426,7 +313,7 @@ class PersistentQueue(QueueEvents):
             # The journal's Deferred is this write's own: chain on it directly.
             return d.addCallbacks(_stored, self._durable_add_failed)
         if not d.called:
-            d.addErrback(self._write_failed)
+            d.addErrback(self._records.write_failed)
         return succeed(True)
 
     def _make_room(self) -> bool:
@@ -447,7 +334,7 @@ class PersistentQueue(QueueEvents):
                 return False
             self._pop_head()
             self.discarded += 1
-            self._journal_write(self.journal.remove)
+            self._records.write(self.journal.remove)
             self._fill_read_behind()
             self._sweep(None)
         return True
@@ -531,9 +418,9 @@ class PersistentQueue(QueueEvents):
         journal = self.journal
         if open_read:
             xid = self._reads.open(item)
-            self._journal_write(journal.remove_tentative, xid, note=(OPEN, xid, _key(item)))
+            self._records.write(journal.remove_tentative, xid, note=(OPEN, xid, _key(item)))
         else:
-            self._journal_write(journal.remove)
+            self._records.write(journal.remove)
         if not health.readable:
             # The remove is not journaled (the journal reported it): the item
             # is not handed out; memory is rebuilt from the journal, where it
@@ -639,11 +526,11 @@ class PersistentQueue(QueueEvents):
         if self._closed:
             return
         if not self._health.readable:
-            self._unsettled.note(ABORT, xid, None, None)
+            self._records.note(ABORT, xid, None, None)
             return
         if xid in self._reads:
             self._return_to_head(xid)
-            self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
+            self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self.canceled_transactions += 1
             self._open_reads_changed()
         else:
@@ -672,10 +559,10 @@ class PersistentQueue(QueueEvents):
         if self._closed:
             return
         if not self._health.readable:
-            self._unsettled.note(CONFIRM, xid, None, None)
+            self._records.note(CONFIRM, xid, None, None)
             return
         if self._reads.pop(xid) is not None:
-            self._journal_write(self.journal.confirm_remove, xid, note=(CONFIRM, xid, None))
+            self._records.write(self.journal.confirm_remove, xid, note=(CONFIRM, xid, None))
             self._open_reads_changed()
         else:
             self._log.warn("{queue}: confirm of xid {xid}, which is not open",
@@ -737,7 +624,7 @@ class PersistentQueue(QueueEvents):
                 break
             self._pop_head()
             self.expired_items += 1
-            self._journal_write(self.journal.remove)
+            self._records.write(self.journal.remove)
             expired.append(head)
             if not items and keep_journal:
                 self._fill_read_behind()
@@ -796,7 +683,7 @@ class PersistentQueue(QueueEvents):
         lacks (L{Unsettled}): closes of reads it still holds open, and opens
         whose item reached a reader and is back at the head.
         """
-        owed = self._unsettled.take()
+        owed = self._records.take()
         reads = self._reads
         before_since = reads.clear()
         xid_before = reads.xid_counter
@@ -808,7 +695,7 @@ class PersistentQueue(QueueEvents):
         try:
             self.journal.replay(self._replay_apply, self._forget_replayed)
         except BaseException:
-            self._unsettled.restore(owed)
+            self._records.restore(owed)
             raise
         finally:
             self._replaying = False
@@ -828,11 +715,11 @@ class PersistentQueue(QueueEvents):
             elif xid in reads:
                 if what == CONFIRM:
                     reads.pop(xid)
-                    self._journal_write(self.journal.confirm_remove, xid,
+                    self._records.write(self.journal.confirm_remove, xid,
                                         note=(CONFIRM, xid, None))
                 else:
                     self._return_to_head(xid)
-                    self._journal_write(self.journal.unremove, xid, note=(ABORT, xid, None))
+                    self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
         self._log.info("Reloaded {queue} from its journal: {items} items, {open} open reads",
                        queue=self.name, items=self.length, open=len(reads))
         self._open_reads_changed()
@@ -843,7 +730,7 @@ class PersistentQueue(QueueEvents):
         item = self._pop_head()
         assert item is not None
         self._reads.open(item, xid, since)
-        self._journal_write(self.journal.remove_tentative, xid,
+        self._records.write(self.journal.remove_tentative, xid,
                             note=(OPEN, xid, _key(item)), handed=True)
 
     def readable_again(self) -> None:
@@ -851,39 +738,6 @@ class PersistentQueue(QueueEvents):
         self._wake()
 
     # ----- journal maintenance
-
-    def _journal_write(self, write: Callable[..., Deferred[None]], *args: object,
-                       note: tuple[int, int, object] | None = None,
-                       handed: bool = False) -> bool:
-        """
-        Write a record whose durability nobody waits for; log any failure.
-
-        With C{note} (what, xid, item key), the record is kept as L{Unsettled}
-        until durable. Returns false if the write was refused at once.
-        """
-        try:
-            d = write(*args)
-        except Exception as e:
-            self._log.failure("Journal write failed for {queue}", queue=self.name)
-            d = fail(e)
-        if note is not None:
-            self._unsettled.note(*note, d, handed=handed)
-        refused = d.called and isinstance(d.result, Failure)
-        if not d.called or refused:
-            d.addErrback(self._write_failed)
-        return not refused
-
-    def _write_failed(self, failure: Failure) -> None:
-        if failure.check(CancelledError) is not None:
-            return
-        if failure.check(OSError, JournalUnavailable) is not None:
-            # An I/O error, not a bug: no traceback (a file journal also
-            # reported it through on_failure, and the queue recovers from it).
-            self._log.error("Journal write failed for {queue}: {error}", queue=self.name,
-                            error=failure.value)
-            return
-        self._log.failure("Journal write failed for {queue}", failure=failure,
-                          queue=self.name)
 
     def _fill_read_behind(self) -> None:
         """

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -235,8 +235,9 @@ class JournalHealth:
 
 class Unsettled:
     """
-    The opens, confirms and aborts whose records the journal may not hold,
-    in the order they happened.
+    Writes the records whose durability nobody waits for, logs their
+    failures, and keeps the opens, confirms and aborts among them that the
+    journal may not hold yet, in the order they happened.
 
     An entry is settled (forgotten) once its record is durable and no
     failure of the journal came between its write and the flush that put it
@@ -247,9 +248,12 @@ class Unsettled:
     period's worth) plus the closes asked while the journal failed.
     """
 
-    __slots__ = ("_entries", "_seq", "_health", "_journal")
+    __slots__ = ("_name", "_entries", "_seq", "_health", "_journal")
 
-    def __init__(self, health: JournalHealth, journal: IJournal) -> None:
+    _log = Logger()
+
+    def __init__(self, name: str, health: JournalHealth, journal: IJournal) -> None:
+        self._name = name
         # seq -> [what, xid, item key, written, durable]
         self._entries: dict[int, list] = {}
         self._seq = 0
@@ -259,6 +263,39 @@ class Unsettled:
     def __len__(self) -> int:
         """How many entries are unsettled."""
         return len(self._entries)
+
+    def write(self, write: Callable[..., Deferred[None]], *args: object,
+              note: tuple[int, int, object] | None = None, handed: bool = False) -> bool:
+        """
+        Write a record (C{write(*args)}, a journal method); log any failure.
+
+        With C{note} (what, xid, item key), it is kept until settled (see
+        L{note}). Returns false if the write was refused at once.
+        """
+        try:
+            d = write(*args)
+        except Exception as e:
+            self._log.failure("Journal write failed for {queue}", queue=self._name)
+            d = fail(e)
+        if note is not None:
+            self.note(*note, d, handed=handed)
+        refused = d.called and isinstance(d.result, Failure)
+        if not d.called or refused:
+            d.addErrback(self.write_failed)
+        return not refused
+
+    def write_failed(self, failure: Failure) -> None:
+        """Log the failure of a record's write or fsync (an I/O error without traceback)."""
+        if failure.check(CancelledError) is not None:
+            return
+        if failure.check(OSError, JournalUnavailable) is not None:
+            # An I/O error, not a bug: the journal also reported it through
+            # on_failure, and the queue recovers from it.
+            self._log.error("Journal write failed for {queue}: {error}", queue=self._name,
+                            error=failure.value)
+            return
+        self._log.failure("Journal write failed for {queue}", failure=failure,
+                          queue=self._name)
 
     def note(self, what: int, xid: int, key: object, d: Deferred[None] | None, *,
              handed: bool = False) -> None:
