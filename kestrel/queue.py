@@ -48,10 +48,11 @@ from kestrel.queue_health import (
 from kestrel.queue_observer import QueueObserver
 from kestrel.queue_policy import Compactor
 from kestrel.queue_stats import QueueStats
-from kestrel.waiters import PendingRead, ReadWaiters
+from kestrel.read_behind import ReadBehind
+from kestrel.waiters import BlockingReads
 
 if TYPE_CHECKING:
-    from kestrel.journal.pack import Checkpoint
+    pass
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 
@@ -101,7 +102,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._items: deque[QItem] = deque()
         self._reads = OpenReads(clock, self._time_out_open_reads)
         self._reads.timeout = config.open_transaction_timeout
-        self._waiters = ReadWaiters(clock)
+        self._blocked = BlockingReads(clock, journal.after_written, lambda: self._closed,
+                                      self._count_get)
         self._closed = False
         self._replaying = False
         self._last_wait_ms = 0
@@ -110,6 +112,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._health = JournalHealth(name, journal, clock, self, fsync_failed=fsync_failed)
         self._records = Unsettled(name, self._health, journal)
         self._compactor = Compactor(self, clock)
+        self._read_behind = ReadBehind(self, clock)
         # What each replayed record does to memory (the event methods below).
         self._replay_apply = event_applier(self, self._now_ms)
         journal.on_skipped_adds = self._count_replayed
@@ -192,10 +195,7 @@ class PersistentQueue(QueueStats, QueueEvents):
     def added(self, item: QItem, xid: int) -> None:
         """Replay: store the item at the tail (an ADD_XID's xid means nothing now)."""
         self._store(item)
-        if not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size:
-            self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
-                           queue=self.name, bytes=self.bytes)
-            self.journal.start_read_behind()
+        self._read_behind.start_if_full(keep_head=False)
 
     def removed(self) -> None:
         """Replay: drop the head item."""
@@ -308,7 +308,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
-        self._wake()
+        self._blocked.wake()
         if cfg.durable_acks or cfg.sync_journal == 0.0:
             # The journal's Deferred is this write's own: chain on it directly.
             return d.addCallbacks(_stored, self._durable_add_failed)
@@ -335,7 +335,7 @@ class PersistentQueue(QueueStats, QueueEvents):
             self._pop_head()
             self.discarded += 1
             self._records.write(self.journal.remove)
-            self._fill_read_behind()
+            self._read_behind.fill()
             self._sweep(None)
         return True
 
@@ -352,11 +352,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         """Compact the journal if it outgrew a limit; drop to read-behind if memory is full."""
         self._compactor.check()
         # Never with an empty memory: the head must stay readable (max_memory_size 0).
-        if (not self.journal.in_read_behind and self.bytes >= self._config.max_memory_size
-                and self._items):
-            self._log.info("Dropping to read-behind for {queue} ({bytes} bytes)",
-                           queue=self.name, bytes=self.bytes)
-            self.journal.start_read_behind()
+        self._read_behind.start_if_full()
 
     def _durable_add_failed(self, failure: Failure) -> None:
         """A durable add's write or fsync failed: the recovery drops it; say why."""
@@ -428,7 +424,7 @@ class PersistentQueue(QueueStats, QueueEvents):
             raise health.unavailable()
         if self._config.keep_journal:
             if journal.in_read_behind:
-                self._fill_read_behind()
+                self._read_behind.fill()
             self._compactor.check()
         observer = self.observer
         if observer is not None:
@@ -447,7 +443,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         self.memory_bytes -= size
         self.length -= 1
         if self._replaying:
-            self._fill_read_behind()
+            self._read_behind.fill()
         return item
 
     def wait_remove(self, deadline: float | None,
@@ -467,7 +463,7 @@ class PersistentQueue(QueueStats, QueueEvents):
             # The usual case: no closure, no pending read.
             self.get_items_hit += 1
             return succeed(item)
-        return self._wait(lambda: self._retry_remove(open_read), deadline, False, item)
+        return self._blocked.answer(lambda: self._retry_remove(open_read), deadline, None)
 
     def _retry_remove(self, open_read: bool) -> QItem | None:
         """A woken reader's remove; C{None} while memory is being rebuilt (it waits on)."""
@@ -480,39 +476,20 @@ class PersistentQueue(QueueStats, QueueEvents):
         A woken peeker leaves the item in place and passes the wake-up on, so
         a reader behind it is woken for the same item.
         """
-        return self._wait(self._retry_peek, deadline, True, self.peek())
+        return self._blocked.answer(self._retry_peek, deadline, self.peek(), passes_wake=True)
 
     def _retry_peek(self) -> QItem | None:
         return self.peek() if self._health.readable else None
 
-    def _wait(self, attempt: Callable[[], QItem | None], deadline: float | None,
-              passes_wake: bool, item: QItem | None) -> Deferred[QItem | None]:
-        """Answer with C{item} (the result of a first try), or wait to retry C{attempt}."""
-        if (item is not None or deadline is None or self._closed
-                or deadline <= self._clock.seconds()):
-            self._count_get(item)
-            return succeed(item)
-        return PendingRead(self._waiters, self._clock, attempt, deadline,
-                           closed=lambda: self._closed, settled=self._count_get,
-                           passes_wake=passes_wake).result
-
-    def _count_get(self, item: QItem | None) -> None:
+    def _count_get(self, item: object) -> None:
         if item is None:
             self.get_items_miss += 1
         else:
             self.get_items_hit += 1
 
-    def _wake(self) -> None:
-        """
-        Wake the next blocked reader once what was just written is in the OS,
-        outside any write batch: its records and its reply are its own.
-        """
-        if len(self._waiters):
-            self.journal.after_written(self._waiters.trigger)
-
     def evict_waiters(self) -> None:
         """Answer every blocked read with "no item" (outside any write batch)."""
-        self.journal.after_written(self._waiters.evict_all)
+        self._blocked.evict()
 
     # ----- open reads
 
@@ -536,7 +513,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         else:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
-        self._wake()
+        self._blocked.wake()
 
     def _return_to_head(self, xid: int) -> None:
         opened = self._reads.pop(xid)
@@ -627,11 +604,11 @@ class PersistentQueue(QueueStats, QueueEvents):
             self._records.write(self.journal.remove)
             expired.append(head)
             if not items and keep_journal:
-                self._fill_read_behind()
+                self._read_behind.fill()
         if not expired:
             return 0
         if keep_journal:
-            self._fill_read_behind()
+            self._read_behind.fill()
         expire_to = self.expire_to
         if expire_to is not None:
             for item in expired:
@@ -666,7 +643,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._health.close()
         self._compactor.close()
         self._reads.stop()
-        self.journal.after_written(self._waiters.trigger_all)
+        self._blocked.close()
         return self.journal.close()
 
     def destroy_journal(self) -> None:
@@ -735,40 +712,15 @@ class PersistentQueue(QueueStats, QueueEvents):
 
     def readable_again(self) -> None:
         """Memory agrees with the journal again: wake the next blocked reader."""
-        self._wake()
+        self._blocked.wake()
 
     # ----- journal maintenance
 
-    def _fill_read_behind(self) -> None:
-        """
-        Read items back from the journal until memory is full or the reader catches up.
-
-        Memory always gets at least one item (the head), even when
-        C{max_memory_size} is 0 or smaller than the head item: a queue in
-        read-behind with an empty memory could not hand anything out.
-        """
-        journal = self.journal
-        limit = self._config.max_memory_size
-        items = self._items
-        if not journal.in_read_behind or (self.memory_bytes >= limit and items):
-            return
-        observer = self.observer
-        started = self._clock.seconds() if observer is not None else 0.0
-        while journal.in_read_behind and (self.memory_bytes < limit or not items):
-            journal.fill_read_behind(self._got_item, self._got_checkpoint)
-            if not journal.in_read_behind:
-                self._log.info("Coming out of read-behind for {queue}", queue=self.name)
-        if observer is not None:
-            observer.read_behind_filled(self._clock.seconds() - started)
-
-    def _got_item(self, item: QItem) -> None:
+    def read_back(self, item: QItem) -> None:
+        """Append C{item}, read back from the journal, to memory (read-behind)."""
         self._items.append(item)
         self.memory_bytes += len(item.data)
 
-    def _got_checkpoint(self, checkpoint: Checkpoint) -> None:
-        self._log.info("Packing journal of {queue} from checkpoint", queue=self.name)
-        self.journal.start_pack(checkpoint, self._reads.items(), list(self._items),
-                                xid_counter=self._reads.xid_counter)
 
 def _stored(_: object) -> bool:
     return True

@@ -19,7 +19,7 @@ from kestrel.journal.interface import IJournal
 from kestrel.open_reads import OpenReads
 from kestrel.queue_health import JournalHealth
 from kestrel.queue_policy import Compactor
-from kestrel.waiters import ReadWaiters
+from kestrel.waiters import BlockingReads
 
 
 class QueueStats:
@@ -43,7 +43,7 @@ class QueueStats:
     _clock: IReactorTime
     _items: deque[QItem]
     _reads: OpenReads
-    _waiters: ReadWaiters
+    _blocked: BlockingReads
     _health: JournalHealth
     _compactor: Compactor
     _closed: bool
@@ -72,7 +72,7 @@ class QueueStats:
     @property
     def waiter_count(self) -> int:
         """How many blocked reads wait on this queue."""
-        return len(self._waiters)
+        return len(self._blocked)
 
     @property
     def open_read_count(self) -> int:
@@ -144,7 +144,7 @@ class QueueStats:
             ("mem_bytes", str(self.memory_bytes)),
             ("age", str(self.age)),
             ("discarded", str(self.discarded)),
-            ("waiters", str(len(self._waiters))),
+            ("waiters", str(len(self._blocked))),
             ("open_transactions", str(len(self._reads))),
             ("transactions", str(self.transactions)),
             ("canceled_transactions", str(self.canceled_transactions)),

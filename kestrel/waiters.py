@@ -1,6 +1,7 @@
 """
 ReadWaiters: the clients blocked on an empty queue, woken one at a time;
-PendingRead: one blocked read, retried each time it is woken.
+PendingRead: one blocked read, retried each time it is woken; BlockingReads:
+a queue's blocked reads, woken outside any write batch.
 
 L{ReadWaiters} is Kestrel's C{DeadlineWaitQueue} expressed with Deferreds:
 every waiter is a L{Deferred} that fires C{True} when it is woken and
@@ -15,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
@@ -205,3 +206,57 @@ class PendingRead(Generic[_T]):
 
 def _ignore_cancel(failure: Failure) -> None:
     failure.trap(CancelledError)
+
+
+class BlockingReads:
+    """
+    The blocked reads of one queue: their line, and the wake-ups that reach it.
+
+    Promises: every wake-up reaches the line outside any write batch (through
+    C{after_written}, the journal's L{kestrel.journal.interface.IJournal.after_written}),
+    so that a woken reader's records and reply are its own; every result is
+    counted once through C{counted} (C{None}: a miss).
+    """
+
+    __slots__ = ("line", "_clock", "_after_written", "_closed", "_counted")
+
+    def __init__(self, clock: IReactorTime,
+                 after_written: Callable[[Callable[[], object]], None],
+                 closed: Callable[[], bool], counted: Callable[[object], None]) -> None:
+        #: The waiters, oldest first.
+        self.line = ReadWaiters(clock)
+        self._clock = clock
+        self._after_written = after_written
+        self._closed = closed
+        self._counted = counted
+
+    def __len__(self) -> int:
+        """How many reads wait."""
+        return len(self.line)
+
+    def answer(self, attempt: Callable[[], _T | None], deadline: float | None,
+               got: _T | None, passes_wake: bool = False) -> Deferred[_T | None]:
+        """
+        Answer with C{got} (what a first try got), or, when it is C{None}
+        and C{deadline} (absolute clock seconds) is still ahead, wait in line
+        and retry C{attempt} each time the read is woken (see L{PendingRead}).
+        """
+        if (got is not None or deadline is None or self._closed()
+                or deadline <= self._clock.seconds()):
+            self._counted(got)
+            return succeed(got)
+        return PendingRead(self.line, self._clock, attempt, deadline, closed=self._closed,
+                           settled=self._counted, passes_wake=passes_wake).result
+
+    def wake(self) -> None:
+        """Wake the next read in line, once what was just written is in the OS."""
+        if len(self.line):
+            self._after_written(self.line.trigger)
+
+    def evict(self) -> None:
+        """Answer every read in line with "nothing"."""
+        self._after_written(self.line.evict_all)
+
+    def close(self) -> None:
+        """The queue closed: wake every read in line (each finds nothing)."""
+        self._after_written(self.line.trigger_all)
