@@ -72,21 +72,16 @@ class PersistentQueue(QueueStats, QueueEvents):
     reader at a time; aborted reads go back to the head; a reader is handed
     an item only once the records that make it the reader's are in the OS.
 
-    Its stats (counters and cheap properties) are L{QueueStats}'.
+    Its stats are L{QueueStats}'; it is the L{QueueEvents} its journal's
+    records replay into (C{added} .. C{xid_saved}; nothing else calls them).
 
-    The queue is the L{QueueEvents} its journal's records replay into (the
-    event methods C{added} .. C{xid_saved}; nothing else calls them).
-
-    @ivar expire_to: called with every item that expires, when the
-        collection wires C{expire_to_queue}; C{None} drops expired items.
+    @ivar expire_to: called with every item that expires (the collection
+        wires C{expire_to_queue}); C{None} drops expired items.
     @ivar is_fanout_master: whether C{fanout_only} makes this queue store
-        nothing (Kestrel: every queue whose name has no C{+}). The collection
-        may set it.
-    @ivar observer: the L{QueueObserver} told of journal maintenance
-        durations, request and queue sizes, or C{None} (nothing is measured).
-
-    C{fsync_failed}, when given, is told of every failed fsync of the
-    journal (the server counts them as C{fsync_error_<class>}).
+        nothing (Kestrel: a name without C{+}); the collection may set it.
+    @ivar observer: the L{QueueObserver} told of maintenance durations and
+        sizes, or C{None}. C{fsync_failed} is told of every failed fsync of
+        the journal (the server counts them as C{fsync_error_<class>}).
     """
 
     _log = Logger()
@@ -103,7 +98,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._reads = OpenReads(clock, self._time_out_open_reads)
         self._reads.timeout = config.open_transaction_timeout
         self._blocked = BlockingReads(clock, journal.after_written, lambda: self._closed,
-                                      self._count_get)
+                                      self.count_get)
         self._closed = False
         self._replaying = False
         self._last_wait_ms = 0
@@ -115,7 +110,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._read_behind = ReadBehind(self, clock)
         # What each replayed record does to memory (the event methods below).
         self._replay_apply = event_applier(self, self._now_ms)
-        journal.on_skipped_adds = self._count_replayed
+        journal.on_skipped_adds = self.count_skipped_adds
         self.expire_to: Callable[[QItem], object] | None = None
         self.is_fanout_master = names.FANOUT_SEPARATOR not in name
         self.create_time = clock.seconds()
@@ -149,12 +144,10 @@ class PersistentQueue(QueueStats, QueueEvents):
 
     def setup(self) -> None:
         """
-        Load the queue from its journal.
-
-        Every record is applied in order; afterwards every read still open is
-        aborted (UNREMOVE journaled, descending xid) so that the open items
-        stand at the head in ascending-xid order. With C{keep_journal: false}
-        the journal is erased instead.
+        Load the queue from its journal: every record applied in order, then
+        every read still open aborted (UNREMOVE journaled, descending xid),
+        so that those items stand at the head in ascending-xid order. With
+        C{keep_journal: false} the journal is erased instead.
         """
         for _ in self.setup_steps():
             pass
@@ -235,14 +228,6 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._reads.clear()
         self.length = self.bytes = self.memory_bytes = 0
 
-    def _count_replayed(self, items: int, data_bytes: int) -> None:
-        """Count C{items} adds beyond memory that replay skipped (read-behind reads them)."""
-        self.total_items += items
-        self.put_items += items
-        self.put_bytes += data_bytes
-        self.bytes += data_bytes
-        self.length += items
-
     # ----- adding
 
     def add(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
@@ -257,14 +242,12 @@ class PersistentQueue(QueueStats, QueueEvents):
         success and stores nothing. With C{xid}, open read C{xid} is
         confirmed in the same journal record (CONTINUE).
 
-        The Deferred fires at once, except when the queue acknowledges
-        durably (C{sync_journal: always}, or C{durable_acks} with a sync
-        period), where it fires after the fsync covering the journal write
-        (and fails if that fsync fails). A journal write that fails at once
-        stores nothing and fails the Deferred (L{JournalUnavailable}), as
-        does an add while the journal cannot be written. A blocked reader is
-        woken once the item's record is in the OS (after the write batch
-        holding it, if any, flushed).
+        The Deferred fires at once, or, acknowledging durably
+        (C{sync_journal: always}, or C{durable_acks} with a period), after
+        the fsync covering the record (failing if it fails). A write refused
+        at once, or an add while the journal cannot be written, stores
+        nothing and fails (L{JournalUnavailable}). A blocked reader is woken
+        once the record is in the OS (after the batch holding it flushed).
 
         @param expiry_ms: absolute epoch ms, 0 for never; capped by C{max_age}.
         @param add_time_ms: the item's add time (default: now).
@@ -284,7 +267,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
                      self._expiry_for(expiry_ms, now_ms))
         if cfg.keep_journal:
-            self._before_add()
+            self._compactor.check()
+            self._read_behind.start_if_full()
             if not health.takes_adds:
                 # Journal maintenance above (a sweep, a rotation) failed.
                 return fail(health.unavailable())
@@ -347,12 +331,6 @@ class PersistentQueue(QueueStats, QueueEvents):
             if not expiry_ms or cap < expiry_ms:
                 return cap
         return expiry_ms
-
-    def _before_add(self) -> None:
-        """Compact the journal if it outgrew a limit; drop to read-behind if memory is full."""
-        self._compactor.check()
-        # Never with an empty memory: the head must stay readable (max_memory_size 0).
-        self._read_behind.start_if_full()
 
     def _durable_add_failed(self, failure: Failure) -> None:
         """A durable add's write or fsync failed: the recovery drops it; say why."""
@@ -418,9 +396,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         else:
             self._records.write(journal.remove)
         if not health.readable:
-            # The remove is not journaled (the journal reported it): the item
-            # is not handed out; memory is rebuilt from the journal, where it
-            # is still queued.
+            # Not journaled (the journal reported it): not handed out; the
+            # reload finds the item queued.
             raise health.unavailable()
         if self._config.keep_journal:
             if journal.in_read_behind:
@@ -479,13 +456,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         return self._blocked.answer(self._retry_peek, deadline, self.peek(), passes_wake=True)
 
     def _retry_peek(self) -> QItem | None:
+        """A woken peeker's peek; C{None} while memory is being rebuilt."""
         return self.peek() if self._health.readable else None
-
-    def _count_get(self, item: object) -> None:
-        if item is None:
-            self.get_items_miss += 1
-        else:
-            self.get_items_hit += 1
 
     def evict_waiters(self) -> None:
         """Answer every blocked read with "no item" (outside any write batch)."""
@@ -676,7 +648,7 @@ class PersistentQueue(QueueStats, QueueEvents):
             raise
         finally:
             self._replaying = False
-            self.total_items, self.put_items, self.put_bytes = counters
+            (self.total_items, self.put_items, self.put_bytes) = counters
             # Never hand out an xid twice: a client may hold one the journal lost.
             reads.saw_xid(xid_before)
         now = self._clock.seconds()

@@ -64,6 +64,21 @@ class QueueStats:
         self.canceled_transactions = 0
         self.total_flushes = 0
 
+    def count_get(self, item: object) -> None:
+        """Count a read's result: a hit, or (C{None}) a miss."""
+        if item is None:
+            self.get_items_miss += 1
+        else:
+            self.get_items_hit += 1
+
+    def count_skipped_adds(self, items: int, data_bytes: int) -> None:
+        """Count C{items} adds beyond memory that replay skipped (read-behind reads them)."""
+        self.total_items += items
+        self.put_items += items
+        self.put_bytes += data_bytes
+        self.bytes += data_bytes
+        self.length += items
+
     @property
     def memory_length(self) -> int:
         """How many items are held in memory (the rest are read-behind on disk)."""
