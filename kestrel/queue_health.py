@@ -167,9 +167,8 @@ class JournalHealth:
         if self._closed:
             return
         self._recovering = True
-        kind, self._kind = self._kind, "write"
         try:
-            d = self._journal.recover(kind, OSError(self.reason))
+            d = self._journal.recover(self._kind, OSError(self.reason))
         except Exception as e:
             d = fail(e)
         d.addCallbacks(self._recovered, self._recovery_failed)
@@ -180,6 +179,7 @@ class JournalHealth:
             self._recovering = False
             return
         self.state = READ_ONLY
+        self._kind = "write"  # (the journal is cut back: an fsync's doubt is settled)
         try:
             self._host.reload()
         except Exception:
