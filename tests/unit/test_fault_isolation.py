@@ -149,3 +149,53 @@ def test_aborts_answered_while_the_disk_is_full_are_applied(tmp_path, clock: Clo
     assert q.open_read_count == 0 and q.length == 3
     q = reopen(q, tmp_path, clock)
     assert datas(q) == [b"a", b"b", b"c"]
+
+
+# -- over the protocols (a real server, string transports)
+
+
+def test_pipelined_sets_refused_never_reach_a_blocked_reader(tmp_path, clock: Clock) -> None:
+    """
+    Fault (2) as measured: a client waits on C{get bq/t=4000/open}, the journal
+    of C{bq} fails, another client pipelines three sets. The producer gets
+    SERVER_ERROR; the reader keeps waiting and gets nothing it could lose; once
+    the disk is freed, the next set reaches it.
+    """
+    from twisted.logger import capturedLogs
+
+    from kestrel.protocols.memcache import MemcacheFactory
+    from tests.support import StringClient, make_server
+
+    server = make_server(clock, tmp_path)
+    assert value(server.collection.add("bq", b"warm")) is True
+    assert value(server.collection.remove("bq")).data == b"warm"
+    q = server.collection.queue("bq")
+    disk = Disk()
+
+    def wire() -> None:  # (every journal file the queue opens writes through the disk)
+        q.journal._os_write = disk.write
+        writer = q.journal._writer
+        if hasattr(writer, "_os_write"):
+            writer._os_write = disk.write
+
+    wire()
+    reader = StringClient(MemcacheFactory(server))
+    assert reader.send(b"get bq/t=4000/open\r\n") == b""
+    producer = StringClient(MemcacheFactory(server))
+    disk.write_fails = True
+    with capturedLogs():
+        reply = producer.send(b"set bq 0 0 1\r\na\r\nset bq 0 0 1\r\nb\r\n"
+                              b"set bq 0 0 1\r\nc\r\n")
+        clock.advance(0)
+    assert reply == b"SERVER_ERROR journal write failed\r\n"
+    assert reader.take() == b"" and q.length == 0 and q.open_read_count == 0
+    disk.write_fails = False
+    with capturedLogs():
+        clock.advance(1)
+        wire()
+        clock.advance(1)
+    assert q.journal_state == "ok"
+    other = StringClient(MemcacheFactory(server))
+    assert other.send(b"set bq 0 0 1\r\nd\r\n") == b"STORED\r\n"
+    assert reader.take() == b"VALUE bq/t=4000/open 0 1\r\nd\r\nEND\r\n"
+    server.collection.stopService()
