@@ -41,6 +41,7 @@ from kestrel.queue_health import (
     CONFIRM,
     JOURNAL_RETRY_SECONDS,
     OPEN,
+    REMOVE,
     JournalHealth,
     Unsettled,
     reason_of,
@@ -394,7 +395,7 @@ class PersistentQueue(QueueStats, QueueEvents):
             xid = self._reads.open(item)
             self._records.write(journal.remove_tentative, xid, note=(OPEN, xid, _key(item)))
         else:
-            self._records.write(journal.remove)
+            self._records.write(journal.remove, note=(REMOVE, 0, _key(item)))
         if not health.readable:
             # Not journaled (the journal reported it): not handed out; the
             # reload finds the item queued.
@@ -657,10 +658,10 @@ class PersistentQueue(QueueStats, QueueEvents):
         for item in replayed:  # (opened when they were, for the timeout)
             reads.open(item, item.xid, before_since.get(item.xid, now))
         for what, xid, key, handed in owed:
-            if what == OPEN:
+            if what == OPEN or what == REMOVE:
                 items = self._items
                 if handed and xid not in reads and items and _key(items[0]) == key:
-                    self._reopen(xid, before_since.get(xid, now))
+                    self._take_again(what, xid, before_since.get(xid, now))
             elif xid in reads:
                 if what == CONFIRM:
                     reads.pop(xid)
@@ -674,10 +675,13 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._open_reads_changed()
         reads.timeout = self._config.open_transaction_timeout
 
-    def _reopen(self, xid: int, since: float) -> None:
-        """Open the head item again under C{xid}: its reader has it (its record was cut)."""
+    def _take_again(self, what: int, xid: int, since: float) -> None:
+        """Take the head item again (removed, or opened under C{xid}): its record was cut."""
         item = self._pop_head()
         assert item is not None
+        if what == REMOVE:
+            self._records.write(self.journal.remove, note=(REMOVE, 0, _key(item)), handed=True)
+            return
         self._reads.open(item, xid, since)
         self._records.write(self.journal.remove_tentative, xid,
                             note=(OPEN, xid, _key(item)), handed=True)

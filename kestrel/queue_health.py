@@ -15,9 +15,10 @@ journal calls nothing but L{JournalHealth.failed}; the queue calls nothing
 of the recovery. Time is the injected clock.
 
 L{Unsettled} keeps what the queue told its clients that the journal may not
-hold yet (opens, confirms and aborts whose records are not known durable),
-in order, so that a reload applies them again: nothing acknowledged is
-undone by a fault, and no open read is left without its holder.
+hold yet (removes, opens, confirms and aborts whose records are not known
+durable), in order, so that a reload applies them again: nothing
+acknowledged is undone by a fault, and no open read is left without its
+holder.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ PROBING = "probing"
 OPEN = 0
 CONFIRM = 1
 ABORT = 2
+REMOVE = 3
 
 
 def reason_of(error: BaseException) -> str:
@@ -99,6 +101,9 @@ class JournalHealth:
         self.reason = ""
         #: How many failures were reported (a failure inside C{failed} counts too).
         self.failures = 0
+        #: How many of them were refused writes (not fsyncs): bytes that never
+        #: reached the OS.
+        self.write_failures = 0
         self._kind = "write"
         self._call: IDelayedCall | None = None
         self._recovering = False
@@ -125,7 +130,9 @@ class JournalHealth:
         failed: go to C{failed} and recover on the next reactor turn.
         """
         self.failures += 1
-        if kind == "fsync" and self._fsync_failed is not None:
+        if kind != "fsync":
+            self.write_failures += 1
+        elif self._fsync_failed is not None:
             self._fsync_failed(error)
         if self._closed:
             return
@@ -236,15 +243,15 @@ class JournalHealth:
 class Unsettled:
     """
     Writes the records whose durability nobody waits for, logs their
-    failures, and keeps the opens, confirms and aborts among them that the
-    journal may not hold yet, in the order they happened.
+    failures, and keeps the removes, opens, confirms and aborts among them
+    that the journal may not hold yet, in the order they happened.
 
-    An entry is settled (forgotten) once its record is durable and no
-    failure of the journal came between its write and the flush that put it
-    in the OS. L{take} hands the rest to a reload, oldest first: a close is
-    applied again if the journal still holds the read open; an open whose
-    record reached the OS (so its item was handed out) is made again if the
-    item is back at the head. Bounded by the records in flight (one sync
+    An entry is settled (forgotten) once its record is durable and known to
+    have reached the OS: no write was refused between it and the flush that
+    put it there. L{take} hands the rest to a reload, oldest first: a close is
+    applied again if the journal still holds the read open; a remove or an
+    open whose record reached the OS (so its item was handed out) is made
+    again if the item is back at the head. Bounded by the records in flight (one sync
     period's worth) plus the closes asked while the journal failed.
     """
 
@@ -300,7 +307,7 @@ class Unsettled:
     def note(self, what: int, xid: int, key: object, d: Deferred[None] | None, *,
              handed: bool = False) -> None:
         """
-        Keep C{what} (L{OPEN}, L{CONFIRM} or L{ABORT}) of C{xid} until its record
+        Keep C{what} (L{REMOVE}, L{OPEN}, L{CONFIRM} or L{ABORT}) of C{xid} until its record
         C{d} settles; C{d} C{None}: no record was written (kept for the reload).
         C{key} tells an open's item (compared with the head's at reload);
         C{handed}: the open's item is known to be a reader's already (else it
@@ -311,12 +318,14 @@ class Unsettled:
         self._entries[seq] = entry
         if d is None or (d.called and isinstance(d.result, Failure)):
             return  # (refused: never written)
-        self._journal.after_written(self._written, seq, self._health.failures)
+        self._journal.after_written(self._written, seq, self._health.write_failures)
         d.addCallback(self._durable, seq)
 
-    def _written(self, seq: int, failures: int) -> None:
+    def _written(self, seq: int, write_failures: int) -> None:
+        # (no write refused since this record's: it reached the OS; an fsync
+        # that failed since does not take that back)
         entry = self._entries.get(seq)
-        if entry is None or self._health.failures != failures:
+        if entry is None or self._health.write_failures != write_failures:
             return
         entry[3] = True
         if entry[4]:

@@ -257,6 +257,22 @@ def test_an_open_is_handed_out_only_once_its_record_is_in_the_os(clock: Clock,
                                 (OPEN, 3, "c", False)]
 
 
+def test_an_fsync_failing_after_the_flush_leaves_the_record_handed_out(clock: Clock,
+                                                                      machine) -> None:
+    """A record whose bytes reached the OS was handed out even if its fsync then failed."""
+    health, journal, _, _ = machine
+    unsettled = Unsettled("q", health, journal)
+    journal.batch_open = True
+    durable: Deferred[None] = Deferred()
+    unsettled.note(OPEN, 1, "a", durable)
+    with capturedLogs():
+        health.failed("fsync", EIO)  # (the flush wrote it; its inline fsync failed)
+    durable.errback(EIO)
+    durable.addErrback(lambda _: None)
+    journal.flush()
+    assert unsettled.take() == [(OPEN, 1, "a", True)]
+
+
 def test_restore_puts_taken_entries_back_before_newer_ones(clock: Clock, machine) -> None:
     """A reload that failed puts back what it took, oldest first, then what came since."""
     health, journal, _, _ = machine
