@@ -268,10 +268,10 @@ class PersistentQueue(QueueStats, QueueEvents):
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
                      self._expiry_for(expiry_ms, now_ms))
         if cfg.keep_journal:
-            self._compactor.check()
-            self._read_behind.start_if_full()
-            if not health.takes_adds:
-                # Journal maintenance above (a sweep, a rotation) failed.
+            # (in a write batch, once it is flushed: maintenance flushes files,
+            # and a batch reaches the OS whole or not at all)
+            self.journal.after_written(self._upkeep)
+            if not health.takes_adds:  # (maintenance above failed)
                 return fail(health.unavailable())
         journal = self.journal
         try:
@@ -327,11 +327,13 @@ class PersistentQueue(QueueStats, QueueEvents):
     def _expiry_for(self, expiry_ms: int, now_ms: int) -> int:
         """The expiry of an item added now: C{expiry_ms} capped by C{max_age}."""
         max_age = self._config.max_age
-        if max_age is not None:
-            cap = now_ms + int(max_age * 1000)
-            if not expiry_ms or cap < expiry_ms:
-                return cap
-        return expiry_ms
+        cap = None if max_age is None else now_ms + int(max_age * 1000)
+        return cap if cap is not None and (not expiry_ms or cap < expiry_ms) else expiry_ms
+
+    def _upkeep(self) -> None:
+        """Compact the journal if it outgrew a limit; keep new adds on disk if memory is full."""
+        self._compactor.check()
+        self._read_behind.start_if_full()
 
     def _durable_add_failed(self, failure: Failure) -> None:
         """A durable add's write or fsync failed: the recovery drops it; say why."""
@@ -363,15 +365,12 @@ class PersistentQueue(QueueStats, QueueEvents):
 
     def remove(self, open_read: bool = False) -> QItem | None:
         """
-        Remove and return the head item, or C{None} when there is none.
-
-        Expired head items are discarded first, so the item returned is
-        live. With C{open_read}, the item is opened under a fresh xid
-        (C{item.xid}) and stays owed to the queue until L{confirm_remove} or
-        L{unremove}. Open reads older than C{open_transaction_timeout} are
-        aborted before the item is chosen. Raises L{JournalUnavailable} while
-        memory is rebuilt after a journal failure, and when the remove's own
-        record cannot be written (the item is not handed out).
+        Remove and return the live head item (expired ones are discarded
+        first), or C{None}. With C{open_read}, it is opened under a fresh xid
+        (C{item.xid}), owed to the queue until L{confirm_remove} or
+        L{unremove}; open reads past C{open_transaction_timeout} are aborted
+        first. Raises L{JournalUnavailable} while memory is rebuilt after a
+        journal failure, or if the remove's own record cannot be written.
         """
         if self._closed or not self.length:
             return None
@@ -403,7 +402,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         if self._config.keep_journal:
             if journal.in_read_behind:
                 self._read_behind.fill()
-            self._compactor.check()
+            self.journal.after_written(self._compactor.check)
         observer = self.observer
         if observer is not None:
             observer.item_removed(len(self._items))
@@ -539,12 +538,10 @@ class PersistentQueue(QueueStats, QueueEvents):
 
     def discard_expired(self, limit: int | None = None) -> int:
         """
-        Discard expired items from the head; return how many.
-
-        At most C{limit} items (default C{max_expire_sweep}; C{None} there
-        means no limit). An item is expired when its expiry, capped by the
-        I{current} C{max_age} from its add time, is strictly before now.
-        Each expired item is journaled as a REMOVE, counted in
+        Discard expired items from the head (at most C{limit}, default
+        C{max_expire_sweep}, C{None} there: all); return how many. An item is
+        expired when its expiry, capped by the I{current} C{max_age} from its
+        add time, is before now. Each is journaled as a REMOVE, counted in
         C{expired_items} and handed to C{expire_to}.
         """
         if limit is None:
