@@ -8,9 +8,9 @@ L{QueueConfig}, journals every change, and wakes blocked readers. It knows
 nothing of sockets: time comes from the injected clock, and the journal is
 an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 
-Its helpers each hold one idea: L{kestrel.queue_health} what happens when
-the journal cannot be written, L{kestrel.queue_policy} when the journal is
-compacted, L{kestrel.waiters} the blocked reads.
+Its parts each hold one idea: L{kestrel.queue_health} (the journal cannot
+be written), L{kestrel.queue_policy} (compaction), L{kestrel.open_reads},
+L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats}.
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -131,8 +131,8 @@ class PersistentQueue(QueueStats, QueueEvents):
 
     @property
     def compacts(self) -> bool:
-        """Whether the journal may be compacted now: its writes work."""
-        return self._health.takes_adds
+        """Whether the journal may be compacted now: open, and its writes work."""
+        return self._health.takes_adds and not self._closed
 
     def memory_items(self) -> Sequence[QItem]:
         """The queued items held in memory, head first (not a copy: do not change it)."""
@@ -333,7 +333,8 @@ class PersistentQueue(QueueStats, QueueEvents):
     def _upkeep(self) -> None:
         """Compact the journal if it outgrew a limit; keep new adds on disk if memory is full."""
         self._compactor.check()
-        self._read_behind.start_if_full()
+        if not self._closed:
+            self._read_behind.start_if_full()
 
     def _durable_add_failed(self, failure: Failure) -> None:
         """A durable add's write or fsync failed: the recovery drops it; say why."""
@@ -455,8 +456,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         """
         return self._blocked.answer(self._retry_peek, deadline, self.peek(), passes_wake=True)
 
-    def _retry_peek(self) -> QItem | None:
-        """A woken peeker's peek; C{None} while memory is being rebuilt."""
+    def _retry_peek(self) -> QItem | None:  # (as _retry_remove)
         return self.peek() if self._health.readable else None
 
     def evict_waiters(self) -> None:
