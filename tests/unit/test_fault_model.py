@@ -61,8 +61,9 @@ class FaultModel(RuleBasedStateMachine):
         self.clock.advance(1_767_225_600.0)
         self.disk = FlakyDisk()
         self.batch = WriteCoalescer()
-        journal = FileJournal(self.folder, "q", self.clock, 0.0, fsync=self.disk.fsync,
-                              write=self.disk.write, coalescer=self.batch)
+        journal = FileJournal(self.folder, "q", self.clock, self.config.sync_journal,
+                              fsync=self.disk.fsync, write=self.disk.write,
+                              coalescer=self.batch)
         self.queue = PersistentQueue("q", self.config, journal, self.clock)
         self.queue.setup()
         self.count = 0
@@ -260,9 +261,18 @@ class SmallFaultModel(FaultModel):
                          max_journal_size=1 << 30)
 
 
+class PeriodFaultModel(FaultModel):
+    """The same under a sync period with durable acknowledgements (fsyncs on a timer)."""
+
+    config = QueueConfig(sync_journal=0.5, durable_acks=True)
+
+
 FaultModel.TestCase.settings = settings(max_examples=100, stateful_step_count=50,
                                         deadline=None)
 SmallFaultModel.TestCase.settings = settings(max_examples=50, stateful_step_count=50,
                                              deadline=None)
+PeriodFaultModel.TestCase.settings = settings(max_examples=50, stateful_step_count=50,
+                                              deadline=None)
 TestFaultModel = FaultModel.TestCase
 TestSmallFaultModel = SmallFaultModel.TestCase
+TestPeriodFaultModel = PeriodFaultModel.TestCase
