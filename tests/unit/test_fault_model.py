@@ -5,8 +5,9 @@ random, inside and outside write batches, with readers blocked on it.
 What must hold at every step: memory agrees with the journal (a copy of the
 files replayed elsewhere holds the same items in the same order) whenever
 memory is not being rebuilt; an item whose confirm was acknowledged is never
-handed out again; an add acknowledged as durable is never lost; no item is
-handed to two readers at once; every open read has a holder.
+handed out again, nor one whose add was refused; an add acknowledged as
+durable is never lost; no item is handed to two readers at once; every open
+read has a holder.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class FaultModel(RuleBasedStateMachine):
         self.count = 0
         #: payloads whose add was acknowledged (durably: sync_journal always)
         self.acked: set[bytes] = set()
+        #: payloads whose add was refused: never in the OS, never to be handed out
+        self.refused: set[bytes] = set()
         #: payloads gone for good: confirmed or removed by a reply the client got
         self.consumed: set[bytes] = set()
         #: xid -> payload of the open reads the clients hold
@@ -101,6 +104,8 @@ class FaultModel(RuleBasedStateMachine):
         self.count += 1
         data = b"%d" % self.count
         d = self.queue.add(data)
+        if d.called and not self.batch.depth and isinstance(d.result, Failure):
+            self.refused.add(data)
         d.addErrback(lambda f: f.trap(JournalUnavailable) and None)
         if self.batch.depth:
             self.provisional.append(("add", (data, d)))
@@ -111,6 +116,7 @@ class FaultModel(RuleBasedStateMachine):
     def _got(self, item, open_read: bool) -> None:
         if item is None:
             return
+        assert item.data not in self.refused, "an item whose add was refused was handed out"
         if open_read:
             assert item.xid not in self.held
             assert item.data not in self.held.values(), "handed to two readers at once"
@@ -190,6 +196,7 @@ class FaultModel(RuleBasedStateMachine):
                 if ok:
                     self.adds.append(what)
                 else:
+                    self.refused.add(what[0])
                     what[1].addErrback(lambda f: None)
             elif ok:
                 self._got(*what)
