@@ -31,12 +31,13 @@ from kestrel.config import ServerConfig
 from kestrel.errors import QueueLoading, ShuttingDown
 from kestrel.fanout import FanoutAdds
 from kestrel.item import QItem
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.runner import run_inline
-from kestrel.journal.syncfile import FsyncObserver, WriteCoalescer
+from kestrel.journal.syncfile import FsyncObserver
 from kestrel.limits import check_room, descriptors_for
 from kestrel.loading import (
     REPLAY_SLICE_SECONDS,

@@ -11,7 +11,7 @@ C{IJournal} and touches nothing else of it; the contract tests
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred
 
@@ -21,7 +21,6 @@ from kestrel.journal import records as rec
 if TYPE_CHECKING:
     from kestrel.journal.pack import Checkpoint
 
-_T = TypeVar("_T")
 
 #: Told C{(kind, error)} when a write or fsync fails; C{kind} is C{"write"} or C{"fsync"}.
 FailureHandler = Callable[[str, OSError], None]
@@ -123,8 +122,14 @@ class IJournal(Protocol):
         """Journal a confirmed open read C{xid}."""
         ...
 
-    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
-        """Call C{f(*args)} outside any open write batch (plainly when there is none)."""
+    def after_written(self, f: Callable[..., object], *args: object) -> None:
+        """
+        Call C{f(*args)} once every record written so far is in the OS (or
+        was refused, and reported to L{on_failure}), outside any open write
+        batch: at once when no batch holds records back, else right after
+        the batch's flush. A result for another connection leaves this way,
+        so that its records never travel in this connection's batch.
+        """
         ...
 
     # -- failure

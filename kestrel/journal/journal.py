@@ -36,15 +36,22 @@ from twisted.python.failure import Failure
 from kestrel.item import QItem
 from kestrel.journal import naming
 from kestrel.journal import records as rec
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.chores import Chore
 from kestrel.journal.files import JournalFiles
 from kestrel.journal.maintenance import Maintenance
 from kestrel.journal.naming import journal_queue_name
-from kestrel.journal.pack import OP_CLOSE, OP_OPEN, OP_REMOVE, OP_UNREMOVE, Checkpoint
+from kestrel.journal.pack import (
+    OP_CLOSE,
+    OP_OPEN,
+    OP_REMOVE,
+    OP_UNREMOVE,
+    Checkpoint,
+)
 from kestrel.journal.readbehind import ReadBehind
 from kestrel.journal.replay import Damage, ReplayCursor, replay_files
 from kestrel.journal.runner import RunInThread, run_inline
-from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile, WriteCoalescer
+from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile
 from kestrel.journal.writer import CLOSED_WRITER, JournalNotOpenError, Writer, ignore_failure
 
 _T = TypeVar("_T")
@@ -200,15 +207,17 @@ class FileJournal:
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
 
-    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
+    def after_written(self, f: Callable[..., object], *args: object) -> None:
         """
-        Call C{f(*args)} outside any open write batch (see
-        L{WriteCoalescer.call_unbatched}); without a coalescer, just call it.
+        Call C{f(*args)} once the records written so far are in the OS,
+        outside any open write batch (see L{WriteCoalescer.after_flush});
+        without a coalescer, at once.
         """
         coalescer = self._coalescer
         if coalescer is None:
-            return f(*args)
-        return coalescer.call_unbatched(f, *args)
+            f(*args)
+        else:
+            coalescer.after_flush(f, *args)
 
     # -- the checkpoint ------------------------------------------------------
 

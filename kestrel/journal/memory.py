@@ -9,7 +9,7 @@ what a queue would have journaled.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred, succeed
 
@@ -19,8 +19,6 @@ from kestrel.journal.interface import FailureHandler
 
 if TYPE_CHECKING:
     from kestrel.journal.pack import Checkpoint
-
-_T = TypeVar("_T")
 
 
 class MemoryJournal:
@@ -87,9 +85,9 @@ class MemoryJournal:
         """Record a confirmed read."""
         return self._write(lambda: rec.ConfirmRemove(xid))
 
-    def call_unbatched(self, f: Callable[..., _T], *args: object) -> _T:
-        """Call C{f(*args)}: a memory journal has no write batches."""
-        return f(*args)
+    def after_written(self, f: Callable[..., object], *args: object) -> None:
+        """Call C{f(*args)} at once: a memory journal has no write batches."""
+        f(*args)
 
     def recover(self, kind: str, error: Exception) -> Deferred[int]:
         """Nothing to cut back: fire with 0 bytes kept."""

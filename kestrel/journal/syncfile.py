@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -21,10 +21,11 @@ from twisted.python.failure import Failure
 
 from kestrel.journal.runner import RunInThread, run_inline
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    from kestrel.journal.batch import WriteCoalescer
 
 __all__ = ["ErrorObserver", "FsyncObserver", "PeriodicSyncFile", "RunInThread",
-           "SyncFileClosedError", "WriteCoalescer"]
+           "SyncFileClosedError"]
 
 ErrorObserver = Callable[[str, OSError], None]
 """
@@ -50,126 +51,6 @@ def _nothing(failure: Failure | None = None) -> None:
 
 class SyncFileClosedError(OSError):
     """A write or sync was asked of a L{PeriodicSyncFile} that is closed."""
-
-
-class WriteCoalescer:
-    """
-    Holds back the writes made during a batch, so that each file gets one C{os.write}.
-
-    Outside a batch (L{begin} .. L{end}) the files that share a coalescer
-    write at once, as without one. Inside, their bytes wait in memory until
-    L{flush} or the end of the outermost batch. Whoever opens a batch must
-    call L{flush} before it lets anything depend on those writes (before a
-    reply to them is handed to a transport): only then are they in the OS,
-    and only if L{batch_failed} is still false did they all get there.
-    """
-
-    __slots__ = ("depth", "_dirty", "_failed")
-
-    def __init__(self) -> None:
-        #: How many batches are open (nested); 0: writes go straight through.
-        #: Read it, never set it (L{begin} and L{end} do).
-        self.depth = 0
-        #: Files holding back bytes, in the order they first did.
-        self._dirty: list[PeriodicSyncFile] = []
-        # Whether the OS refused a held-back write of the open batch.
-        self._failed = False
-
-    @property
-    def active(self) -> bool:
-        """Whether a batch is open: writes are held back."""
-        return self.depth > 0
-
-    @property
-    def batch_failed(self) -> bool:
-        """
-        Whether the OS refused a held-back write of the open batch (always
-        false outside a batch): what was acknowledged in it may not be journaled.
-        """
-        return self._failed and self.depth > 0
-
-    def begin(self) -> None:
-        """Open a batch (batches nest; only the outermost L{end} flushes)."""
-        if not self.depth:
-            self._failed = False
-        self.depth += 1
-
-    def end(self) -> bool:
-        """Close a batch; the outermost one flushes. Returns what L{flush} returned."""
-        self.depth -= 1
-        if self.depth > 0:
-            return True
-        self.depth = 0
-        return self.flush() if self._dirty else True
-
-    @property
-    def holding(self) -> bool:
-        """Whether some file holds back bytes that L{flush} would write."""
-        return bool(self._dirty)
-
-    def flush(self) -> bool:
-        """
-        Write every held-back byte to the OS now (one C{os.write} per file).
-
-        Returns false if a file refused its bytes: that file was cut back to
-        where it stood before them, the failure was logged, and the
-        Deferreds of the writes that were waiting to be made durable failed.
-        """
-        ok = True
-        # Whatever a flush sets off (an inline fsync firing acknowledgements)
-        # runs outside the batch, so that its own writes are not held back.
-        depth, self.depth = self.depth, 0
-        failed = self._failed
-        try:
-            while self._dirty:
-                dirty, self._dirty = self._dirty, []
-                for sync_file in dirty:
-                    if not sync_file.flush():
-                        ok = False
-        finally:
-            self.depth = depth
-            self._failed = failed or not ok
-        return ok
-
-    def flush_batch(self) -> bool:
-        """
-        L{flush} what is held back, then return whether every held-back
-        write of the open batch reached the OS (true outside a batch): the
-        check a protocol makes before it sends the batch's replies.
-        """
-        if self._dirty:
-            self.flush()
-        return not (self._failed and self.depth)
-
-    def call_unbatched(self, f: Callable[..., _T], *args: Any) -> _T:
-        """
-        Call C{f(*args)} with any open batch set aside, and return its result.
-
-        Held-back writes reach the OS first, and writes made by C{f} go
-        straight through (or into batches C{f} opens itself). This is how a
-        result leaves for another connection from inside a batch: that
-        connection may reply, and go on serving, at once.
-        """
-        depth = self.depth
-        if not depth:
-            return f(*args)
-        if self._dirty:
-            self.flush()
-        failed = self._failed
-        self.depth = 0
-        try:
-            return f(*args)
-        finally:
-            self.depth = depth
-            self._failed = failed
-
-    def hold(self, sync_file: PeriodicSyncFile) -> None:
-        """C{sync_file} holds back bytes for the next L{flush} (called once per flush)."""
-        self._dirty.append(sync_file)
-
-    def held_write_failed(self) -> None:
-        """A file's flush of held-back bytes failed: the open batch failed."""
-        self._failed = True
 
 
 class PeriodicSyncFile:

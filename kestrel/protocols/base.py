@@ -368,9 +368,10 @@ class SessionProtocol(Protocol):
         Inside it, the protocol calls C{session.flush_writes()} before it
         sends replies, and drops them if that returns false (a held-back write
         of this batch failed). These two methods are the only place a batch
-        is opened and closed; nothing below the session opens batches, and
-        the queue only sets one aside (C{call_unbatched}) to hand an item to
-        another connection.
+        is opened and closed; nothing below the session opens batches. A
+        batch holds this connection's records only: what would serve another
+        connection from inside it (waking a blocked reader) waits for the
+        batch's flush and runs outside it (C{IJournal.after_written}).
         """
         session = self.session
         assert session is not None

@@ -173,10 +173,11 @@ def test_close_twice_is_harmless(h: Harness) -> None:
     assert recorded() == [rec.Add(b"kept", 1, 0)]
 
 
-def test_call_unbatched_calls_and_returns(h: Harness) -> None:
-    """call_unbatched calls the function with its arguments and returns its result."""
-    journal = h.journal
-    assert journal.call_unbatched(lambda a, b: (a, b), 1, "two") == (1, "two")
+def test_after_written_calls_at_once_outside_a_batch(h: Harness) -> None:
+    """after_written, with no write batch open, calls the function with its arguments now."""
+    calls: list[tuple[object, ...]] = []
+    h.journal.after_written(lambda *args: calls.append(args), 1, "two")
+    assert calls == [(1, "two")]
 
 
 def test_recover_of_a_healthy_journal_keeps_everything(

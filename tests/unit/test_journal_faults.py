@@ -18,8 +18,8 @@ from twisted.internet.task import Clock
 
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.journal import FileJournal
-from kestrel.journal.syncfile import WriteCoalescer
 from kestrel.queue import JOURNAL_RETRY_SECONDS, PersistentQueue
 from kestrel.stats import ServerStats
 from tests.unit.test_queue import PENDING, datas, value
@@ -133,8 +133,9 @@ def test_open_reads_survive_the_reload_and_confirms_wait_for_it(tmp_path, clock:
 def test_fsync_failure_cuts_what_it_covered_and_never_reuses_an_xid(tmp_path,
                                                                     clock: Clock) -> None:
     """
-    Records of a failed fsync are cut; an open read among them goes back to the
-    queue (delivered again: at most twice), and its xid is never handed out again.
+    Records of a failed fsync are cut; an open read among them, whose item its
+    reader holds, is opened again under its xid (never delivered twice), and
+    no xid is handed out twice.
     """
     disk = Disk()
     q = open_queue(tmp_path, clock, disk, sync_policy=0.5, durable_acks=True)
@@ -148,9 +149,12 @@ def test_fsync_failure_cuts_what_it_covered_and_never_reuses_an_xid(tmp_path,
     with pytest.raises(JournalUnavailable, match="Input/output error"):
         value(d)
     heal(q, disk, clock)
-    assert q.length == 1 and q.open_read_count == 0
+    assert q.length == 0 and [i.xid for i in q.open_items()] == [first.xid]
+    assert value(q.add(b"c")) is PENDING
+    clock.advance(0.5)
     again = q.remove(open_read=True)
-    assert again.data == b"a" and again.xid > first.xid
+    assert again.data == b"c" and again.xid > first.xid
+    q.confirm_remove(first.xid)
     q.confirm_remove(again.xid)
     clock.advance(0.5)
     q = reopen(q, tmp_path, clock)

@@ -22,7 +22,9 @@ PACKAGE = ROOT / "kestrel"
 #: The modules below the protocols (a package name covers its submodules).
 LOWER = ("kestrel.queue", "kestrel.journal", "kestrel.collection", "kestrel.config",
          "kestrel.session", "kestrel.server", "kestrel.status", "kestrel.stats",
-         "kestrel.names", "kestrel.item", "kestrel.waiters")
+         "kestrel.names", "kestrel.item", "kestrel.waiters", "kestrel.queue_health",
+         "kestrel.queue_policy", "kestrel.queue_stats", "kestrel.queue_observer",
+         "kestrel.open_reads", "kestrel.read_behind")
 
 #: What a lower module may never import (a name covers its submodules).
 FORBIDDEN = ("kestrel.protocols", "thriftpy2", "twisted.internet.reactor")

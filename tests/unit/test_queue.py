@@ -425,7 +425,7 @@ def test_xids_skip_open_ones(clock: Clock) -> None:
         value(q.add(data))
     first = q.remove(open_read=True)
     second = q.remove(open_read=True)
-    q._xid_counter = 0  # as after wrapping around
+    q._reads.xid_counter = 0  # as after wrapping around
     assert q.remove(open_read=True).xid == 3
     assert (first.xid, second.xid) == (1, 2)
 

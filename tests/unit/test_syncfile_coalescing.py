@@ -14,7 +14,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
-from kestrel.journal.syncfile import PeriodicSyncFile, WriteCoalescer
+from kestrel.journal.batch import WriteCoalescer
+from kestrel.journal.syncfile import PeriodicSyncFile
 
 
 class CountingFsync:
@@ -145,31 +146,34 @@ def test_refused_flush_fails_its_batch(clock: Clock) -> None:
 
 def test_failure_in_a_batch_set_aside_is_not_the_outer_batchs(clock: Clock) -> None:
     """
-    A batch opened inside call_unbatched (another connection served at once)
-    whose write fails does not mark the outer batch failed, and the outer
-    batch's own failure survives the inner one.
+    A batch opened by a call waiting for the flush (another connection
+    served after it) whose write fails does not mark the outer batch failed,
+    and the outer batch's own failure survives the inner one.
     """
     coalescer = WriteCoalescer()
     full = PeriodicSyncFile("/dev/full", clock, None, fsync=lambda fd: None,
                             coalescer=coalescer)
+    seen: list[bool] = []
 
-    def other_connection() -> bool:
+    def other_connection() -> None:
         coalescer.begin()
         full.write(b"x")
         with capturedLogs():
             coalescer.flush()
-        failed = coalescer.batch_failed
+        seen.append(coalescer.batch_failed)
         coalescer.end()
-        return failed
 
     coalescer.begin()
-    assert coalescer.call_unbatched(other_connection) is True
-    assert not coalescer.batch_failed
+    coalescer.after_flush(other_connection)
+    assert coalescer.flush_batch() is True
+    assert seen == [True] and not coalescer.batch_failed
     full.write(b"y")
     with capturedLogs():
         coalescer.flush()
     assert coalescer.batch_failed
-    assert coalescer.call_unbatched(other_connection) is True
-    assert coalescer.batch_failed
+    coalescer.after_flush(other_connection)
+    with capturedLogs():
+        coalescer.flush()
+    assert seen == [True, True] and coalescer.batch_failed
     coalescer.end()
     full.close()

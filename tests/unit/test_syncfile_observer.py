@@ -19,8 +19,9 @@ from twisted.logger import capturedLogs
 from kestrel.collection import QueueCollection
 from kestrel.config import parse_config
 from kestrel.item import QItem
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.journal import FileJournal
-from kestrel.journal.syncfile import PeriodicSyncFile, WriteCoalescer
+from kestrel.journal.syncfile import PeriodicSyncFile
 from tests.support import ManualThread
 from tests.unit.test_syncfile import CountingFsync, fired
 

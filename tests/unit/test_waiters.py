@@ -6,7 +6,7 @@ import pytest
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 
-from kestrel.waiters import ReadWaiters
+from kestrel.waiters import BlockingReads, ReadWaiters
 
 
 def results(ds):
@@ -129,3 +129,92 @@ def test_trigger_from_wake_up_is_served_after_it(clock: Clock) -> None:
     assert w.trigger() is True
     assert order == list(range(3000))
     assert len(w) == 0
+
+
+# -- PendingRead and BlockingReads
+
+
+def blocking(clock: Clock, held: list | None = None):
+    """BlockingReads whose wake-ups wait in C{held} (a write batch) when it is a list."""
+    counted: list[object] = []
+    closed = [False]
+
+    def after_written(f, *args):
+        if held is None:
+            f(*args)
+        else:
+            held.append((f, args))
+
+    reads = BlockingReads(clock, after_written, lambda: closed[0], counted.append)
+    return reads, counted, closed
+
+
+def test_a_blocked_read_retries_on_each_wake_and_keeps_its_place(clock: Clock) -> None:
+    """A woken read that finds nothing waits on at the head of the line; results are counted."""
+    reads, counted, _ = blocking(clock)
+    stock: list[str] = []
+    first = reads.answer(lambda: stock.pop(0) if stock else None, clock.seconds() + 10, None)
+    second = reads.answer(lambda: stock.pop(0) if stock else None, clock.seconds() + 10, None)
+    reads.wake()  # nothing there yet: the first keeps its place
+    stock.append("a")
+    reads.wake()
+    assert results([first, second]) == ["a", "pending"]
+    clock.advance(10)
+    assert results([second]) == [None] and counted == ["a", None]
+
+
+def test_a_read_whose_attempt_raises_gets_the_error(clock: Clock) -> None:
+    """An attempt that raises (its own record failed) fails that read, and only it."""
+    reads, counted, _ = blocking(clock)
+
+    def refused() -> None:
+        raise OSError("no space")
+
+    failing = reads.answer(refused, clock.seconds() + 10, None)
+    reads.wake()
+    got = []
+    failing.addErrback(lambda f: got.append(f.value))
+    assert [str(e) for e in got] == ["no space"] and counted == [None]
+
+
+def test_wake_ups_wait_for_the_batch_flush(clock: Clock) -> None:
+    """Wake-ups, evictions and the close reach the line only when the batch flushes."""
+    held: list = []
+    reads, _, closed = blocking(clock, held)
+    waiting = reads.answer(lambda: "x", clock.seconds() + 10, None)
+    reads.wake()
+    assert results([waiting]) == ["pending"]
+    for f, args in held:
+        f(*args)
+    assert results([waiting]) == ["x"]
+    held.clear()
+    peeks = [reads.answer(lambda: None, clock.seconds() + 10, None) for _ in range(2)]
+    closed[0] = True
+    reads.close()
+    assert results(peeks) == ["pending", "pending"]
+    for f, args in held:
+        f(*args)
+    assert results(peeks) == [None, None]
+
+
+def test_a_woken_peek_passes_the_wake_up_on(clock: Clock) -> None:
+    """A peek that saw an item leaves it for the reader behind, who is woken too."""
+    reads, _, _ = blocking(clock)
+    stock: list[str] = []
+    peek = reads.answer(lambda: stock[0] if stock else None, clock.seconds() + 10, None,
+                        passes_wake=True)
+    take = reads.answer(lambda: stock.pop(0) if stock else None, clock.seconds() + 10, None)
+    stock.append("a")
+    reads.wake()
+    assert results([peek, take]) == ["a", "a"]
+
+
+def test_a_cancelled_read_passes_its_wake_up_on(clock: Clock) -> None:
+    """Cancelling a blocked read leaves the line; the next wake-up goes to the one behind."""
+    reads, _, _ = blocking(clock)
+    gone = reads.answer(lambda: "x", clock.seconds() + 10, None)
+    kept = reads.answer(lambda: "y", clock.seconds() + 10, None)
+    gone.cancel()
+    gone.addErrback(lambda f: f.trap(CancelledError))
+    reads.wake()
+    assert results([kept]) == ["y"] and len(reads) == 0

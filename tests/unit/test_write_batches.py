@@ -14,8 +14,9 @@ from twisted.internet.task import Clock
 
 from kestrel.collection import QueueCollection
 from kestrel.config import parse_config
+from kestrel.journal.batch import WriteCoalescer
 from kestrel.journal.records import iter_records
-from kestrel.journal.syncfile import PeriodicSyncFile, WriteCoalescer
+from kestrel.journal.syncfile import PeriodicSyncFile
 
 
 def make_collection(tmp_path: Path, clock: Clock) -> QueueCollection:
@@ -51,9 +52,10 @@ def test_batch_holds_queue_writes_until_it_ends(tmp_path: Path, clock: Clock) ->
 
 def test_woken_reader_runs_outside_the_batch(tmp_path: Path, clock: Clock) -> None:
     """
-    A reader woken from inside a batch finds the records behind its item in
-    the file, and the writes it makes at once go straight to their file;
-    the batch goes on holding back what follows.
+    A reader blocked on a queue is woken by an add held in another
+    connection's batch only at the batch's flush: it finds the add in the
+    file, its own remove is written on its own (not held), and so are the
+    writes its reply sets off; the batch goes on holding back what follows.
     """
     collection = make_collection(tmp_path, clock)
     coalescer = collection.write_coalescer
@@ -71,6 +73,8 @@ def test_woken_reader_runs_outside_the_batch(tmp_path: Path, clock: Clock) -> No
     waiting.addCallback(woken)
     coalescer.begin()
     collection.add("q", b"x")
+    assert seen == []  # the add is not in the OS yet
+    assert coalescer.flush_batch() is True
     assert seen == [(b"x", ["Add", "Remove", "Add", "Remove"], False), ["Add", "Add"]]
     assert coalescer.active
     collection.add("other", b"held")
@@ -91,19 +95,29 @@ def test_stop_flushes_a_held_batch(tmp_path: Path, clock: Clock) -> None:
     again.stopService()
 
 
-def test_call_unbatched_outside_a_batch_just_calls(tmp_path: Path, clock: Clock) -> None:
-    """Outside a batch, call_unbatched is a plain call; inside, it sets the batch aside."""
+def test_after_flush_waits_for_the_batch_and_runs_outside_it(tmp_path: Path,
+                                                              clock: Clock) -> None:
+    """
+    Outside a batch, after_flush is a plain call; inside, the call waits for
+    the flush, finds the held bytes in the file, and its own writes go
+    straight through while the batch stays open.
+    """
     coalescer = WriteCoalescer()
     f = PeriodicSyncFile(str(tmp_path / "j"), clock, None, coalescer=coalescer)
-    assert coalescer.call_unbatched(lambda x: x + 1, 1) == 2
+    calls: list[object] = []
+    coalescer.after_flush(calls.append, 1)
+    assert calls == [1]
     coalescer.begin()
     f.write(b"held")
 
-    def inside() -> bytes:
+    def inside() -> None:
         f.write(b"+direct")
-        return (tmp_path / "j").read_bytes()
+        calls.append((tmp_path / "j").read_bytes())
 
-    assert coalescer.call_unbatched(inside) == b"held+direct"
+    coalescer.after_flush(inside)
+    assert calls == [1]
+    assert coalescer.flush_batch() is True
+    assert calls == [1, b"held+direct"]
     assert coalescer.active
     f.write(b"+again")
     assert (tmp_path / "j").read_bytes() == b"held+direct"

@@ -1,0 +1,244 @@
+"""
+When a queue compacts its journal: Kestrel's rotate/rewrite rules as one
+pure function, and the L{Compactor} that carries them out.
+
+L{compaction_step} is asked after each add and remove, with the sizes of
+the journal and of the queue's contents; the answer says whether to rewrite
+the journal from memory, whether rewrites then pause for
+C{min_journal_compact_delay}, and whether to rotate. It touches no file and
+no clock: C{tests/unit/test_queue_policy.py} checks the rules as a table.
+
+Kestrel has two policies. The aggressive one (the default) rewrites an
+empty queue whose journal reached C{default_journal_size}. The one of
+C{disable_aggressive_rewrites} takes a break after rewriting an empty queue
+whose journal stays large (KEST-366) and rewrites an empty queue before it
+rotates. Their middle rule is the same: a journal over C{max_journal_size}
+whose queue fits in memory is rewritten, then rewrites pause.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from kestrel.config import QueueConfig
+from kestrel.item import QItem
+from kestrel.journal.interface import IJournal
+from kestrel.queue_health import reason_of
+from kestrel.queue_observer import QueueObserver
+
+
+class Pause(enum.Enum):
+    """Whether rewrites pause for C{min_journal_compact_delay} after a rewrite."""
+
+    NEVER = "never"
+    ALWAYS = "always"
+    #: Only if the rewritten journal is still at least half of C{default_journal_size}.
+    IF_STILL_LARGE = "if-still-large"
+
+
+@attrs.frozen
+class Compaction:
+    """
+    What to do to a journal that outgrew a limit, in this order.
+
+    @ivar rewrite: rewrite the journal from memory (open reads and items).
+    @ivar pause: after that rewrite, whether rewrites pause (L{Pause}).
+    @ivar rotate: then start a new current file if the current one is still
+        over C{max_memory_size} (see L{rotation_checkpoint}).
+    """
+
+    rewrite: bool = False
+    pause: Pause = Pause.NEVER
+    rotate: bool = False
+
+
+def within_limits(cfg: QueueConfig, size: int, archived: int) -> bool:
+    """Whether a journal of C{size} current and C{archived} rotated bytes needs nothing."""
+    return (size < cfg.default_journal_size and size <= cfg.max_memory_size
+            and size + archived <= cfg.max_journal_size)
+
+
+def compaction_step(cfg: QueueConfig, *, size: int, archived: int, length: int,
+                    data_bytes: int, allow_rewrites: bool,
+                    packing: bool) -> Compaction | None:
+    """
+    Kestrel's C{checkRotateJournal}: what a queue does to its journal now.
+
+    @param size: bytes in the current journal file.
+    @param archived: bytes in the rotated files.
+    @param length: items in the queue (memory and read-behind).
+    @param data_bytes: payload bytes in the queue.
+    @param allow_rewrites: false while rewrites pause (L{Pause}).
+    @param packing: a pack is being written: no rewrite starts now.
+    @return: the step, or C{None} when nothing is to be done.
+    """
+    if within_limits(cfg, size, archived):
+        return None
+    aggressive = not cfg.disable_aggressive_rewrites
+    rewrites = not packing
+    if (rewrites and (aggressive or allow_rewrites)
+            and size >= cfg.default_journal_size and length == 0):
+        return Compaction(rewrite=True,
+                          pause=Pause.NEVER if aggressive else Pause.IF_STILL_LARGE)
+    if (rewrites and allow_rewrites and size + archived > cfg.max_journal_size
+            and data_bytes < cfg.max_memory_size):
+        return Compaction(rewrite=True, pause=Pause.ALWAYS)
+    if size > cfg.max_memory_size:
+        return Compaction(rewrite=rewrites and not aggressive and length == 0, rotate=True)
+    return None
+
+
+def rotation_checkpoint(cfg: QueueConfig, size: int, archived: int) -> bool:
+    """Whether a rotation sets a checkpoint: the files together exceed C{max_journal_size}."""
+    return size + archived > cfg.max_journal_size
+
+
+class CompactionHost(Protocol):
+    """What a L{Compactor} reads of its queue."""
+
+    name: str
+    journal: IJournal
+    observer: QueueObserver | None
+    length: int
+    bytes: int
+
+    @property
+    def config(self) -> QueueConfig:
+        """The queue's settings now."""
+        ...
+
+    @property
+    def xid_counter(self) -> int:
+        """The last xid handed out (a rewrite saves it)."""
+        ...
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the journal may be compacted now (its writes work)."""
+        ...
+
+    def open_items(self) -> list[QItem]:
+        """The open reads' items, most recently opened first."""
+        ...
+
+    def memory_items(self) -> Sequence[QItem]:
+        """The queued items held in memory, head first."""
+        ...
+
+
+class Compactor:
+    """
+    Rewrites and rotates one queue's journal when L{compaction_step} says so.
+
+    Promises: never a rewrite while some items are only on disk (it would
+    lose them), never a rotation or rewrite inside another or while the
+    journal's own maintenance runs in a thread, and a rewrite or rotation
+    that fails (a full disk, say) leaves the files as they were: it is
+    logged and tried again on a later operation. C{rewrites} and
+    C{rotations} count what was done.
+    """
+
+    _log = Logger()
+
+    def __init__(self, host: CompactionHost, clock: IReactorTime) -> None:
+        self._host = host
+        self._clock = clock
+        self._allow_rewrites = True
+        self._pause_timer: IDelayedCall | None = None
+        self._running = False
+        #: Journal rewrites done (Kestrel's C{journal_rewrites}).
+        self.rewrites = 0
+        #: Journal rotations done (Kestrel's C{journal_rotations}).
+        self.rotations = 0
+
+    def check(self) -> None:
+        """Compact the journal if it outgrew a limit (Kestrel's C{checkRotateJournal})."""
+        host = self._host
+        journal = host.journal
+        cfg = host.config
+        if within_limits(cfg, journal.size, journal.archived_size):
+            return  # nothing to do (the common case, checked first: it runs per operation)
+        if not host.compacts or self._running or journal.maintaining:
+            # (an acknowledgement fired by a rotation or rewrite in progress
+            # led here, or a rotation's fsyncs still run in a thread: that
+            # one finishes first; the next operation checks again)
+            return
+        step = compaction_step(cfg, size=journal.size, archived=journal.archived_size,
+                               length=host.length, data_bytes=host.bytes,
+                               allow_rewrites=self._allow_rewrites, packing=journal.packing)
+        if step is None:
+            return
+        self._running = True
+        try:
+            self._carry_out(step)
+        except OSError as e:
+            self._log.error("Journal maintenance of {queue} failed: {error}; the journal "
+                            "stays as it was", queue=host.name, error=reason_of(e))
+        finally:
+            self._running = False
+
+    def _carry_out(self, step: Compaction) -> None:
+        """A rewrite (and its pause), then a rotation if the file is still large."""
+        host = self._host
+        cfg = host.config
+        journal = host.journal
+        if step.rewrite:
+            if step.pause is Pause.ALWAYS:
+                self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
+                               queue=host.name, bytes=host.bytes)
+            self.rewrite()
+            if step.pause is Pause.ALWAYS or (
+                    step.pause is Pause.IF_STILL_LARGE
+                    and journal.size >= cfg.default_journal_size // 2):
+                self._pause_rewrites(cfg.min_journal_compact_delay)
+        if step.rotate and journal.size > cfg.max_memory_size:
+            self._log.info("Rotating journal of {queue}", queue=host.name)
+            self._rotate(rotation_checkpoint(cfg, journal.size, journal.archived_size))
+
+    def rewrite(self) -> None:
+        """Rewrite the journal from memory (the open reads and the queued items)."""
+        host = self._host
+        items = host.memory_items()
+        if len(items) != host.length:
+            # Some items are only on disk (read-behind): a rewrite from memory would lose them.
+            self._log.warn("Not rewriting journal of {queue}: {missing} items are not in memory",
+                           queue=host.name, missing=host.length - len(items))
+            return
+        observer = host.observer
+        started = self._clock.seconds() if observer is not None else 0.0
+        host.journal.rewrite(host.open_items(), list(items), xid_counter=host.xid_counter)
+        self.rewrites += 1
+        if observer is not None:
+            observer.journal_rewritten(self._clock.seconds() - started)
+
+    def _rotate(self, set_checkpoint: bool) -> None:
+        host = self._host
+        observer = host.observer
+        started = self._clock.seconds() if observer is not None else 0.0
+        host.journal.rotate(host.open_items(), set_checkpoint)
+        self.rotations += 1
+        if observer is not None:
+            observer.journal_rotated(self._clock.seconds() - started)
+
+    def _pause_rewrites(self, delay: float | None) -> None:
+        if delay is None:
+            return
+        self._allow_rewrites = False
+        self.close()
+        self._pause_timer = self._clock.callLater(delay, self._resume_rewrites)
+
+    def _resume_rewrites(self) -> None:
+        self._pause_timer = None
+        self._allow_rewrites = True
+
+    def close(self) -> None:
+        """Stop the pause timer (the queue closes)."""
+        timer, self._pause_timer = self._pause_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
