@@ -82,7 +82,7 @@ class Scale:
     rounds: int = 1
     race_rounds: int = 10
     #: Restarts while the disk is full (restart-full).
-    restarts: int = 2
+    restarts: int = 3
 
 
 SHORT = Scale()
