@@ -17,10 +17,11 @@ from pathlib import Path
 
 from tests.docs.examples import ROOT
 
-#: Debian packages the test suite needs on a fresh machine (netcat: the guide's examples).
+#: Debian packages the test suite needs on a fresh machine (netcat: the guide's examples;
+#: strace: the fault harness's injection).
 REQUIRED_PACKAGES = {"python3-venv", "zookeeper", "memcached", "thrift-compiler",
                      "default-jre-headless", "libmemcached-dev", "libmemcached-tools",
-                     "netcat-openbsd"}
+                     "netcat-openbsd", "strace"}
 
 
 def readme_command(title: str) -> str:

@@ -7,18 +7,24 @@ confirmation was acknowledged, the fault windows, and the problems the
 scenario saw on the server (memory that disagrees with the journal, reads
 left open when no client holds them).
 
-What the ledger allows depends on the sync policy (L{Policy}):
+What the ledger allows follows what journal.md promises per sync policy.
+A failed C{write} never undoes anything acknowledged (an add or confirmation
+is answered only once its record was written; the file is cut back to its
+last whole record only). A failed C{fsync} makes the server cut the journal
+back to its last successful fsync (except under C{never}, which cuts
+nothing), undoing the records written since; so, for a fault that fails
+fsyncs, a I{doubt window} runs from one sync period plus L{SLACK_SECONDS}
+before the fault began until it ended, and:
 
-  - a durable policy (C{sync_journal: always} with C{durable_acks}) allows
-    nothing: every acknowledged add is delivered, no acknowledged
-    confirmation is undone;
-  - a policy that acknowledges before the fsync (C{never}, or a period
-    without C{durable_acks}) may undo what was not yet durable when the
-    fault struck, once: an add or confirmation acknowledged inside a fault's
-    I{doubt window} may be undone (the add lost, the confirmed item
-    delivered once more). The window starts one sync period plus
-    L{SLACK_SECONDS} before the fault (C{never}: L{SLACK_SECONDS}) and ends
-    when the fault ends. Outside the windows nothing may be undone.
+  - an add acknowledged in it may be missing (C{undone}) only under a
+    policy that answers adds before their fsync (a period without
+    C{durable_acks}); under C{always} or with C{durable_acks} adds wait;
+  - a confirmation acknowledged in it may be undone, the item delivered once
+    more (C{undone_confirms}), under every policy that fsyncs: confirmations
+    never wait for their fsync;
+  - under C{never} nothing may be undone.
+
+Outside the windows nothing may be undone, under any policy.
 
 Items are bytes that are unique within a run; a scenario that delivers the
 same item on several queues (fanout) keys it by queue (L{key}).
@@ -44,27 +50,26 @@ class Policy:
 
     name: str
     queue_config: dict[str, Any]
-    #: Seconds an acknowledged write may wait for its fsync (0 when durable before the ack);
-    #: C{None} under C{never} (no fsync promised at all).
-    doubt: float | None
-
-    @property
-    def durable(self) -> bool:
-        """Whether an acknowledgement promises the write is on disk."""
-        return self.doubt == 0
+    #: Seconds between fsyncs (0 under C{always}; unused under C{never}).
+    period: float = 0.0
 
     @property
     def fsyncs(self) -> bool:
-        """Whether the server fsyncs journals under this policy (fsync faults apply)."""
+        """Whether the server fsyncs (and, after a failed fsync, cuts back) journals."""
         return self.queue_config.get("sync_journal") != "never"
+
+    @property
+    def adds_before_fsync(self) -> bool:
+        """Whether an add is acknowledged before its fsync (a period without durable_acks)."""
+        return self.fsyncs and self.period > 0 and not self.queue_config.get("durable_acks")
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in [
-    Policy("never", {"sync_journal": "never"}, None),
-    Policy("always+durable", {"sync_journal": "always", "durable_acks": True}, 0.0),
+    Policy("never", {"sync_journal": "never"}),
+    Policy("always+durable", {"sync_journal": "always", "durable_acks": True}),
     Policy("period", {"sync_journal": "50ms"}, 0.05),
-    Policy("always", {"sync_journal": "always"}, 0.0),
-    Policy("period+durable", {"sync_journal": "50ms", "durable_acks": True}, 0.0),
+    Policy("always", {"sync_journal": "always"}),
+    Policy("period+durable", {"sync_journal": "50ms", "durable_acks": True}, 0.05),
 ]}
 #: The policies CI runs (the brief's three: none, every write durable, a period).
 DEFAULT_POLICIES = ("never", "always+durable", "period")
@@ -93,6 +98,7 @@ class FaultLedger(Ledger):
         self.ack_time: dict[bytes, float] = {}
         self.confirm_time: dict[bytes, float] = {}
         self.after_confirm: Counter[bytes] = Counter()
+        #: The faults that failed fsyncs: (began, ended).
         self.windows: list[tuple[float, float]] = []
         self.injected = 0
         self.problems = Problems()
@@ -125,10 +131,14 @@ class FaultLedger(Ledger):
                 self.confirm_time[item] = now
         super().confirmed_all(items)
 
-    def fault(self, started: float, ended: float, injected: int) -> None:
-        """A fault lasted from C{started} to C{ended} and failed C{injected} calls."""
+    def fault(self, started: float, ended: float, injected: int, fsync: bool) -> None:
+        """
+        A fault lasted from C{started} to C{ended} and failed C{injected}
+        calls; C{fsync}: it failed fsyncs (only those open a doubt window).
+        """
         with self._lock:
-            self.windows.append((started, ended))
+            if fsync:
+                self.windows.append((started, ended))
             self.injected += injected
 
     def faulted(self, count: int) -> None:
@@ -136,11 +146,12 @@ class FaultLedger(Ledger):
         with self._lock:
             self.injected += count
 
-    def in_doubt(self, when: float | None) -> bool:
-        """Whether the policy allows undoing what was acknowledged at C{when}."""
-        if when is None or self.policy.durable:
+    def in_doubt(self, when: float | None, confirm: bool = False) -> bool:
+        """Whether the policy allows undoing an add (or C{confirm}ation) acknowledged at C{when}."""
+        allowed = self.policy.fsyncs if confirm else self.policy.adds_before_fsync
+        if when is None or not allowed:
             return False
-        before = (self.policy.doubt or 0.0) + SLACK_SECONDS
+        before = self.policy.period + SLACK_SECONDS
         return any(start - before <= when <= end for start, end in self.windows)
 
     def examples(self, count: int = 3) -> list[str]:
@@ -150,7 +161,7 @@ class FaultLedger(Ledger):
                           and not self.in_doubt(self.ack_time.get(i)))
             served = sorted(self.refused & set(self.deliveries))
             back = sorted(i for i, n in self.after_confirm.items()
-                          if n > 1 or not self.in_doubt(self.confirm_time.get(i)))
+                          if n > 1 or not self.in_doubt(self.confirm_time.get(i), confirm=True))
         out = []
         for name, items in (("lost", lost), ("refused but served", served),
                             ("confirmed, then delivered again", back)):
@@ -171,7 +182,7 @@ class FaultLedger(Ledger):
                         lost += 1
             reappeared = undone_confirms = duplicated = 0
             for item, times in self.after_confirm.items():
-                if times == 1 and self.in_doubt(self.confirm_time.get(item)):
+                if times == 1 and self.in_doubt(self.confirm_time.get(item), confirm=True):
                     undone_confirms += 1
                 else:
                     reappeared += 1

@@ -127,7 +127,8 @@ class Run:
 
     def record(self, fault: Strace) -> None:
         """Put a finished C{strace} fault into the ledger."""
-        self.ledger.fault(fault.started, fault.ended, fault.injected)
+        self.ledger.fault(fault.started, fault.ended, fault.injected,
+                          fsync=any("sync" in call for call in fault.syscalls))
 
 
 # -- clients -------------------------------------------------------------
@@ -345,7 +346,7 @@ def _fanout(run: Run, how: str) -> None:
             fill_disk(ballast, run.server.queue_path, keep=0)
             time.sleep(run.scale.fault_seconds)
             ballast.unlink()
-            run.ledger.fault(started, time.monotonic(), 0)
+            run.ledger.fault(started, time.monotonic(), 0, fsync=False)
         else:
             syscalls = ("write",) if how == "write" else ("fsync", "fdatasync")
             with run.strace(["fq+a"], syscalls, "EIO") as fault:
@@ -435,7 +436,7 @@ def restart_full(run: Run) -> None:
             run.server.start()
         time.sleep(run.scale.fault_seconds / 2)
         ballast.unlink()
-        run.ledger.fault(started, time.monotonic(), 0)
+        run.ledger.fault(started, time.monotonic(), 0, fsync=False)
         time.sleep(run.scale.load_seconds)
     _finish(run)
 
@@ -491,7 +492,7 @@ def aborts(run: Run) -> None:
         run.ledger.dropped(held)
         time.sleep((0.3, 1.2, 2.5)[round_ % 3])
         ballast.unlink()
-        run.ledger.fault(started, time.monotonic(), 0)
+        run.ledger.fault(started, time.monotonic(), 0, fsync=False)
         thrift.close()
         memcache.close()
         _probe(run, queue, [queue])

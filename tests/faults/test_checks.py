@@ -39,15 +39,30 @@ def test_a_period_allows_undoing_only_inside_the_window() -> None:
     assert (verdict["lost"], verdict["undone"]) == (1, 1)
 
 
+def test_under_never_nothing_is_undone() -> None:
+    """Under never a failed fsync cuts nothing: an add in the window that is missing is lost."""
+    verdict = _ledger("never").verdict()
+    assert (verdict["lost"], verdict["undone"]) == (2, 0)
+
+
+def test_a_write_fault_opens_no_window() -> None:
+    """A fault that fails only writes allows nothing, even under a period."""
+    ledger = FaultLedger(POLICIES["period"])
+    ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=False)
+    ledger.acknowledged([b"x"])
+    assert ledger.verdict()["lost"] == 1
+
+
 def test_a_confirmed_item_back_twice_is_reappeared_even_in_the_window() -> None:
-    """An undone confirmation brings an item back once at most."""
-    ledger = FaultLedger(POLICIES["never"])
+    """A confirmation undone by a failed fsync brings its item back once at most."""
+    ledger = FaultLedger(POLICIES["always+durable"])
     ledger.acknowledged([b"x"])
     ledger.delivered(b"x")
-    ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1)
+    ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=True)
     ledger.confirmed_all([b"x"])
     ledger.delivered(b"x")
-    assert ledger.verdict()["reappeared"] == 0
+    verdict = ledger.verdict()
+    assert (verdict["reappeared"], verdict["undone_confirms"]) == (0, 1)
     ledger.delivered(b"x")
     verdict = ledger.verdict()
     assert (verdict["reappeared"], verdict["duplicated"]) == (1, 1)
