@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.faults.ledger import DEFAULT_POLICIES, MUST_BE_ZERO, POLICIES
-from tests.faults.scenarios import LONG, SCENARIOS, SHORT, applies, run_scenario, unavailable
+from tests.faults.scenarios import SCENARIOS, applies, run_scenario, unavailable
+from tests.faults.workload import LONG, SHORT
 
 COLUMNS = ("scenario", "policy", "acknowledged", "refused", "injected", "lost", "undone",
            "reappeared", "undone_confirms", "duplicated", "refused_served",
-           "memory_vs_journal", "stuck_open", "tracebacks", "seconds")
+           "memory_vs_journal", "stuck_open", "not_recovered", "tracebacks", "seconds")
 
 
 def failures(verdict: dict[str, Any]) -> list[str]:

@@ -69,6 +69,7 @@ class Strace:
         else:
             self._detach()
             raise RuntimeError(f"strace did not attach to {self.pid} in {ATTACH_SECONDS}s")
+        time.sleep(0.05)  # (strace attaches the other threads right after the first)
         self.started = time.monotonic()
         return self
 

@@ -208,4 +208,4 @@ class FaultLedger(Ledger):
 
 #: The verdict keys that must be 0 (the acceptance).
 MUST_BE_ZERO = ("lost", "reappeared", "duplicated", "refused_served", "memory_vs_journal",
-                "stuck_open")
+                "stuck_open", "not_recovered")

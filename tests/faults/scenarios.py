@@ -35,18 +35,12 @@ import contextlib
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.clients import (
-    MemcacheClient,
-    ProtocolError,
-    TextClient,
-    ThriftClient,
-    blocked_reader,
-)
+from tests.chaos.clients import MemcacheClient, ThriftClient, blocked_reader
 from tests.chaos.harness import (
     PROTOCOLS,
     ChaosServer,
@@ -57,243 +51,26 @@ from tests.chaos.harness import (
     waiters,
 )
 from tests.faults.checks import memory_vs_journal, stuck_open, wait_writable
-from tests.faults.inject import Strace, ptrace_unavailable
+from tests.faults.inject import ptrace_unavailable
 from tests.faults.ledger import FaultLedger, Policy, key
+from tests.faults.workload import (
+    GONE,
+    SHORT,
+    THRIFT_AUTO_ABORT_MS,
+    Run,
+    Scale,
+    any_consumer,
+    consumer,
+    drain,
+    loaded,
+    producer,
+    store,
+)
 
-#: The auto-abort of thrift reads: a thrift read outlives its connection until then.
-THRIFT_AUTO_ABORT_MS = 1000
 #: The page size of a tmpfs (it allocates a file's space by pages).
 PAGE = 4096
 #: The bytes of an item's add record besides its data.
 ADD_HEADER = 21
-#: Client socket errors: the server refused, closed or died; the outcome is unknown.
-_GONE = (OSError, ConnectionError, ProtocolError, ValueError)
-
-
-@dataclass
-class Scale:
-    """How much a scenario does (the short CI run, or C{--long})."""
-
-    #: Seconds a fault lasts under load.
-    fault_seconds: float = 1.5
-    #: Seconds of load before and after the fault.
-    load_seconds: float = 0.7
-    #: Rounds of the deterministic scenarios (pipelined, per reader kind; vanishing races).
-    rounds: int = 1
-    race_rounds: int = 10
-    #: Restarts while the disk is full (restart-full).
-    restarts: int = 3
-
-
-SHORT = Scale()
-LONG = Scale(fault_seconds=4.0, load_seconds=2.0, rounds=4, race_rounds=40, restarts=4)
-
-
-@dataclass
-class Run:
-    """One scenario under one policy: its server, ledger, randomness and scale."""
-
-    server: ChaosServer
-    ledger: FaultLedger
-    rng: random.Random
-    scale: Scale
-    queues: list[str]
-    log: Callable[[str], None]
-    counter: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        """The server's process id."""
-        assert self.server.proc is not None
-        return self.server.proc.pid
-
-    def ids(self, prefix: str, n: int) -> list[bytes]:
-        """C{n} new unique items."""
-        start, self.counter = self.counter, self.counter + n
-        return [b"%s-%d" % (prefix.encode(), start + i) for i in range(n)]
-
-    def memcache(self) -> MemcacheClient:
-        """A new memcache connection."""
-        return MemcacheClient(self.server.host, self.server.ports["memcache"])
-
-    def journal(self, queue: str) -> Path:
-        """The current journal file of C{queue}."""
-        return self.server.queue_path / queue
-
-    def strace(self, queues: list[str], syscalls: tuple[str, ...], error: str) -> Strace:
-        """A fault on the journals of C{queues} (enter it to start the fault)."""
-        return Strace(self.pid, [self.journal(q) for q in queues], syscalls, error)
-
-    def record(self, fault: Strace) -> None:
-        """Put a finished C{strace} fault into the ledger."""
-        self.ledger.fault(fault.started, fault.ended, fault.injected,
-                          fsync=any("sync" in call for call in fault.syscalls))
-
-
-# -- clients -------------------------------------------------------------
-
-
-def producer(run: Run, load: Load, protocol: str, queue: str,
-             targets: list[str]) -> Callable[[], None]:
-    """
-    Add unique items to C{queue} over C{protocol}, again and again. An item
-    acknowledged there is expected on every queue of C{targets} (ledger
-    keys); one refused (error reply, C{NOT_STORED}, a count that stops before
-    it) must be served nowhere. An add whose reply never came is neither.
-    """
-    host, port = run.server.host, run.server.ports[protocol]
-    ledger = run.ledger
-
-    def keys(items: list[bytes]) -> list[bytes]:
-        return [key(t, i) for i in items for t in targets]
-
-    def body() -> None:
-        client: Any = {"memcache": MemcacheClient, "text": TextClient,
-                       "thrift": ThriftClient}[protocol](host, port)
-        try:
-            while not load.stop.is_set():
-                if protocol == "memcache":
-                    [item] = load.next_ids("m", 1)
-                    try:
-                        stored = client.set(queue, item)
-                    except ProtocolError:
-                        ledger.refused_adds(keys([item]))
-                        raise
-                    (ledger.acknowledged if stored else ledger.refused_adds)(keys([item]))
-                    continue
-                items = load.next_ids(protocol[:2], load.rng.randrange(1, 4))
-                try:
-                    count = client.put(queue, items)
-                except ProtocolError:
-                    # text: an error line stores nothing; thrift: the first item failed.
-                    ledger.refused_adds(keys(items if protocol == "text" else items[:1]))
-                    raise
-                if protocol == "thrift" or count in (0, len(items)):
-                    # thrift stops at the first refusal; text "+0" stored none, "+n" all.
-                    ledger.acknowledged(keys(items[:count]))
-                    ledger.refused_adds(keys(items[count:count + 1] if protocol == "thrift"
-                                             else items[count:]))
-        finally:
-            client.close()
-
-    return body
-
-
-def consumer(run: Run, load: Load, queue: str) -> Callable[[], None]:
-    """Open and confirm items of C{queue} over memcache (C{/open}, C{/close}) forever."""
-    ledger = run.ledger
-
-    def body() -> None:
-        client = run.memcache()
-        holding: list[bytes] = []
-        try:
-            while not load.stop.is_set():
-                got = client.get(queue, "/close/open/t=100" if holding else "/open/t=100")
-                ledger.confirmed_all(holding)
-                holding = [key(queue, got)] if got is not None else []
-                if got is not None:
-                    ledger.delivered(holding[0])
-            if holding:
-                client.get(queue, "/close")
-                ledger.confirmed_all(holding)
-                holding = []
-        finally:
-            ledger.dropped(holding)
-            client.close()
-
-    return body
-
-
-def any_consumer(run: Run, load: Load, queue: str, protocol: str) -> Callable[[], None]:
-    """Open and confirm items of C{queue} over text (C{get}, C{confirm}) or thrift."""
-    host, port = run.server.host, run.server.ports[protocol]
-    ledger = run.ledger
-
-    def body() -> None:
-        holding: list[bytes] = []
-        client: Any = None
-        try:
-            if protocol == "text":
-                client = TextClient(host, port)
-                while not load.stop.is_set():
-                    got = client.get(queue, 100)  # confirms what it held
-                    ledger.confirmed_all(holding)
-                    holding = [key(queue, got)] if got is not None else []
-                    if got is not None:
-                        ledger.delivered(holding[0])
-                if holding:
-                    client.confirm(queue, 1)
-                    ledger.confirmed_all(holding)
-                    holding = []
-            else:
-                client = ThriftClient(host, port)
-                while not load.stop.is_set():
-                    got = client.get(queue, 3, 100, THRIFT_AUTO_ABORT_MS)
-                    holding = [key(queue, data) for _, data in got]
-                    for item in holding:
-                        ledger.delivered(item)
-                    if got and client.confirm(queue, {i for i, _ in got}) == len(got):
-                        ledger.confirmed_all(holding)
-                        holding = []
-                    # (a read not confirmed went back at its auto-abort: it may come again)
-                    ledger.dropped(holding)
-                    holding = []
-        finally:
-            # A thrift read left open goes back at its auto-abort; a text one at the close.
-            ledger.dropped(holding)
-            if client is not None:
-                client.close()
-
-    return body
-
-
-def store(run: Run, queue: str, count: int, size: int = 0) -> None:
-    """Add C{count} acknowledged items to C{queue} (padded to C{size} bytes), 100 a put."""
-    if count == 1 or size > 1000:
-        client = run.memcache()
-        try:
-            for item in run.ids(queue, count):
-                item = item.ljust(size, b".")
-                if client.set(queue, item):
-                    run.ledger.acknowledged([key(queue, item)])
-        finally:
-            client.close()
-        return
-    text = TextClient(run.server.host, run.server.ports["text"])
-    try:
-        for start in range(0, count, 100):
-            items = [i.ljust(size, b".") for i in run.ids(queue, min(100, count - start))]
-            if text.put(queue, items) == len(items):
-                run.ledger.acknowledged([key(queue, i) for i in items])
-    finally:
-        text.close()
-
-
-def drain(run: Run) -> None:
-    """Read every queue of the run to its end with confirmed reads."""
-    client = run.memcache()
-    try:
-        for queue in run.queues:
-            while (got := client.get(queue, "/open")) is not None:
-                run.ledger.delivered(key(queue, got))
-                client.get(queue, "/close")
-                run.ledger.confirmed_all([key(queue, got)])
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def loaded(run: Run, spawn: Callable[[Load], None]) -> Iterator[Load]:
-    """Run the client threads C{spawn} starts for the block, then stop and join them."""
-    load = Load(run.server, run.ledger, random.Random(run.rng.random()), 0)
-    spawn(load)
-    try:
-        yield load
-    finally:
-        load.stop.set()
-        for t in load.threads:
-            t.join(timeout=15)
 
 
 def _settle(run: Run, when: str) -> None:
@@ -377,7 +154,7 @@ def pipelined(run: Run) -> None:
                 for item in items:
                     try:
                         line = writer._line()
-                    except _GONE:
+                    except GONE:
                         break  # (closed after an error: the rest is unanswered)
                     if line == b"STORED":
                         run.ledger.acknowledged([key(queue, item)])
@@ -388,6 +165,7 @@ def pipelined(run: Run) -> None:
             run.record(fault)
             reader.close()
             _probe(run, queue, [queue])
+            run.log(f"  pipelined: {kind} reader done, {fault.injected} writes failed")
     _finish(run)
 
 
@@ -399,7 +177,7 @@ def _read_blocked(run: Run, reader: Any, kind: str, queue: str) -> None:
         else:
             value = reader.read_value()
             got = [] if value is None else [value]
-    except _GONE:
+    except GONE:
         return
     for data in got:
         run.ledger.delivered(key(queue, data))
@@ -434,6 +212,8 @@ def restart_full(run: Run) -> None:
             else:
                 run.server.stop()
             run.server.start()
+            how = "SIGKILL" if restart % 2 else "SIGTERM"
+            run.log(f"  restart-full: restarted on the full disk (after a {how})")
         time.sleep(run.scale.fault_seconds / 2)
         ballast.unlink()
         run.ledger.fault(started, time.monotonic(), 0, fsync=False)
@@ -446,9 +226,9 @@ def _open_reads(run: Run, queue: str, thrift: ThriftClient, memcache: MemcacheCl
     """Open two reads over thrift and one over memcache: the thrift ones, all the items."""
     opened: list[tuple[int, bytes]] = []
     held: list[bytes] = []
-    with contextlib.suppress(*_GONE):
+    with contextlib.suppress(*GONE):
         opened = thrift.get(queue, 2, 0, THRIFT_AUTO_ABORT_MS)
-    with contextlib.suppress(*_GONE):
+    with contextlib.suppress(*GONE):
         value = memcache.get(queue, "/open")
         held = [key(queue, value)] if value else []
     held += [key(queue, d) for _, d in opened]
@@ -484,9 +264,9 @@ def aborts(run: Run) -> None:
         started = time.monotonic()
         if not early:
             opened, held = _open_reads(run, queue, thrift, memcache)
-        with contextlib.suppress(*_GONE):
+        with contextlib.suppress(*GONE):
             thrift.call("abort", queue_name=queue, ids={i for i, _ in opened})
-        with contextlib.suppress(*_GONE):
+        with contextlib.suppress(*GONE):
             memcache.get(queue, "/abort")
         # An aborted read may be delivered once more: the ledger lets it.
         run.ledger.dropped(held)
@@ -498,6 +278,7 @@ def aborts(run: Run) -> None:
         _probe(run, queue, [queue])
         run.ledger.problems.stuck_open += stuck_open(run.server, [queue],
                                                      f"after abort round {round_ + 1}", 2.5)
+        run.log(f"  aborts: round {round_ + 1} done")
     _finish(run)
 
 
@@ -624,6 +405,7 @@ def run_scenario(scenario: Scenario, policy: Policy, workdir: Path, seed: int,
     verdict.update(scenario=scenario.name, policy=policy.name,
                    seconds=round(time.monotonic() - started, 1),
                    tracebacks=text.count("Traceback (most recent call last)"),
+                   not_recovered=len(run.notes),
                    problems=ledger.problems.memory_vs_journal + ledger.problems.stuck_open
                    + run.notes + ledger.examples())
     shutil.rmtree(root, ignore_errors=True)
