@@ -24,6 +24,13 @@ before the fault began until it ended, and:
     never wait for their fsync;
   - under C{never} nothing may be undone.
 
+One more window, under every policy: while a journal cannot be written the
+server keeps confirmations in memory and acknowledges them (they never wait
+for the disk); a restart before they could be written (a kill, or a stop
+with the disk still full) may undo them, each item delivered once more. So a
+restart during a fault opens a window for confirmations from the fault's
+start to the restart (L{restarted_in_fault}).
+
 Outside the windows nothing may be undone, under any policy.
 
 Items are bytes that are unique within a run; a scenario that delivers the
@@ -100,6 +107,8 @@ class FaultLedger(Ledger):
         self.after_confirm: Counter[bytes] = Counter()
         #: The faults that failed fsyncs: (began, ended).
         self.windows: list[tuple[float, float]] = []
+        #: From a fault's start to a restart during it: confirmations kept in memory.
+        self.confirm_windows: list[tuple[float, float]] = []
         self.injected = 0
         self.problems = Problems()
 
@@ -141,6 +150,11 @@ class FaultLedger(Ledger):
                 self.windows.append((started, ended))
             self.injected += injected
 
+    def restarted_in_fault(self, started: float) -> None:
+        """The server was restarted (stopped or killed) during a fault that began at C{started}."""
+        with self._lock:
+            self.confirm_windows.append((started, time.monotonic()))
+
     def faulted(self, count: int) -> None:
         """C{count} faults that allow nothing (a client vanished) were made."""
         with self._lock:
@@ -148,11 +162,13 @@ class FaultLedger(Ledger):
 
     def in_doubt(self, when: float | None, confirm: bool = False) -> bool:
         """Whether the policy allows undoing an add (or C{confirm}ation) acknowledged at C{when}."""
-        allowed = self.policy.fsyncs if confirm else self.policy.adds_before_fsync
-        if when is None or not allowed:
+        if when is None:
             return False
+        if confirm and any(start <= when <= end for start, end in self.confirm_windows):
+            return True
+        allowed = self.policy.fsyncs if confirm else self.policy.adds_before_fsync
         before = self.policy.period + SLACK_SECONDS
-        return any(start - before <= when <= end for start, end in self.windows)
+        return allowed and any(start - before <= when <= end for start, end in self.windows)
 
     def examples(self, count: int = 3) -> list[str]:
         """A few items of each kind of failure, to look for in the server's log."""

@@ -211,6 +211,7 @@ def restart_full(run: Run) -> None:
                 run.ledger.crashed()
             else:
                 run.server.stop()
+            run.ledger.restarted_in_fault(started)
             run.server.start()
             how = "SIGKILL" if restart % 2 else "SIGTERM"
             run.log(f"  restart-full: restarted on the full disk (after a {how})")
