@@ -344,10 +344,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("fanout-eio-fsync", lambda run: _fanout(run, "fsync"), ("fq", "fq+a", "fq+b"),
              ("strace",), fsync_only=True),
     Scenario("fanout-only-full", lambda run: _fanout(run, "full"), ("fq", "fq+a", "fq+b"),
-             ("mount",), tmpfs="4m"),
+             ("mount",), tmpfs="64m"),
     Scenario("pipelined", pipelined, ("bq",), ("strace",)),
-    Scenario("restart-full", restart_full, ("rq",), ("mount",), tmpfs="4m"),
-    Scenario("aborts", aborts, ("aq",), ("mount",), tmpfs="4m"),
+    Scenario("restart-full", restart_full, ("rq",), ("mount",), tmpfs="16m"),
+    Scenario("aborts", aborts, ("aq",), ("mount",), tmpfs="16m"),
     Scenario("vanishing", vanishing, ("race",), ()),
 ]}
 
@@ -395,6 +395,9 @@ def run_scenario(scenario: Scenario, policy: Policy, workdir: Path, seed: int,
         server.start()
         try:
             scenario.body(run)
+        except (GONE + (RuntimeError,)) as e:
+            # The server died or never came back: a failure of the run, not of the harness.
+            run.notes.append(f"the scenario stopped: {e!r}"[:500])
         finally:
             if server.running:
                 server.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,17 +223,37 @@ def store(run: Run, queue: str, count: int, size: int = 0) -> None:
         text.close()
 
 
-def drain(run: Run) -> None:
-    """Read every queue of the run to its end with confirmed reads."""
-    client = run.memcache()
-    try:
-        for queue in run.queues:
-            while (got := client.get(queue, "/open")) is not None:
-                run.ledger.delivered(key(queue, got))
-                client.get(queue, "/close")
-                run.ledger.confirmed_all([key(queue, got)])
-    finally:
-        client.close()
+def drain(run: Run, seconds: float = 10.0) -> None:
+    """
+    Read every queue of the run to its end with confirmed reads. A queue
+    that refuses reads (its journal still failing) is tried again until
+    C{seconds} have passed; then it is noted as not recovered.
+    """
+    for queue in run.queues:
+        deadline = time.monotonic() + seconds
+        while True:
+            holding: list[bytes] = []
+            client: MemcacheClient | None = None
+            try:
+                client = run.memcache()
+                while (got := client.get(queue, "/open")) is not None:
+                    holding = [key(queue, got)]
+                    run.ledger.delivered(holding[0])
+                    client.get(queue, "/close")
+                    run.ledger.confirmed_all(holding)
+                    holding = []
+                break
+            except GONE as e:
+                # (a read not confirmed goes back at the close: it may come again)
+                run.ledger.dropped(holding)
+                if time.monotonic() > deadline:
+                    run.notes.append(f"{queue} still refused reads {seconds:.0f} s after "
+                                     f"the fault: {e}")
+                    break
+                time.sleep(0.2)
+            finally:
+                if client is not None:
+                    client.close()
 
 
 @contextlib.contextmanager
