@@ -187,38 +187,50 @@ def _read_blocked(run: Run, reader: Any, kind: str, queue: str) -> None:
 
 
 def restart_full(run: Run) -> None:
-    """Restart on a full disk; reliable consumers confirm while it is full and after."""
+    """
+    Restart on a full disk; reliable consumers confirm while it is full and
+    after it is freed, then the server restarts cleanly. The cycle runs
+    C{rounds + 1} times (what goes wrong depends on timing).
+    """
     queue = "rq"
-    # Enough items that their reads outgrow the journal's last page (tmpfs fills by pages).
-    store(run, queue, 3000, size=20)
-    run.server.stop()
-    ballast = run.server.queue_path / "ballast.tmp"
-    started = time.monotonic()
-    fill_disk(ballast, run.server.queue_path, keep=0)
-    run.server.start()
 
     def spawn(load: Load) -> None:
         load.spawn("consumer-memcache", consumer(run, load, queue))
         for protocol in ("text", "thrift"):
             load.spawn(f"consumer-{protocol}", any_consumer(run, load, queue, protocol))
 
-    with loaded(run, spawn):
-        for restart in range(run.scale.restarts):
-            # Restart while the disk is still full: by turns cleanly and with SIGKILL.
+    for cycle in range(run.scale.rounds + 1):
+        if cycle:
+            _probe(run, queue, [queue])
+        # Enough items that their reads outgrow the journal's last page (tmpfs fills by pages).
+        store(run, queue, 3000, size=20)
+        run.server.stop()
+        ballast = run.server.queue_path / "ballast.tmp"
+        started = time.monotonic()
+        fill_disk(ballast, run.server.queue_path, keep=0)
+        run.server.start()
+        with loaded(run, spawn):
+            for restart in range(run.scale.restarts):
+                # Restart while the disk is still full: by turns cleanly and with SIGKILL.
+                time.sleep(run.scale.fault_seconds / 2)
+                if restart % 2:
+                    run.server.kill()
+                    run.ledger.crashed()
+                else:
+                    run.server.stop()
+                run.ledger.restarted_in_fault(started)
+                run.server.start()
+                how = "SIGKILL" if restart % 2 else "SIGTERM"
+                run.log(f"  restart-full: restarted on the full disk (after a {how})")
             time.sleep(run.scale.fault_seconds / 2)
-            if restart % 2:
-                run.server.kill()
-                run.ledger.crashed()
-            else:
-                run.server.stop()
-            run.ledger.restarted_in_fault(started)
+            ballast.unlink()
+            run.ledger.fault(started, time.monotonic(), 0, fsync=False)
+            # Long enough for the queue to probe its journal and take adds again.
+            time.sleep(max(run.scale.load_seconds, 2.0))
+        run.log(f"  restart-full: cycle {cycle + 1} done")
+        if cycle < run.scale.rounds:
+            run.server.stop()
             run.server.start()
-            how = "SIGKILL" if restart % 2 else "SIGTERM"
-            run.log(f"  restart-full: restarted on the full disk (after a {how})")
-        time.sleep(run.scale.fault_seconds / 2)
-        ballast.unlink()
-        run.ledger.fault(started, time.monotonic(), 0, fsync=False)
-        time.sleep(run.scale.load_seconds)
     _finish(run)
 
 
