@@ -103,8 +103,8 @@ class FaultLedger(Ledger):
         self.policy = policy
         self.refused: set[bytes] = set()
         self.ack_time: dict[bytes, float] = {}
-        self.confirm_time: dict[bytes, float] = {}
-        self.after_confirm: Counter[bytes] = Counter()
+        #: Per item, each acknowledged confirmation: [when, deliveries after it (until the next)].
+        self.confirms: dict[bytes, list[list[float]]] = {}
         #: The faults that failed fsyncs: (began, ended).
         self.windows: list[tuple[float, float]] = []
         #: From a fault's start to a restart during it: confirmations kept in memory.
@@ -128,8 +128,8 @@ class FaultLedger(Ledger):
     def delivered(self, item: bytes) -> None:
         """A client received C{item}."""
         with self._lock:
-            if item in self.confirmed:
-                self.after_confirm[item] += 1
+            if item in self.confirms:
+                self.confirms[item][-1][1] += 1
         super().delivered(item)
 
     def confirmed_all(self, items: list[bytes]) -> None:
@@ -137,7 +137,7 @@ class FaultLedger(Ledger):
         now = time.monotonic()
         with self._lock:
             for item in items:
-                self.confirm_time[item] = now
+                self.confirms.setdefault(item, []).append([now, 0])
         super().confirmed_all(items)
 
     def fault(self, started: float, ended: float, injected: int, fsync: bool) -> None:
@@ -170,14 +170,29 @@ class FaultLedger(Ledger):
         before = self.policy.period + SLACK_SECONDS
         return allowed and any(start - before <= when <= end for start, end in self.windows)
 
+    def _back(self) -> tuple[set[bytes], Counter[bytes]]:
+        """
+        Items delivered after a confirmation the policy does not let undo
+        (or more than once after one it does), and per item the count of
+        confirmations it let undo.
+        """
+        reappeared: set[bytes] = set()
+        undone: Counter[bytes] = Counter()
+        for item, confirms in self.confirms.items():
+            for when, after in confirms:
+                if after == 1 and self.in_doubt(when, confirm=True):
+                    undone[item] += 1
+                elif after:
+                    reappeared.add(item)
+        return reappeared, undone
+
     def examples(self, count: int = 3) -> list[str]:
         """A few items of each kind of failure, to look for in the server's log."""
         with self._lock:
             lost = sorted(i for i in self.acked if self.deliveries[i] == 0
                           and not self.in_doubt(self.ack_time.get(i)))
             served = sorted(self.refused & set(self.deliveries))
-            back = sorted(i for i, n in self.after_confirm.items()
-                          if n > 1 or not self.in_doubt(self.confirm_time.get(i), confirm=True))
+            back = sorted(self._back()[0])
         out = []
         for name, items in (("lost", lost), ("refused but served", served),
                             ("confirmed, then delivered again", back)):
@@ -196,24 +211,17 @@ class FaultLedger(Ledger):
                         undone += 1
                     else:
                         lost += 1
-            reappeared = undone_confirms = duplicated = 0
-            for item, times in self.after_confirm.items():
-                if times == 1 and self.in_doubt(self.confirm_time.get(item), confirm=True):
-                    undone_confirms += 1
-                else:
-                    reappeared += 1
-            for item, n in self.deliveries.items():
-                allowed = 1 + self.open_at_crash[item] + (self.after_confirm[item] == 1)
-                if n > allowed:
-                    duplicated += 1
+            reappeared, undone_confirms = self._back()
+            duplicated = sum(1 for item, n in self.deliveries.items()
+                             if n > 1 + self.open_at_crash[item] + undone_confirms[item])
             return {
                 "acknowledged": len(self.acked),
                 "refused": len(self.refused),
                 "delivered": len(self.deliveries),
                 "lost": lost,
                 "undone": undone,
-                "reappeared": reappeared,
-                "undone_confirms": undone_confirms,
+                "reappeared": len(reappeared),
+                "undone_confirms": sum(undone_confirms.values()),
                 "duplicated": duplicated,
                 "refused_served": len(self.refused & set(self.deliveries)),
                 "memory_vs_journal": len(self.problems.memory_vs_journal),

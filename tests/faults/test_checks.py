@@ -68,6 +68,19 @@ def test_a_confirmed_item_back_twice_is_reappeared_even_in_the_window() -> None:
     assert (verdict["reappeared"], verdict["duplicated"]) == (1, 1)
 
 
+def test_each_confirmation_in_the_window_may_be_undone_once() -> None:
+    """Confirmed, back, confirmed again, back again: two undone confirmations, nothing wrong."""
+    ledger = FaultLedger(POLICIES["period"])
+    ledger.acknowledged([b"x"])
+    ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=True)
+    for _ in range(2):
+        ledger.delivered(b"x")
+        ledger.confirmed_all([b"x"])
+    ledger.delivered(b"x")
+    verdict = ledger.verdict()
+    assert (verdict["undone_confirms"], verdict["reappeared"], verdict["duplicated"]) == (2, 0, 0)
+
+
 def test_a_refused_item_served_is_counted() -> None:
     """An add answered with an error and delivered anyway."""
     ledger = FaultLedger(POLICIES["always+durable"])
