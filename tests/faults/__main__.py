@@ -18,22 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.faults.ledger import DEFAULT_POLICIES, MUST_BE_ZERO, POLICIES
+from tests.faults.ledger import DEFAULT_POLICIES, POLICIES, failures
 from tests.faults.scenarios import SCENARIOS, applies, run_scenario, unavailable
 from tests.faults.workload import LONG, SHORT
 
 COLUMNS = ("scenario", "policy", "acknowledged", "refused", "injected", "lost", "undone",
            "reappeared", "undone_confirms", "duplicated", "refused_served",
            "memory_vs_journal", "stuck_open", "not_recovered", "tracebacks", "seconds")
-
-
-def failures(verdict: dict[str, Any]) -> list[str]:
-    """What in a verdict breaks the acceptance (an empty list: nothing)."""
-    where = f"{verdict['scenario']} under {verdict['policy']}"
-    out = [f"{where}: {k} = {verdict[k]}" for k in MUST_BE_ZERO if verdict.get(k)]
-    if not verdict.get("injected"):
-        out.append(f"{where}: the fault never hit (0 calls failed): the run proves nothing")
-    return out
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -233,3 +233,12 @@ class FaultLedger(Ledger):
 #: The verdict keys that must be 0 (the acceptance).
 MUST_BE_ZERO = ("lost", "reappeared", "duplicated", "refused_served", "memory_vs_journal",
                 "stuck_open", "not_recovered")
+
+
+def failures(verdict: dict[str, Any]) -> list[str]:
+    """What in a verdict breaks the acceptance (an empty list: nothing)."""
+    where = f"{verdict['scenario']} under {verdict['policy']}"
+    out = [f"{where}: {k} = {verdict[k]}" for k in MUST_BE_ZERO if verdict.get(k)]
+    if not verdict.get("injected"):
+        out.append(f"{where}: the fault never hit (0 calls failed): the run proves nothing")
+    return out

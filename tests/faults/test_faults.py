@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.__main__ import failures
-from tests.faults.ledger import DEFAULT_POLICIES, POLICIES
+from tests.faults.ledger import DEFAULT_POLICIES, POLICIES, failures
 from tests.faults.scenarios import SCENARIOS, applies, run_scenario, unavailable
 
 CASES = [(s, p) for s in SCENARIOS for p in DEFAULT_POLICIES
