@@ -27,9 +27,11 @@ before the fault began until it ended, and:
 One more window, under every policy: while a journal cannot be written the
 server keeps confirmations in memory and acknowledges them (they never wait
 for the disk); a restart before they could be written (a kill, or a stop
-with the disk still full) may undo them, each item delivered once more. So a
-restart during a fault opens a window for confirmations from the fault's
-start to the restart (L{restarted_in_fault}).
+with the disk still full) may undo them, each item delivered once more
+I{after} that restart. So a restart during a fault opens a window for
+confirmations from the fault's start to the restart (L{restarted_in_fault});
+an item confirmed there and delivered again before the restart is not
+excused by it.
 
 Outside the windows nothing may be undone, under any policy.
 
@@ -103,7 +105,8 @@ class FaultLedger(Ledger):
         self.policy = policy
         self.refused: set[bytes] = set()
         self.ack_time: dict[bytes, float] = {}
-        #: Per item, each acknowledged confirmation: [when, deliveries after it (until the next)].
+        #: Per item, each acknowledged confirmation: [when, deliveries after it (until the
+        #: next confirmation), when the first of them came].
         self.confirms: dict[bytes, list[list[float]]] = {}
         #: The faults that failed fsyncs: (began, ended).
         self.windows: list[tuple[float, float]] = []
@@ -129,7 +132,10 @@ class FaultLedger(Ledger):
         """A client received C{item}."""
         with self._lock:
             if item in self.confirms:
-                self.confirms[item][-1][1] += 1
+                last = self.confirms[item][-1]
+                last[1] += 1
+                if last[1] == 1:
+                    last[2] = time.monotonic()
         super().delivered(item)
 
     def confirmed_all(self, items: list[bytes]) -> None:
@@ -137,7 +143,7 @@ class FaultLedger(Ledger):
         now = time.monotonic()
         with self._lock:
             for item in items:
-                self.confirms.setdefault(item, []).append([now, 0])
+                self.confirms.setdefault(item, []).append([now, 0, 0.0])
         super().confirmed_all(items)
 
     def fault(self, started: float, ended: float, injected: int, fsync: bool) -> None:
@@ -160,11 +166,17 @@ class FaultLedger(Ledger):
         with self._lock:
             self.injected += count
 
-    def in_doubt(self, when: float | None, confirm: bool = False) -> bool:
-        """Whether the policy allows undoing an add (or C{confirm}ation) acknowledged at C{when}."""
+    def in_doubt(self, when: float | None, confirm: bool = False,
+                 again: float | None = None) -> bool:
+        """
+        Whether the policy allows undoing an add (or C{confirm}ation)
+        acknowledged at C{when} (for a confirmation: whose item came C{again}
+        at that time).
+        """
         if when is None:
             return False
-        if confirm and any(start <= when <= end for start, end in self.confirm_windows):
+        if confirm and again is not None and any(
+                start <= when <= restart <= again for start, restart in self.confirm_windows):
             return True
         allowed = self.policy.fsyncs if confirm else self.policy.adds_before_fsync
         before = self.policy.period + SLACK_SECONDS
@@ -179,8 +191,8 @@ class FaultLedger(Ledger):
         reappeared: set[bytes] = set()
         undone: Counter[bytes] = Counter()
         for item, confirms in self.confirms.items():
-            for when, after in confirms:
-                if after == 1 and self.in_doubt(when, confirm=True):
+            for when, after, again in confirms:
+                if after == 1 and self.in_doubt(when, confirm=True, again=again):
                     undone[item] += 1
                 elif after:
                     reappeared.add(item)

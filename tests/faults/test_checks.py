@@ -81,6 +81,21 @@ def test_each_confirmation_in_the_window_may_be_undone_once() -> None:
     assert (verdict["undone_confirms"], verdict["reappeared"], verdict["duplicated"]) == (2, 0, 0)
 
 
+def test_a_restart_excuses_only_what_comes_back_after_it() -> None:
+    """A confirmation kept in memory may be undone by a restart, not before it."""
+    ledger = FaultLedger(POLICIES["always+durable"])
+    ledger.acknowledged([b"before", b"after"])
+    started = time.monotonic()
+    for item in (b"before", b"after"):
+        ledger.delivered(item)
+        ledger.confirmed_all([item])
+    ledger.delivered(b"before")
+    ledger.restarted_in_fault(started)
+    ledger.delivered(b"after")
+    verdict = ledger.verdict()
+    assert (verdict["reappeared"], verdict["undone_confirms"]) == (1, 1)
+
+
 def test_a_refused_item_served_is_counted() -> None:
     """An add answered with an error and delivered anyway."""
     ledger = FaultLedger(POLICIES["always+durable"])
