@@ -29,10 +29,18 @@ class ProtocolError(Exception):
 
 
 class _Base:
-    """One TCP connection with a receive buffer."""
+    """One TCP connection with a receive buffer (C{rcvbuf}: the socket's SO_RCVBUF)."""
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, timeout: float = 10.0,
+                 rcvbuf: int | None = None) -> None:
+        if rcvbuf is None:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        else:
+            # A small receive window, set before the handshake so that it holds.
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(timeout)
+            self.sock.connect((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
 

@@ -189,8 +189,12 @@ def wait_for_no_waiters(server: KestrelProcess, queue: str, seconds: float) -> b
 
 
 @dataclass
-class _Load:
-    """The client threads of one cycle and the flag that stops them."""
+class Load:
+    """
+    The client threads of one cycle and the flag that stops them: each
+    thread runs its body again and again (reconnecting after a refusal or a
+    dead server) until the flag is set; L{next_ids} hands out unique ids.
+    """
 
     server: KestrelProcess
     ledger: Ledger
@@ -226,7 +230,7 @@ class _Load:
                 time.sleep(0.05)
 
 
-def _producer(load: _Load, protocol: str, queue: str) -> Callable[[], None]:
+def _producer(load: Load, protocol: str, queue: str) -> Callable[[], None]:
     host, port = load.server.host, load.server.ports[protocol]
 
     def body() -> None:
@@ -254,7 +258,7 @@ def _producer(load: _Load, protocol: str, queue: str) -> Callable[[], None]:
     return body
 
 
-def _consumer(load: _Load, protocol: str, queues: tuple[str, ...]) -> Callable[[], None]:
+def _consumer(load: Load, protocol: str, queues: tuple[str, ...]) -> Callable[[], None]:
     host, port = load.server.host, load.server.ports[protocol]
     ledger = load.ledger
 
@@ -298,7 +302,7 @@ def _consumer(load: _Load, protocol: str, queues: tuple[str, ...]) -> Callable[[
     return body
 
 
-def _vanisher(load: _Load) -> Callable[[], None]:
+def _vanisher(load: Load) -> Callable[[], None]:
     """Block in a read of the vanish queue, then go away (FIN or RST) without reading."""
     server = load.server
 
@@ -350,7 +354,8 @@ def drain(server: KestrelProcess, ledger: Ledger) -> None:
 
 
 @contextlib.contextmanager
-def _tmpfs(path: Path, size: str) -> Any:
+def tmpfs(path: Path, size: str) -> Any:
+    """Mount a tmpfs of C{size} on C{path} for the block (lazily unmounted after it)."""
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
                    check=True, capture_output=True)
@@ -366,7 +371,7 @@ def full_disk_unavailable() -> str | None:
         return "no mount command"
     probe = Path(f"/tmp/kestrel-chaos-probe-{os.getpid()}")
     try:
-        with _tmpfs(probe, "64k"):
+        with tmpfs(probe, "64k"):
             pass
     except (subprocess.CalledProcessError, OSError) as e:
         err = getattr(e, "stderr", b"") or b""
@@ -392,7 +397,7 @@ def run_variant(variant: Variant, cycles: int, workdir: Path, seed: int,
     stack = contextlib.ExitStack()
     ballast: Path | None = None
     if variant.full_disk:
-        stack.enter_context(_tmpfs(server.queue_path, "3m"))
+        stack.enter_context(tmpfs(server.queue_path, "3m"))
         ballast = server.queue_path / "ballast.tmp"
     kills_in_replay = 0
     started = time.monotonic()
@@ -405,9 +410,9 @@ def run_variant(variant: Variant, cycles: int, workdir: Path, seed: int,
                 time.sleep(rng.uniform(0.0, 0.4))
                 server.kill()
             if ballast is not None:
-                _fill(ballast, server.queue_path, keep=rng.randrange(4, 24) * 1024)
+                fill_disk(ballast, server.queue_path, keep=rng.randrange(4, 24) * 1024)
             server.start()
-            load = _Load(server, ledger, random.Random(rng.random()), cycle)
+            load = Load(server, ledger, random.Random(rng.random()), cycle)
             for protocol, queue in zip(PROTOCOLS, QUEUES, strict=True):
                 load.spawn(f"producer-{protocol}", _producer(load, protocol, queue))
             for protocol in PROTOCOLS:
@@ -452,13 +457,20 @@ def run_variant(variant: Variant, cycles: int, workdir: Path, seed: int,
     return verdict
 
 
-def _fill(ballast: Path, folder: Path, keep: int) -> None:
-    """Fill the filesystem of C{folder} with C{ballast}, leaving about C{keep} bytes free."""
+def fill_disk(ballast: Path, folder: Path, keep: int) -> None:
+    """
+    Fill the filesystem of C{folder} with C{ballast}, leaving about C{keep}
+    bytes free (C{keep=0}: until the filesystem refuses more).
+    """
     stat = os.statvfs(folder)
-    free = stat.f_bavail * stat.f_frsize
-    size = max(0, free - keep)
-    with open(ballast, "ab") as f:
-        f.write(b"\0" * size)
+    left = max(0, stat.f_bavail * stat.f_frsize - keep)
+    chunk = b"\0" * 65536
+    with open(ballast, "ab", buffering=0) as f:
+        try:
+            while left > 0:
+                left -= f.write(chunk[:left]) or 0
+        except OSError:
+            pass  # full: what was asked for
 
 
 def failures(verdict: dict[str, Any]) -> list[str]:

@@ -18,10 +18,11 @@ from pathlib import Path
 from tests.docs.examples import ROOT
 
 #: Debian packages the test suite needs on a fresh machine (netcat: the guide's examples;
-#: Perl, PHP, Go, Java, Ruby and node with their memcache clients: tests/clients/).
+#: Perl, PHP, Go, Java, Ruby and node with their memcache clients: tests/clients/;
+#: strace: the fault harness's injection).
 REQUIRED_PACKAGES = {"python3-venv", "zookeeper", "memcached", "thrift-compiler",
                      "default-jre-headless", "libmemcached-dev", "libmemcached-tools",
-                     "netcat-openbsd", "libcache-memcached-perl", "php-cli", "php-memcached",
+                     "netcat-openbsd", "strace", "libcache-memcached-perl", "php-cli", "php-memcached",
                      "golang-go", "golang-github-bradfitz-gomemcache-dev",
                      "default-jdk-headless", "libspymemcached-java", "ruby", "ruby-dalli",
                      "nodejs"}

@@ -1,0 +1,256 @@
+"""
+The fault ledger: the crash harness's L{Ledger} plus what a fault adds.
+
+Besides acknowledged adds, deliveries and confirmations it records refused
+adds (an error reply: the item must never be served), when each add and
+confirmation was acknowledged, the fault windows, and the problems the
+scenario saw on the server (memory that disagrees with the journal, reads
+left open when no client holds them).
+
+What the ledger allows follows what journal.md promises per sync policy.
+A failed C{write} never undoes anything acknowledged (an add or confirmation
+is answered only once its record was written; the file is cut back to its
+last whole record only). A failed C{fsync} makes the server cut the journal
+back to its last successful fsync (except under C{never}, which cuts
+nothing), undoing the records written since; so, for a fault that fails
+fsyncs, a I{doubt window} runs from one sync period plus L{SLACK_SECONDS}
+before the fault began until it ended, and:
+
+  - an add acknowledged in it may be missing (C{undone}) only under a
+    policy that answers adds before their fsync (a period without
+    C{durable_acks}); under C{always} or with C{durable_acks} adds wait;
+  - a confirmation acknowledged in it may be undone, the item delivered once
+    more (C{undone_confirms}), under every policy that fsyncs: confirmations
+    never wait for their fsync;
+  - under C{never} nothing may be undone.
+
+One more window, under every policy: while a journal cannot be written the
+server keeps confirmations in memory and acknowledges them (they never wait
+for the disk); a restart before they could be written (a kill, or a stop
+with the disk still full) may undo them, each item delivered once more
+I{after} that restart. So a restart during a fault opens a window for
+confirmations from the fault's start to the restart (L{restarted_in_fault});
+an item confirmed there and delivered again before the restart is not
+excused by it.
+
+Outside the windows nothing may be undone, under any policy.
+
+Items are bytes that are unique within a run; a scenario that delivers the
+same item on several queues (fanout) keys it by queue (L{key}).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.harness import Ledger
+
+#: Added before a window: an acknowledgement may precede the fsync that failed by this much
+#: more than the sync period (threads and strace slow the server down).
+SLACK_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A sync policy the scenarios run under (the queue settings under C{default})."""
+
+    name: str
+    queue_config: dict[str, Any]
+    #: Seconds between fsyncs (0 under C{always}; unused under C{never}).
+    period: float = 0.0
+
+    @property
+    def fsyncs(self) -> bool:
+        """Whether the server fsyncs (and, after a failed fsync, cuts back) journals."""
+        return self.queue_config.get("sync_journal") != "never"
+
+    @property
+    def adds_before_fsync(self) -> bool:
+        """Whether an add is acknowledged before its fsync (a period without durable_acks)."""
+        return self.fsyncs and self.period > 0 and not self.queue_config.get("durable_acks")
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in [
+    Policy("never", {"sync_journal": "never"}),
+    Policy("always+durable", {"sync_journal": "always", "durable_acks": True}),
+    Policy("period", {"sync_journal": "50ms"}, 0.05),
+    Policy("always", {"sync_journal": "always"}),
+    Policy("period+durable", {"sync_journal": "50ms", "durable_acks": True}, 0.05),
+]}
+#: The policies CI runs (the brief's three: none, every write durable, a period).
+DEFAULT_POLICIES = ("never", "always+durable", "period")
+
+
+def key(queue: str, item: bytes) -> bytes:
+    """The ledger's name of C{item} on C{queue} (for items delivered on several queues)."""
+    return queue.encode() + b":" + item
+
+
+@dataclass
+class Problems:
+    """What the scenario saw wrong on the server itself, by kind."""
+
+    memory_vs_journal: list[str] = field(default_factory=list)
+    stuck_open: list[str] = field(default_factory=list)
+
+
+class FaultLedger(Ledger):
+    """L{Ledger} with refusals, acknowledgement times, fault windows and server problems."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__()
+        self.policy = policy
+        self.refused: set[bytes] = set()
+        self.ack_time: dict[bytes, float] = {}
+        #: Per item, each acknowledged confirmation: [when, deliveries after it (until the
+        #: next confirmation), when the first of them came].
+        self.confirms: dict[bytes, list[list[float]]] = {}
+        #: The faults that failed fsyncs: (began, ended).
+        self.windows: list[tuple[float, float]] = []
+        #: From a fault's start to a restart during it: confirmations kept in memory.
+        self.confirm_windows: list[tuple[float, float]] = []
+        self.injected = 0
+        self.problems = Problems()
+
+    def acknowledged(self, ids: list[bytes]) -> None:
+        """These adds were acknowledged (now)."""
+        now = time.monotonic()
+        with self._lock:
+            self.acked.update(ids)
+            for item in ids:
+                self.ack_time.setdefault(item, now)
+
+    def refused_adds(self, ids: list[bytes]) -> None:
+        """These adds got an error reply: they must never be served."""
+        with self._lock:
+            self.refused.update(ids)
+
+    def delivered(self, item: bytes) -> None:
+        """A client received C{item}."""
+        with self._lock:
+            if item in self.confirms:
+                last = self.confirms[item][-1]
+                last[1] += 1
+                if last[1] == 1:
+                    last[2] = time.monotonic()
+        super().delivered(item)
+
+    def confirmed_all(self, items: list[bytes]) -> None:
+        """The confirmations of these reads were acknowledged (now)."""
+        now = time.monotonic()
+        with self._lock:
+            for item in items:
+                self.confirms.setdefault(item, []).append([now, 0, 0.0])
+        super().confirmed_all(items)
+
+    def fault(self, started: float, ended: float, injected: int, fsync: bool) -> None:
+        """
+        A fault lasted from C{started} to C{ended} and failed C{injected}
+        calls; C{fsync}: it failed fsyncs (only those open a doubt window).
+        """
+        with self._lock:
+            if fsync:
+                self.windows.append((started, ended))
+            self.injected += injected
+
+    def restarted_in_fault(self, started: float) -> None:
+        """The server was restarted (stopped or killed) during a fault that began at C{started}."""
+        with self._lock:
+            self.confirm_windows.append((started, time.monotonic()))
+
+    def faulted(self, count: int) -> None:
+        """C{count} faults that allow nothing (a client vanished) were made."""
+        with self._lock:
+            self.injected += count
+
+    def in_doubt(self, when: float | None, confirm: bool = False,
+                 again: float | None = None) -> bool:
+        """
+        Whether the policy allows undoing an add (or C{confirm}ation)
+        acknowledged at C{when} (for a confirmation: whose item came C{again}
+        at that time).
+        """
+        if when is None:
+            return False
+        if confirm and again is not None and any(
+                start <= when <= restart <= again for start, restart in self.confirm_windows):
+            return True
+        allowed = self.policy.fsyncs if confirm else self.policy.adds_before_fsync
+        before = self.policy.period + SLACK_SECONDS
+        return allowed and any(start - before <= when <= end for start, end in self.windows)
+
+    def _back(self) -> tuple[set[bytes], Counter[bytes]]:
+        """
+        Items delivered after a confirmation the policy does not let undo
+        (or more than once after one it does), and per item the count of
+        confirmations it let undo.
+        """
+        reappeared: set[bytes] = set()
+        undone: Counter[bytes] = Counter()
+        for item, confirms in self.confirms.items():
+            for when, after, again in confirms:
+                if after == 1 and self.in_doubt(when, confirm=True, again=again):
+                    undone[item] += 1
+                elif after:
+                    reappeared.add(item)
+        return reappeared, undone
+
+    def examples(self, count: int = 3) -> list[str]:
+        """A few items of each kind of failure, to look for in the server's log."""
+        with self._lock:
+            lost = sorted(i for i in self.acked if self.deliveries[i] == 0
+                          and not self.in_doubt(self.ack_time.get(i)))
+            served = sorted(self.refused & set(self.deliveries))
+            back = sorted(self._back()[0])
+        out = []
+        for name, items in (("lost", lost), ("refused but served", served),
+                            ("confirmed, then delivered again", back)):
+            if items:
+                shown = b", ".join(i[:40] for i in items[:count]).decode("latin-1")
+                out.append(f"{name}: {len(items)}, e.g. {shown}")
+        return out
+
+    def verdict(self) -> dict[str, int]:
+        """The counts of the check (see the module docstring)."""
+        with self._lock:
+            lost = undone = 0
+            for item in self.acked:
+                if self.deliveries[item] == 0:
+                    if self.in_doubt(self.ack_time.get(item)):
+                        undone += 1
+                    else:
+                        lost += 1
+            reappeared, undone_confirms = self._back()
+            duplicated = sum(1 for item, n in self.deliveries.items()
+                             if n > 1 + self.open_at_crash[item] + undone_confirms[item])
+            return {
+                "acknowledged": len(self.acked),
+                "refused": len(self.refused),
+                "delivered": len(self.deliveries),
+                "lost": lost,
+                "undone": undone,
+                "reappeared": len(reappeared),
+                "undone_confirms": sum(undone_confirms.values()),
+                "duplicated": duplicated,
+                "refused_served": len(self.refused & set(self.deliveries)),
+                "memory_vs_journal": len(self.problems.memory_vs_journal),
+                "stuck_open": len(self.problems.stuck_open),
+                "injected": self.injected,
+            }
+
+
+#: The verdict keys that must be 0 (the acceptance).
+MUST_BE_ZERO = ("lost", "reappeared", "duplicated", "refused_served", "memory_vs_journal",
+                "stuck_open", "not_recovered")
+
+
+def failures(verdict: dict[str, Any]) -> list[str]:
+    """What in a verdict breaks the acceptance (an empty list: nothing)."""
+    where = f"{verdict['scenario']} under {verdict['policy']}"
+    out = [f"{where}: {k} = {verdict[k]}" for k in MUST_BE_ZERO if verdict.get(k)]
+    if not verdict.get("injected"):
+        out.append(f"{where}: the fault never hit (0 calls failed): the run proves nothing")
+    return out
