@@ -22,7 +22,8 @@ from tests.docs.examples import ROOT
 #: strace: the fault harness's injection).
 REQUIRED_PACKAGES = {"python3-venv", "zookeeper", "memcached", "thrift-compiler",
                      "default-jre-headless", "libmemcached-dev", "libmemcached-tools",
-                     "netcat-openbsd", "strace", "libcache-memcached-perl", "php-cli", "php-memcached",
+                     "netcat-openbsd", "strace", "libcache-memcached-perl", "php-cli",
+                     "php-memcached",
                      "golang-go", "golang-github-bradfitz-gomemcache-dev",
                      "default-jdk-headless", "libspymemcached-java", "ruby", "ruby-dalli",
                      "nodejs"}
