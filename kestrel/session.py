@@ -416,6 +416,8 @@ class ClientSession:
             if isinstance(result, Failure):
                 if result.check(CancelledError):
                     done.callback(None)
+                elif result.check(KestrelError):  # (a refusal the client is told: no traceback)
+                    done.errback(result)
                 else:
                     self._log.failure("Monitor on {queue} failed", result, queue=name)
                     done.errback(result)
