@@ -134,8 +134,8 @@ _LENGTH[[_ADD, _ADDX, _ADD_XID, _CONTINUE]] = 0
 #: Per add opcode: where its i32 block size is, the bytes before the block, its minimum.
 _SIZE_AT = {_ADD: (1, 5, 4), _ADDX: (1, 5, 16), _ADD_XID: (5, 9, 16), _CONTINUE: (5, 9, 16)}
 #: Bytes whose possible records are found at once (see L{frame_records}); it bounds
-#: the framer's memory (about 3 bytes per byte of the chunk).
-CHUNK = 4 << 20
+#: the framer's memory (about 10 bytes per byte of the chunk).
+CHUNK = 1 << 20
 #: Bytes of a chunk whose chain is followed at once: short windows keep the pointer
 #: doubling to a few steps.
 WINDOW = 1 << 16
@@ -269,7 +269,8 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
     One L{CHUNK} at a time, every opcode byte is found in one pass
     (C{data <= 9}); those that start a valid record that fits (L{_links}: the
     zero bytes of heads are dropped first, on their block size alone) become
-    nodes linked to the node just past their record; the chain from the chunk's first record is then
+    nodes, each linked (through a table of node by position) to the node just
+    past its record; the chain from the chunk's first record is then
     followed one L{WINDOW} of nodes at a time (L{_chain}). A record that runs
     past the chunk starts the next chunk at its end.
 
@@ -291,10 +292,10 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
         at, length, valid = _links(data, at)
         nodes = at[valid]
         nxt = nodes + length[valid]
-        idx = np.searchsorted(nodes, nxt)
-        inside = idx < len(nodes)
-        inside[inside] = nodes[idx[inside]] == nxt[inside]
-        succ = np.where(inside, idx, -1)
+        # node index by position in the chunk (-1: no node there, or past the chunk)
+        slot = np.full(stop - pos + 1, -1, np.int64)
+        slot[nodes - pos] = np.arange(len(nodes))
+        succ = slot[np.minimum(nxt - pos, stop - pos)]
         first = 0  # pos is a whole record: the chunk's first node
         while True:
             window_end = max(first + 1, int(np.searchsorted(nodes, nodes[first] + WINDOW)))
