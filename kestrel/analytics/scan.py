@@ -138,7 +138,7 @@ _SIZE_AT = {_ADD: (1, 5, 4), _ADDX: (1, 5, 16), _ADD_XID: (5, 9, 16), _CONTINUE:
 CHUNK = 1 << 20
 #: Bytes of a chunk whose chain is followed at once: short windows keep the pointer
 #: doubling to a few steps.
-WINDOW = 1 << 16
+WINDOW = 1 << 18
 
 #: Kept for callers that set it; the framer no longer filters block sizes by the bytes left.
 SMALL = 1 << 24
@@ -293,7 +293,7 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
         nodes = at[valid]
         nxt = nodes + length[valid]
         # node index by position in the chunk (-1: no node there, or past the chunk)
-        slot = np.full(stop - pos + 1, -1, np.int64)
+        slot = np.full(stop - pos + 1, -1, np.int32)
         slot[nodes - pos] = np.arange(len(nodes))
         succ = slot[np.minimum(nxt - pos, stop - pos)]
         first = 0  # pos is a whole record: the chunk's first node
