@@ -176,12 +176,13 @@ def _fifo(op: np.ndarray, xid: np.ndarray, size: np.ndarray, emit: np.ndarray) -
     o64 = op.astype(np.int64)
     is_add = np.isin(o64, _ADD_OPS)
     adds = np.flatnonzero(is_add)
-    stepped = np.flatnonzero(np.isin(o64, _STEPPED_OPS))
+    is_stepped = np.isin(o64, _STEPPED_OPS)
+    stepped = np.flatnonzero(is_stepped)
     added = np.cumsum(is_add)  # adds at or before each record
     before = (added - is_add)[stepped]
     # the last stepped record at or before each emitted row: the state is taken after it
-    last = np.maximum.accumulate(np.where(np.isin(o64, _STEPPED_OPS), np.arange(n), -1))[emit] \
-        if n else np.zeros(0, np.int64)
+    last = np.maximum.accumulate(np.where(is_stepped, np.arange(n), -1))[emit] if n else \
+        np.zeros(0, np.int64)
     flag = np.zeros(n, bool)
     flag[last[last >= 0]] = True
 
