@@ -16,6 +16,7 @@ with the same code (L{write_outputs}), so their outputs are identical.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +32,29 @@ from kestrel.analytics import tables
 from kestrel.analytics.layout import JournalFile, LayoutError, Plan, is_local
 from kestrel.analytics.pipeline import Progress, finish, plan_inputs, stage
 from kestrel.analytics.scan import SCHEMA, TRAILER_OP, Decoded, decode_local, read_local
+
+#: glibc's mallopt parameters: allocations up to 32 MiB come from the heap, and up to
+#: 256 MiB freed at its top is kept for the next allocation.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD, _TRIM_THRESHOLD = 32 << 20, 256 << 20
+
+
+def reuse_freed_memory() -> None:
+    """
+    Let this process reuse the memory of freed numpy temporaries (glibc only; else nothing).
+
+    Decoding allocates and frees arrays of a few MiB per chunk and per queue; by
+    default glibc maps each one afresh and the kernel zero-fills every page of it,
+    which cost a fifth of the engine's CPU time. Held memory grows by at most the
+    trim threshold.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
 
 _TRAILER_COLS = ["server", "queue", "file", "archive", "file_seq", "xid", "size", "offset",
                  "add_ms", "expiry_ms", "problem"]
@@ -87,6 +111,7 @@ def analyse_group(files: Sequence[JournalFile]) -> dict[str, pd.DataFrame]:
     The queues of the group are analysed one at a time (memory holds one
     queue's records; sorts and groupings stay small), then concatenated.
     """
+    reuse_freed_memory()
     by_queue: dict[tuple[str, str], list[JournalFile]] = defaultdict(list)
     for f in files:
         by_queue[(f.server, f.queue)].append(f)

@@ -43,7 +43,6 @@ as Spark's C{percentile_approx} on small groups).
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import attrs
 import numpy as np
@@ -60,6 +59,11 @@ SAVE_XID, UNREMOVE, CONFIRM_REMOVE = (int(Opcode.SAVE_XID), int(Opcode.UNREMOVE)
 
 #: Marks an absent value in the integer columns.
 NONE = np.iinfo(np.int64).min
+
+_ADD_OPS = [int(o) for o in ADD_OPCODES]
+#: The records the replay steps through one at a time: all but the plain adds.
+_STEPPED_OPS = [REMOVE, REMOVE_TENTATIVE, SAVE_XID, UNREMOVE, CONFIRM_REMOVE, CONTINUE,
+                REMOVE_TENTATIVE_XID]
 
 MINUTE_MS = 60_000
 
@@ -139,6 +143,122 @@ def record_clock(est: np.ndarray) -> np.ndarray:
     return clock
 
 
+@attrs.frozen
+class _Fifo:
+    """What the replay rules leave: who removed each item, and the state at some records."""
+
+    removed_at: np.ndarray
+    queued_after: np.ndarray
+    open_after: np.ndarray
+    bytes_after: np.ndarray
+    left: list[int]
+    queued: int
+    open_reads: int
+    bytes_left: int
+    lost: int
+
+
+def _fifo(op: np.ndarray, xid: np.ndarray, size: np.ndarray, emit: np.ndarray) -> _Fifo:
+    """
+    Apply the replay rules (module docstring) to item positions; report the state at C{emit}.
+
+    The queue is the items put back at the head by UNREMOVE (a short stack),
+    then the added items from the C{ptr}-th on, in record order: an add needs
+    no step (the number of adds before each record is counted in bulk), so only
+    the other records take a Python step each. Bytes are summed in bulk from
+    what each record added and removed.
+
+    @return: C{removed_at[j]}, the record that removed item C{j} for good (-1:
+        none), and after each row of C{emit} (sorted record indices) the queued
+        items, open reads and bytes.
+    """
+    n = len(op)
+    o64 = op.astype(np.int64)
+    is_add = np.isin(o64, _ADD_OPS)
+    adds = np.flatnonzero(is_add)
+    is_stepped = np.isin(o64, _STEPPED_OPS)
+    stepped = np.flatnonzero(is_stepped)
+    added = np.cumsum(is_add)  # adds at or before each record
+    before = (added - is_add)[stepped]
+    # the last stepped record at or before each emitted row: the state is taken after it
+    last = np.maximum.accumulate(np.where(is_stepped, np.arange(n), -1))[emit] if n else \
+        np.zeros(0, np.int64)
+    flag = np.zeros(n, bool)
+    flag[last[last >= 0]] = True
+
+    removed_at = [-1] * n
+    adds_list = adds.tolist()
+    snap_at: list[int] = []
+    snap_gone: list[int] = []
+    snap_open: list[int] = []
+    lost_at: list[int] = []
+    lost_item: list[int] = []
+    head: list[int] = []  # items put back at the head; the last one is first out
+    open_reads: dict[int, int] = {}
+    counter = ptr = 0
+    remove, open_xid, open_legacy = REMOVE, REMOVE_TENTATIVE_XID, REMOVE_TENTATIVE
+    confirm, unremove, cont = CONFIRM_REMOVE, UNREMOVE, CONTINUE
+    for i, o, x, a, e in zip(stepped.tolist(), o64[stepped].tolist(),
+                             xid[stepped].tolist(), before.tolist(), flag[stepped].tolist(),
+                             strict=True):
+        if o == remove:  # removed
+            if head:
+                removed_at[head.pop()] = i
+            elif ptr < a:
+                removed_at[adds_list[ptr]] = i
+                ptr += 1
+        elif o == open_xid or o == open_legacy:  # opened
+            x = counter = x if o == open_xid else next_xid(counter, open_reads)
+            if head:
+                j = head.pop()
+            elif ptr < a:
+                j = adds_list[ptr]
+                ptr += 1
+            else:
+                j = -1
+            if j >= 0:
+                old = open_reads.get(x)
+                if old is not None:
+                    lost_at.append(i)
+                    lost_item.append(old)
+                open_reads[x] = j
+        elif o == confirm or o == cont:  # confirmed (and added, for CONTINUE)
+            j = open_reads.pop(x, -1)
+            if j >= 0:
+                removed_at[j] = i
+        elif o == unremove:  # unremoved
+            j = open_reads.pop(x, -1)
+            if j >= 0:
+                head.append(j)
+        else:  # xid_saved
+            counter = x
+        if e:
+            snap_at.append(i)
+            snap_gone.append(ptr - len(head))
+            snap_open.append(len(open_reads))
+
+    removed = np.asarray(removed_at, np.int64)
+    delta = np.zeros(n, np.int64)
+    delta[adds] = size[adds]
+    gone = np.flatnonzero(removed >= 0)
+    delta[removed[gone]] -= size[gone]
+    if lost_at:
+        delta[lost_at] -= size[lost_item]
+    nbytes = np.cumsum(delta)
+    gone_at = np.zeros(n, np.int64)
+    open_at = np.zeros(n, np.int64)
+    gone_at[snap_at] = snap_gone
+    open_at[snap_at] = snap_open
+    has = last >= 0
+    at = np.maximum(last, 0)
+    total = len(adds)
+    return _Fifo(removed, added[emit] - np.where(has, gone_at[at], 0),
+                 np.where(has, open_at[at], 0), nbytes[emit],
+                 head + adds_list[ptr:] + list(open_reads.values()),
+                 len(head) + total - ptr, len(open_reads), int(nbytes[-1]) if n else 0,
+                 len(lost_at))
+
+
 def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.ndarray,
                  expiry_ms: np.ndarray, time_lb_ms: np.ndarray, time_ub_ms: np.ndarray,
                  time_est_ms: np.ndarray, filler: np.ndarray) -> QueueReplay:
@@ -157,69 +277,8 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     if n > 1:
         last_of_minute[:-1] = minute[:-1] != minute[1:]
 
-    ops = op.tolist()
-    xids = xid.tolist()
-    sizes = size.tolist()
-    emits = last_of_minute.tolist()
-    removed_at = [-1] * n
-    queue: deque[int] = deque()
-    open_reads: dict[int, int] = {}
-    nbytes = 0
-    lost = 0
-    counter = 0
-    out_q: list[int] = []
-    out_o: list[int] = []
-    out_b: list[int] = []
-    out_i: list[int] = []
-    # The record-to-event table of kestrel.journal.events, over opcode columns
-    # and item positions: see the module docstring for why this is not a
-    # second switch. Opcodes bound to locals: compared as fast as literals.
-    add, addx, add_xid, cont = ADD, ADDX, ADD_XID, CONTINUE
-    remove, open_xid, open_legacy = REMOVE, REMOVE_TENTATIVE_XID, REMOVE_TENTATIVE
-    confirm, unremove, save_xid = CONFIRM_REMOVE, UNREMOVE, SAVE_XID
-    for i in range(n):
-        o = ops[i]
-        if o == addx or o == add or o == add_xid:  # added
-            queue.append(i)
-            nbytes += sizes[i]
-        elif o == remove:  # removed
-            if queue:
-                j = queue.popleft()
-                removed_at[j] = i
-                nbytes -= sizes[j]
-        elif o == open_xid or o == open_legacy:  # opened
-            if o == open_xid:
-                x = counter = xids[i]
-            else:
-                x = counter = next_xid(counter, open_reads)
-            if queue:
-                j = queue.popleft()
-                old = open_reads.get(x)
-                if old is not None:
-                    lost += 1
-                    nbytes -= sizes[old]
-                open_reads[x] = j
-        elif o == confirm or o == cont:  # confirmed (and added, for CONTINUE)
-            j = open_reads.pop(xids[i], -1)
-            if j >= 0:
-                removed_at[j] = i
-                nbytes -= sizes[j]
-            if o == cont:
-                queue.append(i)
-                nbytes += sizes[i]
-        elif o == unremove:  # unremoved
-            j = open_reads.pop(xids[i], -1)
-            if j >= 0:
-                queue.appendleft(j)
-        elif o == save_xid:  # xid_saved
-            counter = xids[i]
-        if emits[i]:
-            out_i.append(i)
-            out_q.append(len(queue))
-            out_o.append(len(open_reads))
-            out_b.append(nbytes)
-
-    removed = np.asarray(removed_at, dtype=np.int64)
+    fifo = _fifo(op, xid, size, np.flatnonzero(last_of_minute))
+    removed = fifo.removed_at
     is_add = np.isin(op, ADD_OPCODES)
     real = is_add & ~filler.astype(bool)
     done = real & (removed >= 0) & (add_ms != NONE)
@@ -231,8 +290,7 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     wait_ub = np.where(ub != NONE, np.maximum(ub - added, 0), wait_lb)
 
     left = np.zeros(n, dtype=bool)
-    left_idx = list(queue) + list(open_reads.values())
-    left[left_idx] = True
+    left[fifo.left] = True
     has_exp = real & (expiry_ms != NONE)
     timed_exp = has_exp & (add_ms != NONE)
     ttl = (expiry_ms - add_ms)[timed_exp]
@@ -257,16 +315,16 @@ def replay_queue(op: np.ndarray, xid: np.ndarray, size: np.ndarray, add_ms: np.n
     left_expired = (int((left_exp & (expiry_ms <= last_clock)).sum())
                     if last_clock is not None else 0)
 
-    idx = np.asarray(out_i, dtype=np.int64)
+    idx = np.flatnonzero(last_of_minute)
     return QueueReplay(
         backlog_minute_ms=minute[idx],
-        backlog_queued=np.asarray(out_q, dtype=np.int64),
-        backlog_open=np.asarray(out_o, dtype=np.int64),
-        backlog_bytes=np.asarray(out_b, dtype=np.int64),
-        queued=len(queue),
-        open_reads=len(open_reads),
-        bytes_left=nbytes,
-        lost_open_reads=lost,
+        backlog_queued=fifo.queued_after.astype(np.int64),
+        backlog_open=fifo.open_after.astype(np.int64),
+        backlog_bytes=fifo.bytes_after.astype(np.int64),
+        queued=fifo.queued,
+        open_reads=fifo.open_reads,
+        bytes_left=fifo.bytes_left,
+        lost_open_reads=fifo.lost,
         wait_lb_ms=wait_lb.astype(np.int64),
         wait_ub_ms=wait_ub.astype(np.int64),
         with_expiry=int(has_exp.sum()),

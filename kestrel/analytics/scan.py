@@ -134,16 +134,18 @@ _LENGTH[[_ADD, _ADDX, _ADD_XID, _CONTINUE]] = 0
 #: Per add opcode: where its i32 block size is, the bytes before the block, its minimum.
 _SIZE_AT = {_ADD: (1, 5, 4), _ADDX: (1, 5, 16), _ADD_XID: (5, 9, 16), _CONTINUE: (5, 9, 16)}
 #: Bytes whose possible records are found at once (see L{frame_records}); it bounds
-#: the framer's memory (about 3 bytes per byte of the chunk).
-CHUNK = 4 << 20
+#: the framer's memory (about 10 bytes per byte of the chunk).
+CHUNK = 1 << 20
 #: Bytes of a chunk whose chain is followed at once: short windows keep the pointer
 #: doubling to a few steps.
-WINDOW = 1 << 16
+WINDOW = 1 << 18
 
-#: Below this many bytes to the end, no block size has a non-zero high byte.
+#: Kept for callers that set it; the framer no longer filters block sizes by the bytes left.
 SMALL = 1 << 24
 
 _VALID, _TRUNCATED, _SHORT = 0, 1, 2
+#: The largest opcode byte.
+_MAX_OP = max(int(o) for o in Opcode)
 #: Per opcode byte: the bytes of its head (the whole record for fixed ones), whether it
 #: has a block, whether its size is after an xid, and the block's minimum size.
 _HEAD = np.where(_LENGTH > 0, _LENGTH, 0)
@@ -202,25 +204,38 @@ def _problem(data: np.ndarray, pos: int) -> str | None:
     return None
 
 
-def _maybe_records(data: np.ndarray, start: int, stop: int) -> np.ndarray:
+def _links(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
-    Return, per byte of C{[start, stop)}, whether a whole record may start there.
+    Return the opcode positions of C{at} that may start a record, their records' lengths,
+    and which of those records are valid.
 
-    Byte-wide tests over the whole range (cheap, next to reading heads): the
-    byte is an opcode and, for a zero byte (the legacy ADD, and most of the
-    opcode bytes a journal's heads hold: high bytes of sizes and times, empty
-    expiries), its block size (the next four bytes) is at least 4 and, when
-    less than 16 MiB follow, below 16 MiB. Only positions that cannot start
-    a whole record are left out; L{_headers} decides about the rest.
+    The lean bulk form of L{_headers} (the same rules: a record is valid when its
+    head and block fit in C{data} and an add's block is at least its minimum):
+    one i32 read per position (a second only for the opcodes whose size follows an
+    xid), read positions clipped inside the data (a clipped read belongs to a record
+    that does not fit, which is invalid anyway).
     """
-    n = stop - start
-    ext = data[start:min(len(data), stop + 5)]
-    if len(ext) < n + 5:
-        ext = np.concatenate((ext, np.zeros(n + 5 - len(ext), np.uint8)))
-    op, s1, s2, s3, s4 = (ext[k:k + n] for k in range(5))
-    bad = (s4 != 0) if len(data) - start < SMALL else (s4 >= 128)
-    bad |= (s1 < 4) & (s2 == 0) & (s3 == 0) & (s4 == 0)
-    return (op <= 9) & ~((op == _ADD) & bad)
+    end = len(data)
+    ops = data[at]
+    if end < 4:
+        head = _HEAD[ops]
+        return at, head, (at + head <= end) & ~_HAS_BLOCK[ops]
+    view = np.ndarray((end - 3,), "<i4", data, 0, (1,))
+    size32 = view[np.minimum(at + 1, end - 4)]
+    # most candidates are zero bytes of heads (sizes, times, empty expiries): an ADD
+    # whose block is under 4 bytes or runs past the end, rejected before any wider work
+    keep = np.flatnonzero((ops != _ADD) | ((size32 >= _MINIMUM[_ADD])
+                                           & (size32 <= end - _HEAD[_ADD] - at)))
+    at, ops = at[keep], ops[keep]
+    size = size32[keep].astype(np.int64)
+    head = _HEAD[ops]
+    late = np.flatnonzero(_SIZE_LATE[ops])
+    if len(late):
+        size[late] = view[np.minimum(at[late] + 5, end - 4)]
+    block = _HAS_BLOCK[ops]
+    length = np.where(block, head + size, head)
+    valid = (at + length <= end) & (~block | (size >= _MINIMUM[ops]))
+    return at, length, valid
 
 
 def _chain(succ: np.ndarray, first: int, stop: int) -> np.ndarray:
@@ -251,9 +266,11 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
     """
     Find where every whole record of C{buf} starts, without a Python step per record.
 
-    One L{CHUNK} at a time, every byte that could start a whole record (an
-    opcode whose record is valid and fits) becomes a node linked to the node
-    just past its record; the chain from the chunk's first record is then
+    One L{CHUNK} at a time, every opcode byte is found in one pass
+    (C{data <= 9}); those that start a valid record that fits (L{_links}: the
+    zero bytes of heads are dropped first, on their block size alone) become
+    nodes, each linked (through a table of node by position) to the node just
+    past its record; the chain from the chunk's first record is then
     followed one L{WINDOW} of nodes at a time (L{_chain}). A record that runs
     past the chunk starts the next chunk at its end.
 
@@ -270,15 +287,15 @@ def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int,
         if problem is not None:
             break
         stop = min(end, pos + CHUNK)
-        at = np.flatnonzero(_maybe_records(data, pos, stop)).astype(np.int64) + pos
-        length, status, _ = _headers(data, at)
-        valid = status == _VALID
+        at = np.flatnonzero(data[pos:stop] <= _MAX_OP)
+        at += pos
+        at, length, valid = _links(data, at)
         nodes = at[valid]
         nxt = nodes + length[valid]
-        idx = np.searchsorted(nodes, nxt)
-        inside = idx < len(nodes)
-        inside[inside] = nodes[idx[inside]] == nxt[inside]
-        succ = np.where(inside, idx, -1)
+        # node index by position in the chunk (-1: no node there, or past the chunk)
+        slot = np.full(stop - pos + 1, -1, np.int32)
+        slot[nodes - pos] = np.arange(len(nodes))
+        succ = slot[np.minimum(nxt - pos, stop - pos)]
         first = 0  # pos is a whole record: the chunk's first node
         while True:
             window_end = max(first + 1, int(np.searchsorted(nodes, nodes[first] + WINDOW)))

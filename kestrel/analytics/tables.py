@@ -189,10 +189,14 @@ def queue_flow(server: str, queue: str, c: dict[str, np.ndarray]) -> pd.DataFram
     minute = np.where(known, est // MINUTE_MS * MINUTE_MS, NONE)
     # an unknown minute is its own group, last (as pandas puts a missing key)
     key = np.where(known, minute, np.iinfo(np.int64).max)
-    order = np.argsort(key, kind="stable")
-    keys, group = np.unique(key[order], return_inverse=True)
-    g = np.empty(len(op), np.int64)
-    g[order] = group
+    if (key[1:] >= key[:-1]).all():  # the usual case: one stretch of time
+        change = np.concatenate(([True], key[1:] != key[:-1]))
+        keys, g = key[change], np.cumsum(change) - 1
+    else:
+        order = np.argsort(key, kind="stable")
+        keys, group = np.unique(key[order], return_inverse=True)
+        g = np.empty(len(op), np.int64)
+        g[order] = group
     groups = len(keys)
 
     def count(mask: np.ndarray) -> np.ndarray:
@@ -229,8 +233,14 @@ def queue_flow(server: str, queue: str, c: dict[str, np.ndarray]) -> pd.DataFram
     out.loc[last == NONE, "last_ms"] = pd.NA
     # nearest-rank size percentiles of every minute at once: sort by (minute, size)
     codes, vals = g[t_add], sizes[t_add]
-    o = np.lexsort((vals, codes))
-    codes, vals = codes[o], vals[o]
+    if len(vals) and vals.min() >= 0 and (groups + 1) * (int(vals.max()) + 1) < 2**62:
+        # one sort of a combined key (sizes are never negative)
+        span = int(vals.max()) + 1
+        both = np.sort(codes * span + vals)
+        codes, vals = both // span, both % span
+    else:
+        o = np.lexsort((vals, codes))
+        codes, vals = codes[o], vals[o]
     counts = np.bincount(codes, minlength=groups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     has = counts > 0

@@ -6,7 +6,7 @@ import random
 from collections import deque
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 np = pytest.importorskip("numpy")
@@ -273,3 +273,76 @@ def test_opcode_groups_match_the_record_event_table() -> None:
     timed = {op for op, r in samples.items() if hasattr(r, "add_time_ms")}
     assert set(events.TIMED_OPCODES) == timed
     assert set(events.XID_OPCODES) == {op for op, r in samples.items() if hasattr(r, "xid")}
+
+
+def _model(ops: list[int], xids: list[int],
+           sizes: list[int]) -> tuple[list[int], list[tuple[int, int, int]], int, list[int]]:
+    """One step per record, on a deque and a dict: the replay rules as the module states them.
+
+    @return: per item, the record that removed it (-1: none); after each record, the queued
+        items, open reads and bytes; the reads lost to a reopened xid; the items left.
+    """
+    removed_at = [-1] * len(ops)
+    queue: deque[int] = deque()
+    open_reads: dict[int, int] = {}
+    after, nbytes, lost, counter = [], 0, 0, 0
+    for i, (o, x) in enumerate(zip(ops, xids, strict=True)):
+        if o in (0, 2, 7):
+            queue.append(i)
+            nbytes += sizes[i]
+        elif o == 1 and queue:
+            j = queue.popleft()
+            removed_at[j] = i
+            nbytes -= sizes[j]
+        elif o in (3, 9):
+            x = counter = x if o == 9 else records.next_xid(counter, open_reads)
+            if queue:
+                j = queue.popleft()
+                if x in open_reads:
+                    lost += 1
+                    nbytes -= sizes[open_reads[x]]
+                open_reads[x] = j
+        elif o in (6, 8):
+            j = open_reads.pop(x, -1)
+            if j >= 0:
+                removed_at[j] = i
+                nbytes -= sizes[j]
+            if o == 8:
+                queue.append(i)
+                nbytes += sizes[i]
+        elif o == 5 and x in open_reads:
+            queue.appendleft(open_reads.pop(x))
+        elif o == 4:
+            counter = x
+        after.append((len(queue), len(open_reads), nbytes))
+    return removed_at, after, lost, [*queue, *open_reads.values()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 300))
+def test_any_record_stream_replays_like_one_step_per_record(seed: int, n: int) -> None:
+    """On any stream (pops of an empty queue, unknown and reopened xids, aborts in a row,
+    legacy opens, other rows), the bulk replay leaves what one step per record leaves:
+    which record removed each item, the state after each minute, and what is left."""
+    rng = random.Random(seed)
+    weights = [rng.random() for _ in range(11)]  # each stream its own mix of records
+    rows = [(rng.choices([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, -1], weights)[0], rng.randrange(3),
+             rng.randrange(10), rng.random() < 0.1) for _ in range(n)]
+    op = np.array([r[0] for r in rows], np.int64)
+    xid = np.array([r[1] for r in rows], np.int64)
+    size = np.array([r[2] for r in rows], np.int64)
+    # a new minute after a record when its flag says so; every record timed, so waits show
+    # which record removed which item
+    est = np.cumsum([60_000 if r[3] else 1 for r in rows]).astype(np.int64)
+    add_ms = np.where(np.isin(op, [0, 2, 7, 8]), est, np.iinfo(np.int64).min)
+    none = np.full(n, np.iinfo(np.int64).min, np.int64)
+    got = replay_queue(op, xid, size, add_ms, none, est, est, est, np.zeros(n, bool))
+    removed_at, after, lost, left = _model(op.tolist(), xid.tolist(), size.tolist())
+    done = [j for j in range(n) if removed_at[j] >= 0]
+    assert got.wait_lb_ms.tolist() == [int(est[removed_at[j]] - est[j]) for j in done]
+    ends = [i for i in range(n) if i == n - 1 or est[i] // 60_000 != est[i + 1] // 60_000]
+    assert got.backlog_queued.tolist() == [after[i][0] for i in ends]
+    assert got.backlog_open.tolist() == [after[i][1] for i in ends]
+    assert got.backlog_bytes.tolist() == [after[i][2] for i in ends]
+    assert (got.queued + got.open_reads, got.lost_open_reads) == (len(left), lost)
+    assert got.bytes_left == after[-1][2]
