@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from kestrel.analytics.layout import Plan
+    from kestrel.analytics.pipeline import Progress
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the command-line parser."""
@@ -296,7 +299,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def _run_spark(args: argparse.Namespace, conf: dict[str, str],
                inputs: list[tuple[str, str]], archives: list[tuple[str, str]],
-               plan: object, say: object) -> dict:
+               plan: Plan | None, say: Progress) -> dict:
     from kestrel.analytics.job import run
     from kestrel.analytics.layout import LayoutError
 

@@ -84,6 +84,7 @@ class HadoopStaging:
         self.spark = spark
         self.out = out.rstrip("/")
         jvm = spark.sparkContext._jvm  # noqa: SLF001 - Hadoop FS is only reachable via the JVM
+        assert jvm is not None  # (a started SparkContext has its JVM gateway)
         self._path = jvm.org.apache.hadoop.fs.Path
         conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
         self.fs = self._path(self.out).getFileSystem(conf)
@@ -98,8 +99,9 @@ class HadoopStaging:
             return set()
         stream = self.fs.open(marker)
         try:
-            raw = bytes(self.spark.sparkContext._jvm.org.apache.commons.io.IOUtils  # noqa: SLF001
-                        .toByteArray(stream))
+            jvm = self.spark.sparkContext._jvm  # noqa: SLF001 - commons-io lives in the JVM
+            assert jvm is not None
+            raw = bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
         finally:
             stream.close()
         try:
@@ -154,6 +156,7 @@ def write_text(spark: SparkSession | None, out: str, name: str, text: str) -> No
         return
     assert spark is not None
     jvm = spark.sparkContext._jvm  # noqa: SLF001 - Hadoop FS is only reachable via the JVM
+    assert jvm is not None  # (a started SparkContext has its JVM gateway)
     path = jvm.org.apache.hadoop.fs.Path(join_uri(out, name))
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # noqa: SLF001
     stream = fs.create(path, True)

@@ -179,7 +179,7 @@ def _fifo(op: np.ndarray, xid: np.ndarray, size: np.ndarray, emit: np.ndarray) -
     is_stepped = np.isin(o64, _STEPPED_OPS)
     stepped = np.flatnonzero(is_stepped)
     added = np.cumsum(is_add)  # adds at or before each record
-    before = (added - is_add)[stepped]
+    before: np.ndarray = (added - is_add)[stepped]
     # the last stepped record at or before each emitted row: the state is taken after it
     last = np.maximum.accumulate(np.where(is_stepped, np.arange(n), -1))[emit] if n else \
         np.zeros(0, np.int64)
@@ -198,6 +198,7 @@ def _fifo(op: np.ndarray, xid: np.ndarray, size: np.ndarray, emit: np.ndarray) -
     counter = ptr = 0
     remove, open_xid, open_legacy = REMOVE, REMOVE_TENTATIVE_XID, REMOVE_TENTATIVE
     confirm, unremove, cont = CONFIRM_REMOVE, UNREMOVE, CONTINUE
+    a: int
     for i, o, x, a, e in zip(stepped.tolist(), o64[stepped].tolist(),
                              xid[stepped].tolist(), before.tolist(), flag[stepped].tolist(),
                              strict=True):

@@ -410,21 +410,21 @@ def render_report(summary: dict[str, Any], data: ReportData) -> str:
         q = summary["servers"].get(server, {}).get(queue)
         extra = f" (oldest item left: {_age(q['state'])})" if q and q["state"] else ""
         out.append(f"<h3>{esc(server)} / {esc(queue)}{esc(extra)}</h3>")
-        t = q["traffic"] if q else {"from_ms": None, "to_ms": None}
-        window = (t["from_ms"], t["to_ms"])
+        traffic = q["traffic"] if q else {"from_ms": None, "to_ms": None}
+        span = (traffic["from_ms"], traffic["to_ms"])
         out.append(svg_steps(f"traffic: items per {minutes}-minute bucket",
                              flow["bucket"].tolist(), data.bucket_ms,
                              {"enqueued": flow["enqueued"].tolist(),
                               "dequeued (est.)": flow["dequeued"].tolist(),
                               "confirmed": flow["confirmed"].tolist()},
-                             y_label=f"items / {minutes} min", window=window))
+                             y_label=f"items / {minutes} min", window=span))
         bl = data.backlog.get(key)
         if bl is not None:
             out.append(svg_steps("state: items a restart would hold, at each bucket's end",
                                  bl["bucket"].tolist(), data.bucket_ms,
                                  {"items": bl["items"].tolist(),
                                   "open reads": bl["open_reads"].tolist()},
-                                 y_label="items held", window=window))
+                                 y_label="items held", window=span))
         sz = data.sizes.get(key)
         if sz is not None:
             out.append(svg_bars("sizes of items clients added (log2 buckets)",

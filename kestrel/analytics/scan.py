@@ -262,7 +262,8 @@ def _chain(succ: np.ndarray, first: int, stop: int) -> np.ndarray:
     return chain + first
 
 
-def frame_records(buf: bytes | bytearray | memoryview) -> tuple[np.ndarray, int, str | None]:
+def frame_records(buf: bytes | bytearray | memoryview | mmap.mmap,
+                  ) -> tuple[np.ndarray, int, str | None]:
     """
     Find where every whole record of C{buf} starts, without a Python step per record.
 
@@ -319,7 +320,7 @@ def _gather(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndar
     return view[at]
 
 
-def scan_buffer(buf: bytes | bytearray | memoryview) -> Scan:
+def scan_buffer(buf: bytes | bytearray | memoryview | mmap.mmap) -> Scan:
     """
     Decode every whole record of C{buf}, never raising on bad data.
 

@@ -153,6 +153,7 @@ def list_with_spark(spark: SparkSession, folder: str) -> list[tuple[str, str, in
 
     sc = spark.sparkContext
     jvm = sc._jvm  # noqa: SLF001 - Hadoop's FileSystem is only reachable through the JVM
+    assert jvm is not None  # (a started SparkContext has its JVM gateway)
     path = jvm.org.apache.hadoop.fs.Path(folder)
     fs = path.getFileSystem(sc._jsc.hadoopConfiguration())  # noqa: SLF001
     if not fs.exists(path) or not fs.getFileStatus(path).isDirectory():

@@ -156,11 +156,11 @@ def replay_arrays(server: str, queue: str, cols: dict[str, np.ndarray]) -> pd.Da
                    strict=True))
     row.update(zip(TTL_COLS, percentiles(r.ttl_ms), strict=True))
     out = pd.concat([backlog, pd.DataFrame([row])], ignore_index=True)
-    cols = columns(REPLAY_DDL)
-    for c in cols:
+    names = columns(REPLAY_DDL)
+    for c in names:
         if c not in out:
             out[c] = None
-    return out[cols].astype({c: "Int64" for c in cols[3:]})
+    return out[names].astype({c: "Int64" for c in names[3:]})
 
 
 def queue_flow(server: str, queue: str, c: dict[str, np.ndarray]) -> pd.DataFrame:
