@@ -144,10 +144,7 @@ class ClientSession:
         return (len(fifo) if fifo else 0) + self._external_counts.get(name, 0)
 
     def _add_open_read(self, name: str, xid: int) -> None:
-        fifo = self._open_reads.get(name)
-        if fifo is None:
-            fifo = self._open_reads[name] = deque()
-        fifo.append(xid)
+        self._open_reads.setdefault(name, deque()).append(xid)
         if self.finished:
             self._stats.finished_but_add += 1
             self._abort_all_open_reads()
@@ -486,8 +483,10 @@ class ClientSession:
             return items
 
         def failed(failure: Failure) -> Failure:
-            if holding:
-                for _external, item in reversed(items):
+            for external, item in reversed(items):  # (the client gets the error, not them)
+                if open_read:  # (it never learns these ids: no timer, nobody to close them)
+                    self.server.external_reads.close(external, confirm=False)
+                else:
                     self._collection.unremove(name, item.xid)
             return failure
         return d.addCallbacks(finished, failed)

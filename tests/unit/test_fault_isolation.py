@@ -199,3 +199,57 @@ def test_pipelined_sets_refused_never_reach_a_blocked_reader(tmp_path, clock: Cl
     assert other.send(b"set bq 0 0 1\r\nd\r\n") == b"STORED\r\n"
     assert reader.take() == b"VALUE bq/t=4000/open 0 1\r\nd\r\nEND\r\n"
     server.collection.stopService()
+
+
+class _FillingDisk(Disk):
+    """A disk with room for C{room} more writes, then full."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self.room <= 0:
+            self.write_fails = True
+        self.room -= 1
+        return super().write(fd, data)
+
+
+def test_thrift_get_cut_by_a_full_disk_leaves_no_read_open(tmp_path, clock: Clock) -> None:
+    """
+    Fault (4) as measured: a thrift C{get} of two items with C{auto_abort_msec}
+    whose first open record fits on the disk and the second not. The client
+    gets the error and no id; the read it never learns of goes back to the
+    head once the journal can be written, with no auto-abort needed.
+    """
+    from twisted.logger import capturedLogs
+
+    from kestrel.session import ClientSession
+    from tests.support import make_server
+
+    server = make_server(clock, tmp_path, max_open_transactions=100)
+    for data in (b"a", b"b", b"c"):
+        assert value(server.collection.add("aq", data)) is True
+    q = server.collection.queue("aq")
+    disk = _FillingDisk(room=1)
+    q.journal._os_write = disk.write
+    q.journal._writer._os_write = disk.write
+    session = ClientSession(server, "thrift")
+    with capturedLogs():
+        got = session.get_items("aq", 2, None, 60_000)
+        with pytest.raises(JournalUnavailable):
+            value(got)
+        assert len(server.external_reads) == 0
+        clock.advance(0)
+        disk.write_fails, disk.room = False, 1 << 30
+        clock.advance(1)
+        q.journal._os_write = disk.write
+        q.journal._writer._os_write = disk.write
+        clock.advance(1)
+    assert q.journal_state == "ok"
+    assert q.open_read_count == 0 and q.length == 3
+    session.finish()
+    server.collection.stopService()
+    again = make_server(clock, tmp_path).collection
+    assert [value(again.remove("aq")).data for _ in range(3)] == [b"a", b"b", b"c"]
+    again.stopService()

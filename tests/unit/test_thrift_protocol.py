@@ -453,3 +453,32 @@ def test_waiting_get_keeps_reading_and_a_reset_ends_it(client, clock) -> None:
     client.protocol.connectionLost(None)
     assert queue.waiter_count == 0
     assert queue.add(b"x").result is True and queue.length == 1
+
+
+def test_get_cut_by_a_full_disk_is_an_error_and_leaves_no_read_open(clock, tmp_path) -> None:
+    """
+    A get whose second open record finds the disk full answers INTERNAL_ERROR
+    and no id; the read it opened first goes back to the head once the
+    journal can be written again (the auto-abort never runs).
+    """
+    from twisted.logger import capturedLogs
+
+    from tests.unit.test_fault_isolation import _FillingDisk
+
+    server = make_server(clock, tmp_path)
+    client = Client(server)
+    assert client.call("put", queue_name="q", items=[b"a", b"b", b"c"]) == 3
+    journal = server.collection.queue("q").journal
+    disk = _FillingDisk(room=1)
+    journal._os_write = journal._writer._os_write = disk.write
+    with capturedLogs():
+        exc = client.call("get", queue_name="q", max_items=2, auto_abort_msec=600_000)
+        assert exc.type == TApplicationException.INTERNAL_ERROR
+        assert "No space left on device" in exc.message
+        clock.advance(0)
+        disk.write_fails, disk.room = False, 1 << 30
+        clock.advance(1)
+        journal._os_write = journal._writer._os_write = disk.write
+        clock.advance(1)
+    assert client.call("peek", queue_name="q").open_transactions == 0
+    assert data_of(client.call("get", queue_name="q", max_items=5)) == [b"a", b"b", b"c"]
