@@ -23,7 +23,8 @@ from tests.faults.scenarios import SCENARIOS, applies, run_scenario, unavailable
 from tests.faults.workload import LONG, SHORT
 
 COLUMNS = ("scenario", "policy", "acknowledged", "refused", "injected", "lost", "undone",
-           "reappeared", "undone_confirms", "duplicated", "refused_served",
+           "reappeared", "undone_confirms", "duplicated", "refused_served", "refused_kept",
+           "refused_early",
            "memory_vs_journal", "stuck_open", "not_recovered", "tracebacks", "seconds")
 
 

@@ -130,20 +130,23 @@ def stuck_open(server: KestrelProcess, queues: list[str], when: str,
 
 
 def wait_writable(server: KestrelProcess, queue: str, probe: bytes,
-                  seconds: float = 10.0) -> bool:
+                  seconds: float = 10.0) -> int | None:
     """
     Store C{probe} on C{queue} until the server takes it (a failed queue
-    refuses adds until its journal can be written again); whether it did.
+    refuses adds until its journal can be written again): how many attempts
+    it refused (or left unanswered) before it did, or C{None} if it never did.
     """
     deadline = time.monotonic() + seconds
+    failed = 0
     while time.monotonic() < deadline:
         client = MemcacheClient(server.host, server.ports["memcache"])
         try:
             if client.set(queue, probe):
-                return True
+                return failed
         except (ProtocolError, OSError):
             pass
         finally:
             client.close()
+        failed += 1
         time.sleep(0.1)
-    return False
+    return None

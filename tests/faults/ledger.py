@@ -37,6 +37,24 @@ Outside the windows nothing may be undone, under any policy.
 
 Items are bytes that are unique within a run; a scenario that delivers the
 same item on several queues (fanout) keys it by queue (L{key}).
+
+A refused add to a fanout master is the one refusal that may leave copies:
+the queues that took it (the master, the children that accepted) keep it
+(reliability.md, "Fanout: all or nothing for the producer"). Such a refusal
+is recorded with L{FaultLedger.refused_fanout}: on each queue that may have
+taken it the item may be delivered once per refused attempt (C{kept}); on
+the child whose journal the fault failed it is refused as any other
+(L{FaultLedger.refused_adds}: never served). A retried add (the same item
+refused, then acknowledged) may likewise be delivered once per attempt.
+
+One refusal may still have reached a reader on its own queue (journal.md,
+"When the disk fails", its limits): an add waiting for its fsync (under a
+policy that does not answer adds before it) is visible to readers while the
+fsync runs; if that fsync fails, the add is refused although a reader may
+already hold the item. So an add refused in a doubt window (or up to
+L{SLACK_SECONDS} after its end) under such a policy may be delivered once,
+but only before (or within L{SLACK_SECONDS} of) its refusal
+(C{refused_early}); served later, it is C{refused_served}.
 """
 
 from __future__ import annotations
@@ -104,6 +122,11 @@ class FaultLedger(Ledger):
         super().__init__()
         self.policy = policy
         self.refused: set[bytes] = set()
+        #: Per item, the refused fanout adds that may have left a copy of it (see the docstring).
+        self.kept: Counter[bytes] = Counter()
+        #: When each refused item was first refused, and each item first delivered.
+        self.refused_at: dict[bytes, float] = {}
+        self.first_delivery: dict[bytes, float] = {}
         self.ack_time: dict[bytes, float] = {}
         #: Per item, each acknowledged confirmation: [when, deliveries after it (until the
         #: next confirmation), when the first of them came].
@@ -125,12 +148,29 @@ class FaultLedger(Ledger):
 
     def refused_adds(self, ids: list[bytes]) -> None:
         """These adds got an error reply: they must never be served."""
+        now = time.monotonic()
         with self._lock:
             self.refused.update(ids)
+            for item in ids:
+                self.refused_at.setdefault(item, now)
+
+    def refused_fanout(self, ids: list[bytes]) -> None:
+        """
+        These adds to a fanout master got an error reply, but their queues
+        may have taken them (and keep them): each may be delivered once more
+        per such refusal, and never more.
+        """
+        now = time.monotonic()
+        with self._lock:
+            self.refused.update(ids)
+            self.kept.update(ids)
+            for item in ids:
+                self.refused_at.setdefault(item, now)
 
     def delivered(self, item: bytes) -> None:
         """A client received C{item}."""
         with self._lock:
+            self.first_delivery.setdefault(item, time.monotonic())
             if item in self.confirms:
                 last = self.confirms[item][-1]
                 last[1] += 1
@@ -182,36 +222,85 @@ class FaultLedger(Ledger):
         before = self.policy.period + SLACK_SECONDS
         return allowed and any(start - before <= when <= end for start, end in self.windows)
 
+    def copies(self, item: bytes) -> int:
+        """
+        How many copies of C{item} the server may hold: one, plus one per
+        refused fanout add that may have left one when the item was (also)
+        acknowledged.
+        """
+        return max(1, self.kept[item] + (item in self.acked))
+
     def _back(self) -> tuple[set[bytes], Counter[bytes]]:
         """
-        Items delivered after a confirmation the policy does not let undo
-        (or more than once after one it does), and per item the count of
-        confirmations it let undo.
+        Items delivered after confirmations the policy does not let undo
+        (or more than once after one it does) more often than their extra
+        copies explain, and per item the count of confirmations it let undo.
         """
         reappeared: set[bytes] = set()
         undone: Counter[bytes] = Counter()
         for item, confirms in self.confirms.items():
+            unexcused = 0
             for when, after, again in confirms:
                 if after == 1 and self.in_doubt(when, confirm=True, again=again):
                     undone[item] += 1
-                elif after:
-                    reappeared.add(item)
+                else:
+                    unexcused += int(after)
+            if unexcused > self.copies(item) - 1:
+                reappeared.add(item)
         return reappeared, undone
+
+    def _refused_served(self, undone: Counter[bytes]) -> set[bytes]:
+        """
+        Refused items that were delivered: any delivery of one no queue may
+        have kept, or more deliveries than its kept copies (and their reads
+        reopened or confirmations undone) explain.
+        """
+        return {item for item in self.refused - self.acked if self.deliveries[item] and (
+            self.deliveries[item] > self._allowed(item, undone)
+            or not (self.kept[item] or self._early(item)))}
+
+    def _early(self, item: bytes) -> bool:
+        """
+        Whether the refused C{item} may have reached a reader of its own
+        queue while its failing fsync ran (see the module docstring).
+        """
+        if not self.policy.fsyncs or self.policy.adds_before_fsync:
+            return False
+        refused, delivered = self.refused_at[item], self.first_delivery[item]
+        before = self.policy.period + SLACK_SECONDS
+        return delivered <= refused + SLACK_SECONDS and any(
+            start - before <= refused <= end + SLACK_SECONDS for start, end in self.windows)
+
+    def _allowed(self, item: bytes, undone: Counter[bytes]) -> int:
+        """How often C{item} may be delivered: once per copy, read reopened, undone confirm."""
+        return self.copies(item) + self.open_at_crash[item] + undone[item]
 
     def examples(self, count: int = 3) -> list[str]:
         """A few items of each kind of failure, to look for in the server's log."""
         with self._lock:
             lost = sorted(i for i in self.acked if self.deliveries[i] == 0
                           and not self.in_doubt(self.ack_time.get(i)))
-            served = sorted(self.refused & set(self.deliveries))
-            back = sorted(self._back()[0])
+            back_set, undone = self._back()
+            served = sorted(self._refused_served(undone))
+            back = sorted(back_set)
         out = []
         for name, items in (("lost", lost), ("refused but served", served),
                             ("confirmed, then delivered again", back)):
             if items:
                 shown = b", ".join(i[:40] for i in items[:count]).decode("latin-1")
                 out.append(f"{name}: {len(items)}, e.g. {shown}")
+        for item in served[:count]:
+            out.append(f"  {item[:40].decode('latin-1')}: {self._when_served(item)}")
         return out
+
+    def _when_served(self, item: bytes) -> str:
+        """When a refused C{item} was refused and served, against the doubt windows."""
+        refused = self.refused_at[item]
+        windows = ", ".join(f"{start - refused:+.2f}..{end - refused:+.2f} s"
+                            for start, end in self.windows) or "none"
+        first = self.first_delivery[item] - refused
+        return (f"served {self.deliveries[item]}x, first {first:+.2f} s after its refusal; "
+                f"fsync windows {windows}")
 
     def verdict(self) -> dict[str, int]:
         """The counts of the check (see the module docstring)."""
@@ -225,7 +314,8 @@ class FaultLedger(Ledger):
                         lost += 1
             reappeared, undone_confirms = self._back()
             duplicated = sum(1 for item, n in self.deliveries.items()
-                             if n > 1 + self.open_at_crash[item] + undone_confirms[item])
+                             if n > self._allowed(item, undone_confirms))
+            served = self._refused_served(undone_confirms)
             return {
                 "acknowledged": len(self.acked),
                 "refused": len(self.refused),
@@ -235,7 +325,11 @@ class FaultLedger(Ledger):
                 "reappeared": len(reappeared),
                 "undone_confirms": sum(undone_confirms.values()),
                 "duplicated": duplicated,
-                "refused_served": len(self.refused & set(self.deliveries)),
+                "refused_served": len(served),
+                "refused_kept": sum(1 for item in self.refused - self.acked - served
+                                    if self.deliveries[item] and self.kept[item]),
+                "refused_early": sum(1 for item in self.refused - self.acked - served
+                                     if self.deliveries[item] and not self.kept[item]),
                 "memory_vs_journal": len(self.problems.memory_vs_journal),
                 "stuck_open": len(self.problems.stuck_open),
                 "injected": self.injected,

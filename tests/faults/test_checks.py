@@ -15,7 +15,8 @@ from tests.chaos.clients import MemcacheClient, ProtocolError, ThriftClient
 from tests.chaos.harness import PROTOCOLS, ChaosServer
 from tests.faults.checks import journal_items, memory_vs_journal, stuck_open
 from tests.faults.inject import Strace, ptrace_unavailable
-from tests.faults.ledger import POLICIES, FaultLedger
+from tests.faults.ledger import POLICIES, FaultLedger, key
+from tests.faults.workload import refused
 
 
 def _ledger(policy: str) -> FaultLedger:
@@ -102,6 +103,113 @@ def test_a_refused_item_served_is_counted() -> None:
     ledger.refused_adds([b"r"])
     ledger.delivered(b"r")
     assert ledger.verdict()["refused_served"] == 1
+
+
+def _fanout_refusal(ledger: FaultLedger, item: bytes) -> None:
+    """An add of C{item} to fq refused because fq+a's journal failed (fq, fq+b may keep it)."""
+    refused(ledger, [item], ["fq", "fq+a", "fq+b"], ("fq+a",))
+
+
+def test_a_refused_fanout_add_may_come_once_from_the_queues_that_took_it() -> None:
+    """Served once from fq and from fq+b: allowed (kept), not refused_served."""
+    ledger = FaultLedger(POLICIES["always+durable"])
+    _fanout_refusal(ledger, b"x")
+    for queue in ("fq", "fq+b"):
+        ledger.delivered(key(queue, b"x"))
+        ledger.confirmed_all([key(queue, b"x")])
+    verdict = ledger.verdict()
+    assert (verdict["refused_served"], verdict["refused_kept"], verdict["duplicated"],
+            verdict["reappeared"]) == (0, 2, 0, 0)
+
+
+def test_the_fanout_allowance_hides_nothing_served_from_the_failing_child() -> None:
+    """The same refusal served from fq+a, whose journal failed, is refused_served."""
+    ledger = FaultLedger(POLICIES["always+durable"])
+    _fanout_refusal(ledger, b"x")
+    for queue in ("fq", "fq+a", "fq+b"):
+        ledger.delivered(key(queue, b"x"))
+    verdict = ledger.verdict()
+    assert (verdict["refused_served"], verdict["refused_kept"]) == (1, 2)
+    assert ledger.examples()[0] == "refused but served: 1, e.g. fq+a:x"
+
+
+def test_a_kept_copy_comes_at_most_once_per_refused_attempt() -> None:
+    """Refused once, kept in fq+b, confirmed there, then served again: wrong."""
+    ledger = FaultLedger(POLICIES["always+durable"])
+    _fanout_refusal(ledger, b"x")
+    ledger.delivered(key("fq+b", b"x"))
+    ledger.confirmed_all([key("fq+b", b"x")])
+    ledger.delivered(key("fq+b", b"x"))
+    verdict = ledger.verdict()
+    assert (verdict["refused_served"], verdict["duplicated"], verdict["reappeared"]) == (1, 1, 1)
+
+
+def test_a_retried_fanout_add_may_come_once_per_attempt_but_not_from_the_failing_child(
+) -> None:
+    """Refused once then acknowledged: twice from fq and fq+b, once only from fq+a."""
+    ledger = FaultLedger(POLICIES["always+durable"])
+    _fanout_refusal(ledger, b"probe")
+    ledger.acknowledged([key(q, b"probe") for q in ("fq", "fq+a", "fq+b")])
+    for queue in ("fq", "fq", "fq+a", "fq+b", "fq+b"):
+        ledger.delivered(key(queue, b"probe"))
+        ledger.confirmed_all([key(queue, b"probe")])
+    verdict = ledger.verdict()
+    assert (verdict["lost"], verdict["duplicated"], verdict["reappeared"],
+            verdict["refused_served"]) == (0, 0, 0, 0)
+    ledger.delivered(key("fq+a", b"probe"))
+    verdict = ledger.verdict()
+    assert (verdict["duplicated"], verdict["reappeared"]) == (1, 1)
+
+
+def test_a_refusal_of_a_plain_queue_keeps_no_copy() -> None:
+    """Outside a fanout (no failing child named) every refused copy is strict."""
+    ledger = FaultLedger(POLICIES["period"])
+    refused(ledger, [b"x"], ["q"], None)
+    ledger.delivered(key("q", b"x"))
+    assert ledger.verdict()["refused_served"] == 1
+
+
+def _served_around_a_refusal(policy: str, fsync: bool, after: float) -> dict[str, int]:
+    """fq+a (the failing child) serves x C{after} s after refusing it, in a fault."""
+    ledger = FaultLedger(POLICIES[policy])
+    now = time.monotonic()
+    ledger.fault(now - 1, now + 1, 1, fsync=fsync)
+    _fanout_refusal(ledger, b"x")
+    ledger.delivered(key("fq+a", b"x"))
+    ledger.refused_at[key("fq+a", b"x")] = now
+    ledger.first_delivery[key("fq+a", b"x")] = now + after
+    return ledger.verdict()
+
+
+def test_an_add_whose_fsync_failed_may_have_reached_a_reader_before_its_refusal() -> None:
+    """Served (once) while its failing fsync ran, under a policy where adds wait for it."""
+    verdict = _served_around_a_refusal("always+durable", fsync=True, after=-0.05)
+    assert (verdict["refused_served"], verdict["refused_early"]) == (0, 1)
+
+
+@pytest.mark.parametrize(("policy", "fsync", "after"), [
+    ("always+durable", True, 1.0),  # served well after its refusal
+    ("always+durable", False, -0.05),  # a write fault: the add never reached memory
+    ("period", True, -0.05),  # adds do not wait for the fsync: a refusal stored nothing
+])
+def test_a_refused_add_served_otherwise_from_the_failing_child_is_refused_served(
+        policy: str, fsync: bool, after: float) -> None:
+    """The early allowance covers nothing else."""
+    verdict = _served_around_a_refusal(policy, fsync, after)
+    assert (verdict["refused_served"], verdict["refused_early"]) == (1, 0)
+
+
+def test_an_early_refused_item_served_twice_is_refused_served() -> None:
+    """Handed to a reader while its fsync ran, then to another reader: wrong."""
+    ledger = FaultLedger(POLICIES["always+durable"])
+    now = time.monotonic()
+    ledger.fault(now - 1, now + 1, 1, fsync=True)
+    ledger.delivered(key("fq+a", b"x"))
+    _fanout_refusal(ledger, b"x")
+    assert ledger.verdict()["refused_early"] == 1
+    ledger.delivered(key("fq+a", b"x"))
+    verdict = ledger.verdict()
+    assert (verdict["refused_served"], verdict["duplicated"]) == (1, 1)
 
 
 @pytest.fixture

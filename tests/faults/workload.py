@@ -87,19 +87,38 @@ class Run:
                           fsync=any("sync" in call for call in fault.syscalls))
 
 
-def producer(run: Run, load: Load, protocol: str, queue: str,
-             targets: list[str]) -> Callable[[], None]:
+def refused(ledger: FaultLedger, items: list[bytes], targets: list[str],
+            failing: tuple[str, ...] | None) -> None:
+    """
+    Record refused adds of C{items}, expected on C{targets}. C{failing}:
+    C{None} for a plain queue (served nowhere); for a fanout master, the
+    children whose journals the fault fails (served never from them, at most
+    once per refusal from the other targets, which may have taken the item).
+    """
+    strict = [key(t, i) for i in items for t in targets if failing is None or t in failing]
+    ledger.refused_adds(strict)
+    if failing is not None:
+        ledger.refused_fanout([key(t, i) for i in items for t in targets if t not in failing])
+
+
+def producer(run: Run, load: Load, protocol: str, queue: str, targets: list[str],
+             failing: tuple[str, ...] | None = None) -> Callable[[], None]:
     """
     Add unique items to C{queue} over C{protocol}, again and again. An item
     acknowledged there is expected on every queue of C{targets} (ledger
     keys); one refused (error reply, C{NOT_STORED}, a count that stops before
-    it) must be served nowhere. An add whose reply never came is neither.
+    it) must be served nowhere, except, when C{queue} is a fanout master
+    (C{failing} given), once from each target outside C{failing} (L{refused}).
+    An add whose reply never came is neither.
     """
     host, port = run.server.host, run.server.ports[protocol]
     ledger = run.ledger
 
     def keys(items: list[bytes]) -> list[bytes]:
         return [key(t, i) for i in items for t in targets]
+
+    def refuse(items: list[bytes]) -> None:
+        refused(ledger, items, targets, failing)
 
     def body() -> None:
         client: Any = {"memcache": MemcacheClient, "text": TextClient,
@@ -111,22 +130,24 @@ def producer(run: Run, load: Load, protocol: str, queue: str,
                     try:
                         stored = client.set(queue, item)
                     except ProtocolError:
-                        ledger.refused_adds(keys([item]))
+                        refuse([item])
                         raise
-                    (ledger.acknowledged if stored else ledger.refused_adds)(keys([item]))
+                    if stored:
+                        ledger.acknowledged(keys([item]))
+                    else:
+                        refuse([item])
                     continue
                 items = load.next_ids(protocol[:2], load.rng.randrange(1, 4))
                 try:
                     count = client.put(queue, items)
                 except ProtocolError:
                     # text: an error line stores nothing; thrift: the first item failed.
-                    ledger.refused_adds(keys(items if protocol == "text" else items[:1]))
+                    refuse(items if protocol == "text" else items[:1])
                     raise
                 if protocol == "thrift" or count in (0, len(items)):
                     # thrift stops at the first refusal; text "+0" stored none, "+n" all.
                     ledger.acknowledged(keys(items[:count]))
-                    ledger.refused_adds(keys(items[count:count + 1] if protocol == "thrift"
-                                             else items[count:]))
+                    refuse(items[count:count + 1] if protocol == "thrift" else items[count:])
         finally:
             client.close()
 
