@@ -319,11 +319,14 @@ def vanishing(run: Run) -> None:
         deadline = time.monotonic() + 5
         while waiters(run.server, queue) < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
-        # The set, then at once the reader's reset: the server takes the set while
-        # the reset is on its way, so the reply to the reader is never written.
+        # The reader's reset, then at once the set (the case: the client
+        # resets just before the set arrives). The server may take the set before
+        # it sees the reset, but the reset is already in its kernel, so the reply
+        # to the reader can never be written there. (A reset sent after the set
+        # races with a reply the kernel may already hold: no server can tell.)
         [item] = run.ids("race", 1)
-        writer.sock.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(item), item))
         reader.reset()
+        writer.sock.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(item), item))
         if writer._line() == b"STORED":
             run.ledger.acknowledged([key(queue, item)])
         run.ledger.faulted(1)
