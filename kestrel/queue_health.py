@@ -313,6 +313,10 @@ class Unsettled:
         C{handed}: the open's item is known to be a reader's already (else it
         is once the record is in the OS).
         """
+        if d is not None and d.called and d.result is None and self._journal.writes_now():
+            # Durable already and in the OS, no batch open: settled at once
+            # (what _written and _durable below would find), nothing to keep.
+            return
         self._seq = seq = self._seq + 1
         entry = [what, xid, key, handed, False]
         self._entries[seq] = entry
