@@ -284,6 +284,10 @@ class Unsettled:
         except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self._name)
             d = fail(e)
+        if d.called and d.result is None:  # (in the OS, durable: the usual case)
+            if note is not None and not self._journal.writes_now():
+                self.note(*note, d, handed=handed)
+            return True
         if note is not None:
             self.note(*note, d, handed=handed)
         refused = d.called and isinstance(d.result, Failure)

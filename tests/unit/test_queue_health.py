@@ -55,6 +55,9 @@ class ScriptedJournal:
         self.probes.append(d)
         return d
 
+    def writes_now(self) -> bool:
+        return not self.batch_open
+
     def after_written(self, f, *args) -> None:
         if self.batch_open:
             self.held.append((f, args))
