@@ -74,8 +74,9 @@ class HeldReads:
             queue = collection.queue(name, create=False)
         except KestrelError:  # (shutting down)
             return None
-        # (a failed journal: None; the caller's remove reports it)
-        item = None if queue is None else queue.plain_head()
+        if queue is None:
+            return None
+        item = queue.plain_head()  # (a failed journal: None; the caller's remove reports it)
         if item is None:
             return None
         queue.get_items_hit += 1
