@@ -111,14 +111,18 @@ class JournalHealth:
         journal.on_failure = self.failed
 
     @property
-    def takes_adds(self) -> bool:
-        """Whether adds are taken (C{ok})."""
-        return self.state is OK
+    def state(self) -> str:
+        """C{ok}, C{failed}, C{read-only} or C{probing}."""
+        return self._state
 
-    @property
-    def readable(self) -> bool:
-        """Whether reads are served: memory agrees with the journal (not C{failed})."""
-        return self.state is not FAILED
+    @state.setter
+    def state(self, state: str) -> None:
+        # (the two tests below are read per request: plain attributes, set here)
+        self._state = state
+        #: Whether adds are taken (C{ok}).
+        self.takes_adds = state is OK
+        #: Whether reads are served: memory agrees with the journal (not C{failed}).
+        self.readable = state is not FAILED
 
     def unavailable(self) -> JournalUnavailable:
         """The error a refused request gets, naming the queue and the reason."""
