@@ -321,17 +321,19 @@ class Unsettled:
         C{handed}: the open's item is known to be a reader's already (else it
         is once the record is in the OS).
         """
-        if d is not None and d.called and d.result is None and self._journal.writes_now():
-            # Durable already and in the OS, no batch open: settled at once
-            # (what _written and _durable below would find), nothing to keep.
+        # (durable already: no callback needed to know it)
+        durable = d is not None and d.called and d.result is None
+        if durable and self._journal.writes_now():
+            # ... and in the OS, no batch open: settled at once (what
+            # _written and _durable below would find), nothing to keep.
             return
         self._seq = seq = self._seq + 1
-        entry = [what, xid, key, handed, False]
-        self._entries[seq] = entry
-        if d is None or (d.called and isinstance(d.result, Failure)):
+        self._entries[seq] = [what, xid, key, handed, durable]
+        if d is None or (not durable and d.called and isinstance(d.result, Failure)):
             return  # (refused: never written)
         self._journal.after_written(self._written, seq, self._health.write_failures)
-        d.addCallback(self._durable, seq)
+        if not durable:
+            d.addCallback(self._durable, seq)
 
     def _written(self, seq: int, write_failures: int) -> None:
         # (no write refused since this record's: it reached the OS; an fsync
