@@ -321,17 +321,21 @@ class Unsettled:
         C{handed}: the open's item is known to be a reader's already (else it
         is once the record is in the OS).
         """
-        # (durable already: no callback needed to know it)
+        # (no batch open: a record written is in the OS when its write returns;
+        # durable already: no callback needed to know it)
+        in_os = self._journal.writes_now()
         durable = d is not None and d.called and d.result is None
-        if durable and self._journal.writes_now():
-            # ... and in the OS, no batch open: settled at once (what
-            # _written and _durable below would find), nothing to keep.
-            return
+        if durable and in_os:
+            return  # (settled at once: what _written and _durable would find)
         self._seq = seq = self._seq + 1
-        self._entries[seq] = [what, xid, key, handed, durable]
+        entry = [what, xid, key, handed, durable]
+        self._entries[seq] = entry
         if d is None or (not durable and d.called and isinstance(d.result, Failure)):
             return  # (refused: never written)
-        self._journal.after_written(self._written, seq, self._health.write_failures)
+        if in_os:
+            entry[3] = True  # (what _written would find now)
+        else:
+            self._journal.after_written(self._written, seq, self._health.write_failures)
         if not durable:
             d.addCallback(self._durable, seq)
 
