@@ -277,7 +277,8 @@ class QueueCollection(Service):
         loading its journal (L{loading_names}); with C{create}, such a queue
         raises L{QueueLoading}.
         """
-        self._check_running()
+        if self._stopping:  # (_check_running's own test, inlined: it runs per read)
+            self._check_running()
         queue = self._queues.get(name)
         if queue is not None or not create:
             return queue

@@ -74,14 +74,10 @@ class HeldReads:
             queue = collection.queue(name, create=False)
         except KestrelError:  # (shutting down)
             return None
-        if (queue is None or not queue.length or queue.open_read_count
-                or queue.config.max_age is not None):
+        if queue is None:
             return None
-        try:
-            item = queue.peek()
-        except KestrelError:  # (a failed journal: the caller's remove reports it)
-            return None
-        if item is None or item.expiry_ms:
+        item = queue.plain_head()  # (a failed journal: None; the caller's remove reports it)
+        if item is None:
             return None
         queue.get_items_hit += 1
         collection.stats.get_hits += 1
@@ -99,6 +95,9 @@ class HeldReads:
         collection = self._collection
         try:
             queue = collection.queue(name, create=False)
+            if in_kernel and queue is not None and queue.plain_head() is item:
+                queue.remove()  # (the usual case: a plain remove of the head it saw)
+                return None
             if queue is None or queue.is_closed or queue.peek() is not item:
                 _log.info("Queue {queue}: an item replied to a plain read is not at the "
                           "head any more; it stays queued", queue=name)

@@ -43,6 +43,11 @@ class QItem:
         return (f"QItem({self.data[:32]!r}{'...' if len(self.data) > 32 else ''}, "
                 f"add_time_ms={self.add_time_ms}, expiry_ms={self.expiry_ms}, xid={self.xid})")
 
+    def same_as(self, other: QItem) -> bool:
+        """Whether C{other} has this item's payload and times (its xid aside)."""
+        return (self.data == other.data and self.add_time_ms == other.add_time_ms
+                and self.expiry_ms == other.expiry_ms)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, QItem):
             return NotImplemented

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -52,15 +52,7 @@ from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
 from kestrel.waiters import BlockingReads
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
-
-
-def _key(item: QItem) -> tuple[bytes, int, int]:
-    """What tells an item from another after a reload (its payload and times)."""
-    return (item.data, item.add_time_ms, item.expiry_ms)
 
 
 class PersistentQueue(QueueStats, QueueEvents):
@@ -266,7 +258,7 @@ class PersistentQueue(QueueStats, QueueEvents):
             return succeed(False)
         now_ms = int(self._clock.seconds() * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
-                     self._expiry_for(expiry_ms, now_ms))
+                     expiry_ms if cfg.max_age is None else self._expiry_for(expiry_ms, now_ms))
         if cfg.keep_journal:
             # (in a write batch, once it is flushed: maintenance flushes files,
             # and a batch reaches the OS whole or not at all)
@@ -364,6 +356,14 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._sweep(None)
         return self._items[0] if self._items else None
 
+    def plain_head(self) -> QItem | None:
+        """The head, if a plain read may hold it in place: no open read, expiry or max_age."""
+        items = self._items
+        if (self._closed or not items or len(self._reads) or self._config.max_age is not None
+                or not self._health.readable or items[0].expiry_ms):
+            return None
+        return items[0]
+
     def remove(self, open_read: bool = False) -> QItem | None:
         """
         Remove and return the live head item (expired ones are discarded
@@ -393,9 +393,9 @@ class PersistentQueue(QueueStats, QueueEvents):
         journal = self.journal
         if open_read:
             xid = self._reads.open(item)
-            self._records.write(journal.remove_tentative, xid, note=(OPEN, xid, _key(item)))
+            self._records.write(journal.remove_tentative, xid, note=(OPEN, xid, item))
         else:
-            self._records.write(journal.remove, note=(REMOVE, 0, _key(item)))
+            self._records.write(journal.remove, note=(REMOVE, 0, item))
         if not health.readable:
             # Not journaled (the journal reported it): not handed out; the
             # reload finds the item queued.
@@ -657,7 +657,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         for what, xid, key, handed in owed:
             if what == OPEN or what == REMOVE:
                 items = self._items
-                if handed and xid not in reads and items and _key(items[0]) == key:
+                if (handed and xid not in reads and items and isinstance(key, QItem)
+                        and items[0].same_as(key)):
                     self._take_again(what, xid, before_since.get(xid, now))
             elif xid in reads:
                 if what == CONFIRM:
@@ -677,11 +678,11 @@ class PersistentQueue(QueueStats, QueueEvents):
         item = self._pop_head()
         assert item is not None
         if what == REMOVE:
-            self._records.write(self.journal.remove, note=(REMOVE, 0, _key(item)), handed=True)
+            self._records.write(self.journal.remove, note=(REMOVE, 0, item), handed=True)
             return
         self._reads.open(item, xid, since)
         self._records.write(self.journal.remove_tentative, xid,
-                            note=(OPEN, xid, _key(item)), handed=True)
+                            note=(OPEN, xid, item), handed=True)
 
     def readable_again(self) -> None:
         """Memory agrees with the journal again: wake the next blocked reader."""

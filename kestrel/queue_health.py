@@ -111,14 +111,18 @@ class JournalHealth:
         journal.on_failure = self.failed
 
     @property
-    def takes_adds(self) -> bool:
-        """Whether adds are taken (C{ok})."""
-        return self.state is OK
+    def state(self) -> str:
+        """C{ok}, C{failed}, C{read-only} or C{probing}."""
+        return self._state
 
-    @property
-    def readable(self) -> bool:
-        """Whether reads are served: memory agrees with the journal (not C{failed})."""
-        return self.state is not FAILED
+    @state.setter
+    def state(self, state: str) -> None:
+        # (the two tests below are read per request: plain attributes, set here)
+        self._state = state
+        #: Whether adds are taken (C{ok}).
+        self.takes_adds = state is OK
+        #: Whether reads are served: memory agrees with the journal (not C{failed}).
+        self.readable = state is not FAILED
 
     def unavailable(self) -> JournalUnavailable:
         """The error a refused request gets, naming the queue and the reason."""
@@ -284,6 +288,10 @@ class Unsettled:
         except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self._name)
             d = fail(e)
+        if d.called and d.result is None:  # (in the OS, durable: the usual case)
+            if note is not None and not self._journal.writes_now():
+                self.note(*note, d, handed=handed)
+            return True
         if note is not None:
             self.note(*note, d, handed=handed)
         refused = d.called and isinstance(d.result, Failure)
@@ -313,13 +321,23 @@ class Unsettled:
         C{handed}: the open's item is known to be a reader's already (else it
         is once the record is in the OS).
         """
+        # (no batch open: a record written is in the OS when its write returns;
+        # durable already: no callback needed to know it)
+        in_os = self._journal.writes_now()
+        durable = d is not None and d.called and d.result is None
+        if durable and in_os:
+            return  # (settled at once: what _written and _durable would find)
         self._seq = seq = self._seq + 1
-        entry = [what, xid, key, handed, False]
+        entry = [what, xid, key, handed, durable]
         self._entries[seq] = entry
-        if d is None or (d.called and isinstance(d.result, Failure)):
+        if d is None or (not durable and d.called and isinstance(d.result, Failure)):
             return  # (refused: never written)
-        self._journal.after_written(self._written, seq, self._health.write_failures)
-        d.addCallback(self._durable, seq)
+        if in_os:
+            entry[3] = True  # (what _written would find now)
+        else:
+            self._journal.after_written(self._written, seq, self._health.write_failures)
+        if not durable:
+            d.addCallback(self._durable, seq)
 
     def _written(self, seq: int, write_failures: int) -> None:
         # (no write refused since this record's: it reached the OS; an fsync

@@ -162,8 +162,11 @@ class Compactor:
         host = self._host
         journal = host.journal
         cfg = host.config
-        if within_limits(cfg, journal.size, journal.archived_size):
-            return  # nothing to do (the common case, checked first: it runs per operation)
+        size = journal.size
+        # (within_limits, inlined: the common case, checked first: it runs per operation)
+        if (size < cfg.default_journal_size and size <= cfg.max_memory_size
+                and size + journal.archived_size <= cfg.max_journal_size):
+            return
         if not host.compacts or self._running or journal.maintaining:
             # (an acknowledgement fired by a rotation or rewrite in progress
             # led here, or a rotation's fsyncs still run in a thread: that

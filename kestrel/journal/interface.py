@@ -122,6 +122,14 @@ class IJournal(Protocol):
         """Journal a confirmed open read C{xid}."""
         ...
 
+    def writes_now(self) -> bool:
+        """
+        Whether no write batch holds records back: a record written now is in
+        the OS (or refused) when its write returns, and L{after_written} calls
+        at once.
+        """
+        ...
+
     def after_written(self, f: Callable[..., object], *args: object) -> None:
         """
         Call C{f(*args)} once every record written so far is in the OS (or

@@ -214,10 +214,15 @@ class FileJournal:
         without a coalescer, at once.
         """
         coalescer = self._coalescer
-        if coalescer is None:
+        if coalescer is None or not coalescer.depth:  # (after_flush's own test, inlined)
             f(*args)
         else:
             coalescer.after_flush(f, *args)
+
+    def writes_now(self) -> bool:
+        """Whether no write batch is open: a record written now reaches the OS at once."""
+        coalescer = self._coalescer
+        return coalescer is None or not coalescer.depth
 
     # -- the checkpoint ------------------------------------------------------
 

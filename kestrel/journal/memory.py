@@ -85,6 +85,10 @@ class MemoryJournal:
         """Record a confirmed read."""
         return self._write(lambda: rec.ConfirmRemove(xid))
 
+    def writes_now(self) -> bool:
+        """Always true: a memory journal has no write batches."""
+        return True
+
     def after_written(self, f: Callable[..., object], *args: object) -> None:
         """Call C{f(*args)} at once: a memory journal has no write batches."""
         f(*args)

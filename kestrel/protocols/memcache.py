@@ -525,11 +525,11 @@ class MemcacheProtocol(SessionProtocol):
 
     def _get(self, req: GetRequest) -> Reply:
         result = self.fetch(req)
+        if result is None or result.__class__ is QItem:  # (answered at once: the usual case)
+            return value_reply(result, req.key)
         if isinstance(result, bytes):
             return b"ERROR %s\r\n" % result
-        if isinstance(result, Deferred):
-            return result.addCallback(value_reply, req.key)
-        return value_reply(result, req.key)
+        return result.addCallback(value_reply, req.key)  # type: ignore[union-attr]
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:

@@ -174,8 +174,12 @@ def test_close_twice_is_harmless(h: Harness) -> None:
 
 
 def test_after_written_calls_at_once_outside_a_batch(h: Harness) -> None:
-    """after_written, with no write batch open, calls the function with its arguments now."""
+    """
+    after_written, with no write batch open (writes_now), calls the function
+    with its arguments now.
+    """
     calls: list[tuple[object, ...]] = []
+    assert h.journal.writes_now()
     h.journal.after_written(lambda *args: calls.append(args), 1, "two")
     assert calls == [(1, "two")]
 

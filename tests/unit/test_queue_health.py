@@ -23,6 +23,7 @@ from kestrel.queue_health import (
     OPEN,
     PROBING,
     READ_ONLY,
+    REMOVE,
     JournalHealth,
     Unsettled,
     reason_of,
@@ -54,6 +55,9 @@ class ScriptedJournal:
         d: Deferred[None] = Deferred()
         self.probes.append(d)
         return d
+
+    def writes_now(self) -> bool:
+        return not self.batch_open
 
     def after_written(self, f, *args) -> None:
         if self.batch_open:
@@ -271,6 +275,31 @@ def test_an_fsync_failing_after_the_flush_leaves_the_record_handed_out(clock: Cl
     durable.addErrback(lambda _: None)
     journal.flush()
     assert unsettled.take() == [(OPEN, 1, "a", True)]
+
+
+def test_a_record_durable_when_written_is_kept_only_while_a_batch_holds_it(clock: Clock,
+                                                                         machine) -> None:
+    """
+    A write durable at once (no sync period) leaves nothing to keep when no
+    batch is open; in a batch it is kept until the flush puts it in the OS.
+    """
+    health, journal, _, _ = machine
+    unsettled = Unsettled("q", health, journal)
+    written: list[int] = []
+
+    def write(xid: int) -> Deferred[None]:
+        written.append(xid)
+        return succeed(None)
+    assert unsettled.write(write, 1, note=(REMOVE, 0, "a")) is True
+    unsettled.note(OPEN, 2, "b", succeed(None))
+    assert written == [1] and len(unsettled) == 0
+    journal.batch_open = True
+    assert unsettled.write(write, 3, note=(REMOVE, 0, "c")) is True
+    unsettled.note(OPEN, 4, "d", succeed(None))
+    assert written == [1, 3] and len(unsettled) == 2
+    journal.flush()
+    assert len(unsettled) == 0
+    assert unsettled.take() == []
 
 
 def test_restore_puts_taken_entries_back_before_newer_ones(clock: Clock, machine) -> None:

@@ -45,7 +45,9 @@ def test_batch_holds_queue_writes_until_it_ends(tmp_path: Path, clock: Clock) ->
     collection.remove("q")
     assert on_disk(tmp_path, "q") == ["Add"]
     assert collection.queue("q").length == 2
+    assert not collection.queue("q").journal.writes_now()
     coalescer.end()
+    assert collection.queue("q").journal.writes_now()
     assert on_disk(tmp_path, "q") == ["Add", "Add", "Add", "Remove"]
     collection.stopService()
 
