@@ -9,7 +9,6 @@ is 0 when no variant lost, duplicated or resurrected an item, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from tests.chaos.harness import (
     full_disk_unavailable,
     run_variant,
 )
+from tests.chaos.summary import finish
 
 COLUMNS = ("variant", "cycles", "kills_in_replay", "acknowledged", "lost", "redelivered",
            "duplicated", "reappeared", "vanish_items", "vanish_lost", "seconds")
@@ -76,13 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * len(COLUMNS))
     for verdict in results:
         print("| " + " | ".join(str(verdict.get(key, "")) for key in COLUMNS) + " |")
-    if args.json:
-        args.json.write_text(json.dumps({"seed": args.seed, "cycles": cycles,
-                                         "results": results}, indent=2))
-    problems = [p for verdict in results for p in failures(verdict)]
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    return 1 if problems else 0
+    return finish(results, args.json, {"seed": args.seed, "cycles": cycles}, failures)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ class PylibmcAdapter(MemcacheAdapter):
     """pylibmc's C{Client}, text protocol, with timeouts longer than every /t=."""
 
     name = "pylibmc"
+    #: Whether the client speaks memcache's binary protocol (else the text one).
+    binary = False
     unsupported = {
         "flush": "no way to send a command the client does not know",
         "version": "no version call (get_stats() shows the server's version)",
@@ -32,7 +34,8 @@ class PylibmcAdapter(MemcacheAdapter):
 
     def __init__(self, servers: list[KestrelProcess]) -> None:
         super().__init__(servers)
-        self.client = pylibmc.Client([servers[0].address()], behaviors=BEHAVIORS)
+        self.client = pylibmc.Client([servers[0].address()], binary=self.binary,
+                                     behaviors=BEHAVIORS)
 
     def fetch(self, key: str) -> bytes | None:
         return self.client.get(key)

@@ -4,46 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pylibmc
 import pytest
 
-from tests.clients.matrix import MemcacheAdapter, operation_params, run_operation
-from tests.clients.test_pylibmc import BEHAVIORS
+from tests.clients.matrix import operation_params, run_operation
+from tests.clients.test_pylibmc import PylibmcAdapter
 from tests.wire.conftest import KestrelProcess
 
 
-class PylibmcBinaryAdapter(MemcacheAdapter):
-    """pylibmc's C{Client} over the binary protocol."""
+class PylibmcBinaryAdapter(PylibmcAdapter):
+    """pylibmc's C{Client} over the binary protocol (the same calls as over text)."""
 
     name = "pylibmc (binary)"
-    unsupported = {
-        "flush": "no way to send a command the client does not know",
-        "version": "no version call (get_stats() shows the server's version)",
-        "stats": "get_stats() keeps only libmemcached's fixed set of memcached stats "
-                 "(curr_items, ...), not the per-queue ones",
-    }
-    flush = None
-    version = None
-    stats = None
-
-    def __init__(self, servers: list[KestrelProcess]) -> None:
-        super().__init__(servers)
-        self.client = pylibmc.Client([servers[0].address()], binary=True, behaviors=BEHAVIORS)
-
-    def fetch(self, key: str) -> bytes | None:
-        return self.client.get(key)
-
-    def set(self, queue: str, data: bytes) -> None:
-        assert self.client.set(queue, data) is True
-
-    def delete(self, queue: str) -> None:
-        assert self.client.delete(queue) is True
-
-    def flush_all(self) -> None:
-        assert self.client.flush_all() is True
-
-    def shutdown(self) -> None:
-        self.client.disconnect_all()
+    binary = True
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ disagree with the journal; 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.chaos.summary import finish
 from tests.faults.ledger import DEFAULT_POLICIES, POLICIES, failures
 from tests.faults.scenarios import SCENARIOS, applies, run_scenario, unavailable
 from tests.faults.workload import LONG, SHORT
@@ -87,13 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {problem}", flush=True)
     print()
     print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps({"seed": args.seed, "long": args.long,
-                                         "results": results}, indent=2))
-    problems = [p for verdict in results for p in failures(verdict)]
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    return 1 if problems else 0
+    return finish(results, args.json, {"seed": args.seed, "long": args.long}, failures)
 
 
 if __name__ == "__main__":

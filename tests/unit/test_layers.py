@@ -3,9 +3,8 @@ Import checks that keep the layers' arrows pointing down (docs/architecture.md).
 
 Read from the source with C{ast}, nothing is imported: a module below the
 protocols never imports a protocol module, thriftpy2 or the global reactor
-(anywhere in the module, functions included), and no import cycle exists
-among kestrel's modules at import time (module-level imports; imports under
-C{if TYPE_CHECKING:} and inside functions are not executed on import).
+(anywhere in the module, functions included). Import cycles, of every kind
+of import, are checked by C{test_import_cycles}.
 """
 
 from __future__ import annotations
@@ -94,48 +93,6 @@ def covered(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module-level import edges between kestrel's modules (self-edges dropped)."""
-    return {module: {n for n in imported_names(module, in_functions=False)
-                     if n in MODULES and n != module}
-            for module in MODULES}
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan), sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(found)
-
-
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if covered(m, LOWER)))
 def test_lower_layers_import_no_protocol(module: str) -> None:
     """A module below the protocols imports no protocol module, thriftpy2 or the reactor."""
@@ -143,15 +100,10 @@ def test_lower_layers_import_no_protocol(module: str) -> None:
     assert bad == [], f"{module} imports {', '.join(bad)}"
 
 
-def test_no_import_cycles() -> None:
-    """No two kestrel modules import each other, directly or round a longer loop."""
-    assert cycles(import_graph()) == []
-
-
 def test_the_checks_see_what_they_look_for() -> None:
-    """The checks find an edge, a forbidden import and a cycle where there is one."""
-    assert "kestrel.collection" in import_graph()["kestrel.server"]
-    assert "kestrel.session" in import_graph()["kestrel.server"]
+    """The checks find an edge and a forbidden import where there is one."""
+    assert "kestrel.collection" in imported_names("kestrel.server", in_functions=False)
+    assert "kestrel.session" in imported_names("kestrel.server", in_functions=False)
     assert covered("kestrel.protocols.memcache", FORBIDDEN)
     assert "twisted.internet.reactor" in imported_names("kestrel.tap", in_functions=True)
     assert "twisted.internet.reactor" not in imported_names("kestrel.tap", in_functions=False)
@@ -161,5 +113,4 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert session_imports and not any(
         getattr(n, "module", None) == "kestrel.server"
         or any(a.name == "kestrel.server" for a in n.names) for n in session_imports)
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert set(LOWER) <= {m for m in MODULES if covered(m, LOWER)} | {"kestrel.journal"}
