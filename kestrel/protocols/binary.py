@@ -31,7 +31,7 @@ from kestrel.errors import (
     ShuttingDown,
     TooManyOpenReads,
 )
-from kestrel.item import QItem, memcache_expiry_ms
+from kestrel.item import QItem
 from kestrel.protocols.memcache_parser import MemcacheParseError, parse_get
 from kestrel.settled import settled
 
@@ -211,13 +211,7 @@ class BinaryHandler:
         if len(req.extras) != 8 or not req.key:
             return self._invalid(req, "a set takes 8 bytes of extras and a key")
         _, exptime = _SET_EXTRAS.unpack(req.extras)
-        protocol = self.protocol
-        session = protocol.session
-        assert session is not None
-        expiry_ms = 0
-        if exptime:
-            expiry_ms = memcache_expiry_ms(exptime, int(protocol.clock.seconds() * 1000))
-        d = session.set_item(req.key.decode("latin-1"), value, expiry_ms)
+        d = self.protocol.enqueue(req.key.decode("latin-1"), value, exptime)
         stored = settled(d)
         if stored.__class__ is bool:
             return self._set_reply(stored, req)

@@ -36,3 +36,6 @@ class DialectHost(Protocol):
 
     def fetch(self, req: GetRequest) -> Fetched:
         """Run the queue side of a fetch, as a classic C{get} of C{req} would."""
+
+    def enqueue(self, name: str, data: bytes, exptime: int) -> Deferred[bool]:
+        """Add C{data} to queue C{name}, as a classic C{set} with C{exptime} would."""

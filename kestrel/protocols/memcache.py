@@ -531,15 +531,19 @@ class MemcacheProtocol(SessionProtocol):
             return b"ERROR %s\r\n" % result
         return result.addCallback(value_reply, req.key)  # type: ignore[union-attr]
 
-    def _set(self, req: SetRequest, data: bytes) -> Reply:
-        if req.error is not None:
-            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
+    def enqueue(self, name: str, data: bytes, exptime: int) -> Deferred[bool]:
+        """Add C{data} to queue C{name}; C{exptime} as memcache's (0: none), in any dialect."""
         session = self.session
         assert session is not None
         expiry_ms = 0
-        if req.exptime:
-            expiry_ms = memcache_expiry_ms(req.exptime, int(self.clock.seconds() * 1000))
-        d = session.set_item(req.name, data, expiry_ms)
+        if exptime:
+            expiry_ms = memcache_expiry_ms(exptime, int(self.clock.seconds() * 1000))
+        return session.set_item(name, data, expiry_ms)
+
+    def _set(self, req: SetRequest, data: bytes) -> Reply:
+        if req.error is not None:
+            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
+        d = self.enqueue(req.name, data, req.exptime)
         stored = settled(d)
         if stored is not PENDING and not isinstance(stored, Failure):
             return b"" if req.noreply else _STORED if stored else _NOT_STORED

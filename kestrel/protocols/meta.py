@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet.defer import Deferred
 
-from kestrel.item import QItem, memcache_expiry_ms
+from kestrel.item import QItem
 from kestrel.protocols.memcache_parser import (
     GetRequest,
     MemcacheParseError,
@@ -291,13 +291,7 @@ class MetaHandler:
         """C{ms}: enqueue C{data}, answered C{HD}/C{NS}, or the refusal found while parsing."""
         if req.error is not None:
             return b"CLIENT_ERROR %s\r\n" % req.error.encode("latin-1", "backslashreplace")
-        protocol = self.protocol
-        session = protocol.session
-        assert session is not None
-        expiry_ms = 0
-        if req.ttl:
-            expiry_ms = memcache_expiry_ms(req.ttl, int(protocol.clock.seconds() * 1000))
-        d = session.set_item(req.name, data, expiry_ms)
+        d = self.protocol.enqueue(req.name, data, req.ttl)
         stored = settled(d)
         if stored.__class__ is bool:
             return meta_set_reply(req, stored)

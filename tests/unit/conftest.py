@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from twisted.internet.task import Clock
 
+from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.server import KestrelServer
-from tests.support import make_server
+from tests.support import StringClient, make_server
 
 
 @pytest.fixture
@@ -23,3 +24,15 @@ def server(request: pytest.FixtureRequest, clock: Clock,
     s = make_server(clock, tmp_path, **getattr(request.module, "SERVER_OPTIONS", {}))
     yield s
     s.collection.stopService()
+
+
+@pytest.fixture
+def factory(server: KestrelServer) -> MemcacheFactory:
+    """A memcache factory over the unit tests' L{server}."""
+    return MemcacheFactory(server)
+
+
+@pytest.fixture
+def conn(factory: MemcacheFactory) -> StringClient:
+    """A memcache connection of L{factory}, in memory (see L{StringClient})."""
+    return StringClient(factory)

@@ -57,16 +57,6 @@ def split(stream: bytes) -> list[tuple[int, int, bytes, bytes]]:
     return out
 
 
-@pytest.fixture
-def factory(server: KestrelServer) -> MemcacheFactory:
-    return MemcacheFactory(server)
-
-
-@pytest.fixture
-def conn(factory: MemcacheFactory) -> Conn:
-    return Conn(factory)
-
-
 FLAGS = b"\0\0\0\0"
 
 

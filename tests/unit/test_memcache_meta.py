@@ -20,16 +20,6 @@ from tests.support import StringClient as Conn
 from tests.support import replies_to
 
 
-@pytest.fixture
-def factory(server: KestrelServer) -> MemcacheFactory:
-    return MemcacheFactory(server)
-
-
-@pytest.fixture
-def conn(factory: MemcacheFactory) -> Conn:
-    return Conn(factory)
-
-
 def test_ms_then_mg(conn: Conn) -> None:
     """ms enqueues (HD); mg with v dequeues (VA and the data); an empty queue is EN."""
     assert conn.send(b"ms q 5 T0 F7\r\nhello\r\nms q 2\r\nhi\r\n") == b"HD\r\nHD\r\n"

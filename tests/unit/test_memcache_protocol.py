@@ -34,16 +34,6 @@ EPOCH = 1_767_225_600.0
 Conn = StringClient
 
 
-@pytest.fixture
-def factory(server: KestrelServer) -> MemcacheFactory:
-    return MemcacheFactory(server)
-
-
-@pytest.fixture
-def conn(factory: MemcacheFactory) -> Conn:
-    return Conn(factory)
-
-
 def test_set_then_get(conn: Conn) -> None:
     """A set is STORED and the next get returns it as a VALUE block with flags 0."""
     assert conn.send(b"set q 99 0 5\r\nhello\r\n") == b"STORED\r\n"
