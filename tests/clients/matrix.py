@@ -129,6 +129,31 @@ class MemcacheAdapter(Adapter):
         return self.fetch(f"{queue}/t={timeout_ms}")
 
 
+class LibraryClientAdapter(MemcacheAdapter):
+    """
+    A client whose C{self.client} answers C{get}, C{set}, C{delete} and
+    C{flush_all} (true when done) and C{disconnect_all}, as pylibmc and
+    python-binary-memcached do.
+    """
+
+    client: Any
+
+    def fetch(self, key: str) -> bytes | None:
+        return self.client.get(key)
+
+    def set(self, queue: str, data: bytes) -> None:
+        assert self.client.set(queue, data) is True
+
+    def delete(self, queue: str) -> None:
+        assert self.client.delete(queue) is True
+
+    def flush_all(self) -> None:
+        assert self.client.flush_all() is True
+
+    def shutdown(self) -> None:
+        self.client.disconnect_all()
+
+
 # -- the server's side ------------------------------------------------------------------------
 
 def raw_request(server: KestrelProcess, request: bytes, until: bytes) -> bytes:

@@ -7,14 +7,19 @@ from collections.abc import Iterator
 import bmemcached
 import pytest
 
-from tests.clients.matrix import LONG_WAIT_MS, MemcacheAdapter, operation_params, run_operation
+from tests.clients.matrix import (
+    LONG_WAIT_MS,
+    LibraryClientAdapter,
+    operation_params,
+    run_operation,
+)
 from tests.wire.conftest import KestrelProcess
 
 #: Socket timeout (s), longer than every /t= wait of the scenarios.
 TIMEOUT = LONG_WAIT_MS / 1000 + 5
 
 
-class BmemcachedAdapter(MemcacheAdapter):
+class BmemcachedAdapter(LibraryClientAdapter):
     """
     bmemcached's C{Client}: binary Get, Set, Delete, Flush, Stat; raw data,
     since Kestrel keeps no client flags.
@@ -33,24 +38,9 @@ class BmemcachedAdapter(MemcacheAdapter):
         self.client = bmemcached.Client([servers[0].address()], socket_timeout=TIMEOUT,
                                         raw_data=True)
 
-    def fetch(self, key: str) -> bytes | None:
-        return self.client.get(key)
-
-    def set(self, queue: str, data: bytes) -> None:
-        assert self.client.set(queue, data) is True
-
     def stats(self, queue: str) -> int:
         [stats] = self.client.stats().values()
         return int(stats[f"queue_{queue}_items"])
-
-    def delete(self, queue: str) -> None:
-        assert self.client.delete(queue) is True
-
-    def flush_all(self) -> None:
-        assert self.client.flush_all() is True
-
-    def shutdown(self) -> None:
-        self.client.disconnect_all()
 
 
 @pytest.fixture(scope="module")

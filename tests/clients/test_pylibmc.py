@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pylibmc
 import pytest
 
-from tests.clients.matrix import MemcacheAdapter, operation_params, run_operation
+from tests.clients.matrix import LibraryClientAdapter, operation_params, run_operation
 from tests.wire.conftest import KestrelProcess
 
 #: libmemcached's timeouts, longer than every /t= wait (poll and connect in ms,
@@ -16,7 +16,7 @@ BEHAVIORS = {"_poll_timeout": 10_000, "connect_timeout": 10_000,
              "receive_timeout": 10_000_000, "send_timeout": 10_000_000}
 
 
-class PylibmcAdapter(MemcacheAdapter):
+class PylibmcAdapter(LibraryClientAdapter):
     """pylibmc's C{Client}, text protocol, with timeouts longer than every /t=."""
 
     name = "pylibmc"
@@ -36,21 +36,6 @@ class PylibmcAdapter(MemcacheAdapter):
         super().__init__(servers)
         self.client = pylibmc.Client([servers[0].address()], binary=self.binary,
                                      behaviors=BEHAVIORS)
-
-    def fetch(self, key: str) -> bytes | None:
-        return self.client.get(key)
-
-    def set(self, queue: str, data: bytes) -> None:
-        assert self.client.set(queue, data) is True
-
-    def delete(self, queue: str) -> None:
-        assert self.client.delete(queue) is True
-
-    def flush_all(self) -> None:
-        assert self.client.flush_all() is True
-
-    def shutdown(self) -> None:
-        self.client.disconnect_all()
 
 
 @pytest.fixture(scope="module")

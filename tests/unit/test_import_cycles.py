@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kestrel"
 
+
 def module_name(path: Path) -> str:
     """The dotted name of a source file of the package (a package is its C{__init__})."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)

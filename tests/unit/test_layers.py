@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "kestrel"
+from tests.unit.test_import_cycles import MODULES, PACKAGE
 
 #: The modules below the protocols (a package name covers its submodules).
 LOWER = ("kestrel.queue", "kestrel.journal", "kestrel.collection", "kestrel.config",
@@ -29,15 +27,6 @@ LOWER = ("kestrel.queue", "kestrel.journal", "kestrel.collection", "kestrel.conf
 FORBIDDEN = ("kestrel.protocols", "thriftpy2", "twisted.internet.reactor")
 
 
-def module_name(path: Path) -> str:
-    """The dotted name of a source file of the package."""
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def is_type_checking(test: ast.expr) -> bool:
