@@ -102,15 +102,13 @@ class HeldReads:
                 _log.info("Queue {queue}: an item replied to a plain read is not at the "
                           "head any more; it stays queued", queue=name)
                 return None
-            # (Then remove() takes the head peek() saw: no open read times out, no sweep.)
-            plain = (in_kernel and not queue.open_read_count and not item.expiry_ms
-                     and queue.config.max_age is None)
-            taken = queue.remove(open_read=not plain)
+            # The head is still the item, but a plain remove could not keep it in
+            # place (open reads, an expiry, max_age): take it as an open read, which
+            # remove() may find gone (timed out, swept) and then hands back another.
+            taken = queue.remove(open_read=True)
         except KestrelError as e:  # (its journal failed: the item stays queued)
             _log.warn("Queue {queue}: an item replied to a plain read stays queued: {error}",
                       queue=name, error=str(e))
-            return None
-        if plain:
             return None
         queue.transactions -= 1  # (held for a reply: no client transaction)
         if taken is not item:
