@@ -163,20 +163,24 @@ def meta_reply_count(stream: bytes) -> int:
     return count
 
 
+def served(requests: list[bytes]) -> tuple[bytes, bool]:
+    """A fresh server's answer to C{requests} sent at once, and whether it kept the connection."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = make_server(Clock(), Path(tmp), max_open_transactions=20)
+        try:
+            client = StringClient(MemcacheFactory(server))
+            return client.send(b"".join(requests)), client.connected
+        finally:
+            server.collection.stopService()
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.sampled_from(_META_REQUESTS), min_size=1, max_size=12))
 def test_every_meta_request_is_answered_once(requests: list[bytes]) -> None:
     """Each framed text or meta request, good or refused, gets exactly one reply, in order."""
-    clock = Clock()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = make_server(clock, Path(tmp), max_open_transactions=20)
-        try:
-            client = StringClient(MemcacheFactory(server))
-            out = client.send(b"".join(requests))
-            assert meta_reply_count(out) == len(requests), (requests, out)
-            assert client.connected
-        finally:
-            server.collection.stopService()
+    out, connected = served(requests)
+    assert meta_reply_count(out) == len(requests), (requests, out)
+    assert connected
 
 
 _BINARY_REQUESTS = [packet(0x01, b"q", b"v", bytes(8)), packet(0x01, b"q", b"v"),
@@ -191,19 +195,12 @@ _BINARY_REQUESTS = [packet(0x01, b"q", b"v", bytes(8)), packet(0x01, b"q", b"v")
 @given(st.lists(st.sampled_from(_BINARY_REQUESTS), min_size=1, max_size=12))
 def test_every_binary_request_is_answered_once(requests: list[bytes]) -> None:
     """Each framed binary request (no quiet ones), good or refused, gets one response."""
-    clock = Clock()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = make_server(clock, Path(tmp), max_open_transactions=20)
-        try:
-            client = StringClient(MemcacheFactory(server))
-            out = client.send(b"".join(requests))
-            opcodes = []
-            pos = 0
-            while pos < len(out):
-                header = _HEADER.unpack(out[pos:pos + 24])
-                opcodes.append(header[1])
-                pos += 24 + header[6]
-            assert opcodes == [r[1] for r in requests]
-            assert client.connected
-        finally:
-            server.collection.stopService()
+    out, connected = served(requests)
+    opcodes = []
+    pos = 0
+    while pos < len(out):
+        header = _HEADER.unpack(out[pos:pos + 24])
+        opcodes.append(header[1])
+        pos += 24 + header[6]
+    assert opcodes == [r[1] for r in requests]
+    assert connected
