@@ -17,11 +17,16 @@ from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kestrel.settled import PENDING, settled
+
 __all__ = ["FanoutAdds"]
 
 
 def _take(d: Deferred[Any]) -> object:
-    """The result of a fired C{d} (a L{Failure} included), taken out of it."""
+    """
+    The result of a fired C{d} (a L{Failure} included), taken out of it, so
+    that a failure counts as handled (L{settled} would leave it in C{d}).
+    """
     box: list[object] = []
     d.addBoth(box.append)
     return box[0]
@@ -62,7 +67,7 @@ class FanoutAdds:
 
     def watch(self, master: str, child: str, d: Deferred[bool]) -> Deferred[bool]:
         """Return C{d} (child C{child}'s add), noting a refusal or the end of one."""
-        if d.called and not d.paused and getattr(d, "result", None) is True:
+        if settled(d) is True:
             # The usual case: accepted at once, no callback.
             if child in self._refusing:
                 self._accepted(master, child)
@@ -95,7 +100,7 @@ class FanoutAdds:
         One answer for the adds of one item: fires once all of C{adds} have,
         with the first failure among them, else C{True} only if each is C{True}.
         """
-        if all(d.called and not d.paused for d in adds):
+        if all(settled(d) is not PENDING for d in adds):
             return _verdict([_take(d) for d in adds])
         return DeferredList(adds, consumeErrors=True).addCallback(
             lambda results: _verdict([value for _ok, value in results]))
