@@ -50,6 +50,7 @@ from kestrel.queue_observer import QueueObserver
 from kestrel.queue_policy import Compactor
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
+from kestrel.settled import settled
 from kestrel.waiters import BlockingReads
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
@@ -271,9 +272,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(e)))
-        if d.called and isinstance(d.result, Failure):
-            # The OS refused the write (the file is cut back): the item is not in the journal.
-            failure = d.result
+        failure = settled(d)  # (a Failure: the OS refused the write, the file is cut back)
+        if isinstance(failure, Failure):
             d.addErrback(lambda _: None)
             self._log.warn("Journal write failed for {queue}; item refused: {error}",
                            error=failure.value, queue=self.name)

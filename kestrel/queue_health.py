@@ -33,6 +33,7 @@ from twisted.python.failure import Failure
 
 from kestrel.errors import JournalUnavailable
 from kestrel.journal.interface import IJournal
+from kestrel.settled import PENDING, settled
 
 #: Seconds between attempts to recover or probe a failed journal (see docs/journal.md).
 JOURNAL_RETRY_SECONDS = 1.0
@@ -288,14 +289,15 @@ class Unsettled:
         except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self._name)
             d = fail(e)
-        if d.called and d.result is None:  # (in the OS, durable: the usual case)
+        outcome = settled(d)
+        if outcome is None:  # (in the OS, durable: the usual case)
             if note is not None and not self._journal.writes_now():
                 self.note(*note, d, handed=handed)
             return True
         if note is not None:
             self.note(*note, d, handed=handed)
-        refused = d.called and isinstance(d.result, Failure)
-        if not d.called or refused:
+        refused = isinstance(outcome, Failure)
+        if outcome is PENDING or refused:
             d.addErrback(self.write_failed)
         return not refused
 
@@ -324,13 +326,17 @@ class Unsettled:
         # (no batch open: a record written is in the OS when its write returns;
         # durable already: no callback needed to know it)
         in_os = self._journal.writes_now()
-        durable = d is not None and d.called and d.result is None
+        durable = refused = False
+        if d is not None:
+            outcome = settled(d)
+            durable = outcome is None
+            refused = isinstance(outcome, Failure)
         if durable and in_os:
             return  # (settled at once: what _written and _durable would find)
         self._seq = seq = self._seq + 1
         entry = [what, xid, key, handed, durable]
         self._entries[seq] = entry
-        if d is None or (not durable and d.called and isinstance(d.result, Failure)):
+        if d is None or refused:
             return  # (refused: never written)
         if in_os:
             entry[3] = True  # (what _written would find now)

@@ -53,6 +53,7 @@ from kestrel.journal.replay import Damage, ReplayCursor, replay_files
 from kestrel.journal.runner import RunInThread, run_inline
 from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile
 from kestrel.journal.writer import CLOSED_WRITER, JournalNotOpenError, Writer, ignore_failure
+from kestrel.settled import settled
 
 _T = TypeVar("_T")
 
@@ -413,7 +414,8 @@ class FileJournal:
         data = rec.SaveXid(xid_counter).encode()
         self.size += len(data)
         d = self._writer.write(data)
-        if d.called and isinstance(d.result, Failure):
+        outcome = settled(d)
+        if isinstance(outcome, Failure):
             return d
         d.addErrback(ignore_failure)
         return self._writer.sync()
