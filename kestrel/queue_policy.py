@@ -4,9 +4,11 @@ pure function, and the L{Compactor} that carries them out.
 
 L{compaction_step} is asked after each add and remove, with the sizes of
 the journal and of the queue's contents; the answer says whether to rewrite
-the journal from memory, whether rewrites then pause for
-C{min_journal_compact_delay}, and whether to rotate. It touches no file and
-no clock: C{tests/unit/test_queue_policy.py} checks the rules as a table.
+the journal from memory, whether rewrites may then pause for
+C{min_journal_compact_delay}, and whether to rotate; L{rewrite_pauses} says,
+from the size of what the rewrite kept, whether they do. Neither touches a
+file or a clock: C{tests/unit/test_queue_policy.py} checks the rules as
+tables and properties.
 
 Kestrel has two policies. The aggressive one (the default) rewrites an
 empty queue whose journal reached C{default_journal_size}. The one of
@@ -14,6 +16,14 @@ C{disable_aggressive_rewrites} takes a break after rewriting an empty queue
 whose journal stays large (KEST-366) and rewrites an empty queue before it
 rotates. Their middle rule is the same: a journal over C{max_journal_size}
 whose queue fits in memory is rewritten, then rewrites pause.
+
+Kestrel's rewrite leaves one file, and its C{journal.size} then counts the
+open reads it kept. Here a rewrite of a queue with open reads leaves them in
+a pack, a rotated file (C{archived}): so the second policy measures the
+journal as C{size + archived} when it decides to rewrite an empty queue,
+and the size of what a rewrite keeps (L{kestrel.journal.pack.compact_size})
+when it decides to take a break. See docs/journal.md, "When a queue
+compacts its journal".
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from twisted.logger import Logger
 from kestrel.config import QueueConfig
 from kestrel.item import QItem
 from kestrel.journal.interface import IJournal
+from kestrel.journal.pack import compact_size
 from kestrel.queue_health import reason_of
 from kestrel.queue_observer import QueueObserver
 
@@ -38,7 +49,8 @@ class Pause(enum.Enum):
 
     NEVER = "never"
     ALWAYS = "always"
-    #: Only if the rewritten journal is still at least half of C{default_journal_size}.
+    #: Only if the rewritten journal is still at least half of
+    #: C{default_journal_size} (L{rewrite_pauses}).
     IF_STILL_LARGE = "if-still-large"
 
 
@@ -60,8 +72,9 @@ class Compaction:
 
 def within_limits(cfg: QueueConfig, size: int, archived: int) -> bool:
     """Whether a journal of C{size} current and C{archived} rotated bytes needs nothing."""
-    return (size < cfg.default_journal_size and size <= cfg.max_memory_size
-            and size + archived <= cfg.max_journal_size)
+    total = size + archived
+    return ((total if cfg.disable_aggressive_rewrites else size) < cfg.default_journal_size
+            and size <= cfg.max_memory_size and total <= cfg.max_journal_size)
 
 
 def compaction_step(cfg: QueueConfig, *, size: int, archived: int, length: int,
@@ -82,8 +95,11 @@ def compaction_step(cfg: QueueConfig, *, size: int, archived: int, length: int,
         return None
     aggressive = not cfg.disable_aggressive_rewrites
     rewrites = not packing
-    if (rewrites and (aggressive or allow_rewrites)
-            and size >= cfg.default_journal_size and length == 0):
+    # (an empty queue's journal: the current file under the aggressive
+    # policy, which never pauses; every file under the other, as Kestrel's
+    # one rewritten file still holds the open reads that our pack holds)
+    if (rewrites and (aggressive or allow_rewrites) and length == 0
+            and (size if aggressive else size + archived) >= cfg.default_journal_size):
         return Compaction(rewrite=True,
                           pause=Pause.NEVER if aggressive else Pause.IF_STILL_LARGE)
     if (rewrites and allow_rewrites and size + archived > cfg.max_journal_size
@@ -92,6 +108,21 @@ def compaction_step(cfg: QueueConfig, *, size: int, archived: int, length: int,
     if size > cfg.max_memory_size:
         return Compaction(rewrite=rewrites and not aggressive and length == 0, rotate=True)
     return None
+
+
+def rewrite_pauses(cfg: QueueConfig, pause: Pause, kept: int) -> bool:
+    """
+    Whether rewrites pause for C{min_journal_compact_delay} after a rewrite
+    of step C{pause} whose journal then holds C{kept} bytes (SAVE_XID, the
+    open reads and the queued items: L{kestrel.journal.pack.compact_size}).
+
+    C{IF_STILL_LARGE} pauses when C{kept} is at least half of
+    C{default_journal_size}: the rewrite could not shrink the journal much,
+    so another one soon would not either. Nothing pauses without a delay.
+    """
+    if pause is Pause.NEVER or cfg.min_journal_compact_delay is None:
+        return False
+    return pause is Pause.ALWAYS or kept >= cfg.default_journal_size // 2
 
 
 def rotation_checkpoint(cfg: QueueConfig, size: int, archived: int) -> bool:
@@ -163,9 +194,10 @@ class Compactor:
         journal = host.journal
         cfg = host.config
         size = journal.size
+        total = size + journal.archived_size
         # (within_limits, inlined: the common case, checked first: it runs per operation)
-        if (size < cfg.default_journal_size and size <= cfg.max_memory_size
-                and size + journal.archived_size <= cfg.max_journal_size):
+        if ((total if cfg.disable_aggressive_rewrites else size) < cfg.default_journal_size
+                and size <= cfg.max_memory_size and total <= cfg.max_journal_size):
             return
         if not host.compacts or self._running or journal.maintaining:
             # (an acknowledgement fired by a rotation or rewrite in progress
@@ -195,10 +227,12 @@ class Compactor:
             if step.pause is Pause.ALWAYS:
                 self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
                                queue=host.name, bytes=host.bytes)
+            # (what the rewrite keeps, counted before it: a rewrite through
+            # a pack writes the pack in a thread, and the files only shrink
+            # once it is in place)
+            kept = compact_size(host.open_items(), host.length, host.bytes)
             self.rewrite()
-            if step.pause is Pause.ALWAYS or (
-                    step.pause is Pause.IF_STILL_LARGE
-                    and journal.size >= cfg.default_journal_size // 2):
+            if rewrite_pauses(cfg, step.pause, kept):
                 self._pause_rewrites(cfg.min_journal_compact_delay)
         if step.rotate and journal.size > cfg.max_memory_size:
             self._log.info("Rotating journal of {queue}", queue=host.name)
@@ -230,7 +264,7 @@ class Compactor:
             observer.journal_rotated(self._clock.seconds() - started)
 
     def _pause_rewrites(self, delay: float | None) -> None:
-        if delay is None:
+        if delay is None:  # (rewrite_pauses said no)
             return
         self._allow_rewrites = False
         self.close()

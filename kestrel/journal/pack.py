@@ -6,7 +6,8 @@ file (Kestrel's packer). The queue at the checkpoint is not known any more,
 so the journal records, from the checkpoint on, which head items the later
 files take and what becomes of them (L{OP_REMOVE} and the rest, packed in an
 C{array} as C{xid * 4 + op}); L{pack_layout} turns that into the items the
-pack must hold, and L{dump_records} into its records. See docs/journal.md.
+pack must hold, L{dump_records} into its records, and L{compact_size} says
+how large they are. See docs/journal.md.
 """
 
 from __future__ import annotations
@@ -115,3 +116,22 @@ def dump_records(xid_counter: int, reserved_items: Iterable[QItem],
             yield encode_add(item.data, item.add_time_ms, item.expiry_ms)
 
     return body()
+
+
+#: Bytes of a SAVE_XID or REMOVE_TENTATIVE_XID record (an opcode and a 32-bit xid).
+_XID_RECORD_SIZE = len(rec.encode_xid(rec.Opcode.SAVE_XID, 0))
+
+
+def compact_size(reserved_items: Iterable[QItem], item_count: int, item_bytes: int) -> int:
+    """
+    How many bytes L{dump_records} writes with nothing in C{middle}: what a
+    rewritten journal holds for the open reads C{reserved_items} and
+    C{item_count} queued items of C{item_bytes} payload bytes in all.
+
+    Counted from the items alone, without encoding them: a rewrite through a
+    pack knows its size before the pack is written.
+    """
+    size = _XID_RECORD_SIZE + item_count * rec.ADDX_OVERHEAD + item_bytes
+    for item in reserved_items:
+        size += rec.ADDX_OVERHEAD + len(item.data) + _XID_RECORD_SIZE
+    return size

@@ -402,8 +402,6 @@ def test_graceful_close_keeps_busy_journal(tmp_path, clock: Clock) -> None:
     assert len(journal_records(tmp_path)) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="a rewrite through a pack leaves the open reads in a "
-                   "rotated file (archived_size), and the back-off looks at journal.size only")
 def test_non_aggressive_rewrite_backs_off_when_open_reads_keep_journal_large(
         tmp_path, clock: Clock) -> None:
     """Without aggressive rewrites, a rewrite still half full of open reads pauses rewrites."""
@@ -416,7 +414,9 @@ def test_non_aggressive_rewrite_backs_off_when_open_reads_keep_journal_large(
         q.remove(open_read=True)  # the queue is empty, the journal 225 bytes
     value(q.add(b"x"))
     assert q.journal_rewrites == 1
-    assert q.journal.size >= 100  # SAVE_XID + five open reads
+    # the rewrite went through a pack, which holds SAVE_XID + five open reads (5 + 5 * 45)
+    assert q.journal.archived_size == 230
+    assert q.journal.size == 22  # ADDX "x", written after the rewrite
     q.remove()
     value(q.add(b"y"))
     q.remove()
@@ -426,3 +426,77 @@ def test_non_aggressive_rewrite_backs_off_when_open_reads_keep_journal_large(
     assert q.journal_rewrites == 2
     q = restart(q, tmp_path, clock, **config)
     assert datas(q) == [b"%019d" % i for i in range(5)] + [b"z"]
+
+
+def test_non_aggressive_rewrites_resume_shrinking_once_open_reads_are_confirmed(
+        tmp_path, clock: Clock) -> None:
+    """
+    Without aggressive rewrites, open reads confirmed while rewrites pause are
+    compacted away by the first rewrite after the delay, which pauses
+    nothing: the next one comes as soon as the journal reaches
+    default_journal_size again.
+    """
+    config = dict(disable_aggressive_rewrites=True, default_journal_size=200,
+                  min_journal_compact_delay=10.0)
+    q = open_queue(tmp_path, clock, **config)
+    for i in range(5):
+        value(q.add(b"%019d" % i))  # 40-byte records
+    xids = [q.remove(open_read=True).xid for _ in range(5)]
+    value(q.add(b"x"))
+    q.remove()
+    assert q.journal_rewrites == 1  # paused: the pack holds the five open reads
+    for xid in xids:
+        q.confirm_remove(xid)
+    value(q.add(b"y"))
+    q.remove()
+    assert q.journal_rewrites == 1  # still paused, though nothing is left to keep
+    clock.advance(10)
+    value(q.add(b"z"))
+    assert q.journal_rewrites == 2
+    assert q.journal.size + q.journal.archived_size < 100  # SAVE_XID, then ADDX "z"
+    q.remove()
+    for _ in range(10):  # 23 bytes each: the journal reaches 200 bytes at the 8th
+        value(q.add(b"w"))
+        q.remove()
+    assert q.journal_rewrites == 3  # no clock advance: rewrites did not pause
+    value(q.add(b"v"))
+    q = restart(q, tmp_path, clock, **config)
+    assert datas(q) == [b"v"]
+
+
+def test_non_aggressive_back_off_counts_what_a_rewrite_keeps_before_its_pack_is_written(
+        tmp_path, clock: Clock) -> None:
+    """
+    A rewrite through a pack whose thread jobs have not run yet leaves the old
+    journal on disk (C{archived_size}) until the pack is in place; whether
+    rewrites pause is decided by what the rewrite keeps (one open read, not
+    half of default_journal_size), so they do not pause.
+    """
+    config = dict(disable_aggressive_rewrites=True, default_journal_size=200,
+                  min_journal_compact_delay=10.0)
+    thread = ManualThread()
+    journal = FileJournal(str(tmp_path), "q", clock, None, run_in_thread=thread)
+    q = PersistentQueue("q", QueueConfig(**config), journal, clock)
+    q.setup()
+    for i in range(5):
+        value(q.add(b"%019d" % i))  # 40-byte records
+    for _ in range(4):
+        q.remove()
+    q.remove(open_read=True)  # the queue is empty, the journal 209 bytes
+    value(q.add(b"x"))
+    assert q.journal_rewrites == 1
+    assert journal.packing and journal.archived_size == 209
+    thread.run_all()
+    assert not journal.packing and journal.archived_size == 50  # SAVE_XID + the open read
+    q.remove()
+    for _ in range(8):  # 23 bytes each: the journal reaches 200 bytes at the 7th
+        value(q.add(b"w"))
+        q.remove()
+        thread.run_all()
+    assert q.journal_rewrites == 2  # no clock advance: rewrites did not pause
+    value(q.add(b"v"))
+    thread.run_all()
+    value(q.close())
+    thread.run_all()
+    q = open_queue(tmp_path, clock, **config)
+    assert datas(q) == [b"%019d" % 4, b"v"]
