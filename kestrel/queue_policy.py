@@ -23,7 +23,7 @@ a pack, a rotated file (C{archived}): so the second policy measures the
 journal as C{size + archived} when it decides to rewrite an empty queue,
 and the size of what a rewrite keeps (L{kestrel.journal.pack.compact_size})
 when it decides to take a break. See docs/journal.md, "When a queue
-compacts its journal".
+compacts its journal, and when it backs off".
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ def compact_size(reserved_items: Iterable[QItem], item_count: int, item_bytes: i
     rewritten journal holds for the open reads C{reserved_items} and
     C{item_count} queued items of C{item_bytes} payload bytes in all.
 
-    Counted from the items alone, without encoding them: a rewrite through a
-    pack knows its size before the pack is written.
+    Counted from the items alone, without encoding them, so that the size of
+    a rewrite through a pack is known before the pack is written (in a thread).
     """
     size = _XID_RECORD_SIZE + item_count * rec.ADDX_OVERHEAD + item_bytes
     for item in reserved_items:
