@@ -76,6 +76,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
     Variant("never+small", {"sync_journal": "never", **SMALL}),
     Variant("period+durable+small", {"sync_journal": "50ms", "durable_acks": True, **SMALL}),
     Variant("always+small", {"sync_journal": "always", **SMALL}),
+    # Kestrel's other rewrite policy: empty queues rewritten by every journal
+    # file, and rewrites that keep open reads backing off for a second.
+    Variant("never+small+gentle", {"sync_journal": "never", **SMALL,
+                                   "disable_aggressive_rewrites": True,
+                                   "min_journal_compact_delay": "1s"}),
     Variant("full-disk", {"sync_journal": "50ms", "durable_acks": True, **SMALL},
             full_disk=True),
 ]}
