@@ -407,9 +407,10 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
                         partial(_pairs_work, 1, args.pairs, size, False)))
     out.append(Workload("reliable-1", "item", RELIABLE_REQUESTS,
                         partial(_pairs_work, 1, args.pairs, size, True)))
-    out.append(Workload("durable-50", "set", {"kestrel": 1, "resp": 1, "beanstalk": 1},
-                        partial(_sets_work, 50, args.durable_sets, size),
-                        durable=True, queue="durable"))
+    for conns in args.durable_conns:
+        out.append(Workload(f"durable-{conns}", "set", {"kestrel": 1, "resp": 1, "beanstalk": 1},
+                            partial(_sets_work, conns, args.durable_sets, size),
+                            durable=True, queue="durable"))
     if args.latency:
         out.append(Workload("latency-100", "pair", MEMCACHE_PAIR,
                             partial(_latency_work, 100, args.rate, args.latency_seconds, size),
@@ -547,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durable-sets", type=int, default=5000,
                         help="enqueues per durable-50 run (darner's /sync and beanstalkd "
                              "-f 0 do one fsync per enqueue)")
+    parser.add_argument("--durable-conns", type=int, nargs="+", default=[50], metavar="N",
+                        help="run the durable workload at each of these connection counts "
+                             "(durable-N: N connections, one set outstanding each)")
     parser.add_argument("--size", type=int, default=1024, help="item size in bytes")
     parser.add_argument("--latency", action="store_true",
                         help="also measure p50/p99 latency of 100 paced clients")
