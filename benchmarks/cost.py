@@ -461,11 +461,18 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
                                                        reactor=reactor))
             plain.append(Server(label, port, proc.pid))
         if ("kestrel", True) in wants:
-            port = free_port()
-            proc = stack.enter_context(kestrel_process(
-                root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src,
-                reactor=reactor))
-            durable.append(Server(label, port, proc.pid, durable=True))
+            # The other journal_fsync modes asked for: this checkout only.
+            modes = [m for m in args.journal_fsync if m != "reactor"] if src == ROOT else []
+            for mode in (["reactor"] if "reactor" in args.journal_fsync or src != ROOT
+                         else []) + modes:
+                name = label if mode == "reactor" else f"{label}-{mode}"
+                extra = DURABLE_CONFIG if mode == "reactor" else (
+                    f"journal_fsync: {mode}\n{DURABLE_CONFIG}")
+                port = free_port()
+                proc = stack.enter_context(kestrel_process(
+                    root / f"{name}-durable", port, extra_config=extra, src=src,
+                    reactor=reactor))
+                durable.append(Server(name, port, proc.pid, durable=True))
     if args.darner:
         port = free_port()
         proc = stack.enter_context(darner_process(args.darner, port, root / "darner"))
@@ -499,6 +506,11 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
         port = free_port()
         proc = stack.enter_context(floor_process(port, reactor, journal))
         plain.append(Server(label, port, proc.pid, protocol="memcache"))
+    if args.durable_floor and ("kestrel", True) in wants:
+        for label, reactor in (("durable-floor", "kestrel"), ("durable-python-floor", "none")):
+            port = free_port()
+            proc = stack.enter_context(floor_process(port, reactor, root / label, durable=True))
+            durable.append(Server(label, port, proc.pid, durable=True))
     return plain, durable
 
 
@@ -538,6 +550,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--journal-floor", action="store_true",
                         help="also run benchmarks/floor_server.py --journal (the bare queue "
                              "appending its journal records, one write each) as journal-floor")
+    parser.add_argument("--journal-fsync", nargs="+", default=["reactor"],
+                        choices=["reactor", "thread"], metavar="MODE",
+                        help="durable-N runs txkestrel once per journal_fsync mode given "
+                             "(reactor: labelled txkestrel; thread: txkestrel-thread)")
+    parser.add_argument("--durable-floor", action="store_true",
+                        help="also run benchmarks/floor_server.py --journal --durable (the bare "
+                             "queue writing and fsyncing its journal once per reactor turn "
+                             "before replying) in durable-N, on txkestrel's reactor as "
+                             "durable-floor and without Twisted as durable-python-floor")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")
