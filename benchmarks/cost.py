@@ -150,11 +150,18 @@ class Sample:
     load: float
     p50_ms: float | None = None
     p99_ms: float | None = None
+    #: The load client's CPU (this process and the children it waited for).
+    client_cpu_s: float = 0.0
 
     @property
     def cpu_us(self) -> float:
         """Server CPU microseconds per unit (pair or set)."""
         return self.cpu_s * 1e6 / self.units
+
+    @property
+    def client_cpu_us(self) -> float:
+        """The load client's CPU microseconds per unit."""
+        return self.client_cpu_s * 1e6 / self.units
 
     @property
     def rate(self) -> float:
@@ -289,14 +296,23 @@ def run_latency(port: int, queue: str, conns: int, rate: float, seconds: float,
 
 def measure(server: Server, work: Callable[[Server], tuple]) -> Sample:
     """Run C{work} once against C{server}, reading its CPU time around it."""
+    client_before = _own_cpu_seconds()
     before = cpu_seconds(server.pid)
     result = work(server)
     cpu = cpu_seconds(server.pid) - before
+    client = _own_cpu_seconds() - client_before
     units, wall = result[0], result[1]
-    sample = Sample(units=units, cpu_s=cpu, wall_s=wall, load=os.getloadavg()[0])
+    sample = Sample(units=units, cpu_s=cpu, wall_s=wall, load=os.getloadavg()[0],
+                    client_cpu_s=client)
     if len(result) == 4:
         sample.p50_ms, sample.p99_ms = result[2], result[3]
     return sample
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it waited for (the load clients)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def strace_works() -> bool:
@@ -665,7 +681,8 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
         if latency:
             header = header.replace(f"| {unit}s/s |", "| p50 ms | p99 ms |")
         if unit == "set":
-            header = header.replace("| load |", "| sets per fsync | load |")
+            header = header.replace("| load |", "| sets per fsync | client CPU us per set "
+                                                 "| load |")
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for r in rows:
             cpu = [s.cpu_us for s in r.samples]
@@ -682,6 +699,7 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
             if unit == "set":
                 per = r.units_per_fsync()
                 cells.append("-" if per is None else f"{per:.1f}")
+                cells.append(f"{statistics.median([s.client_cpu_us for s in r.samples]):,.1f}")
             cells.append(f"{statistics.median([s.load for s in r.samples]):.2f}")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
