@@ -150,11 +150,18 @@ class Sample:
     load: float
     p50_ms: float | None = None
     p99_ms: float | None = None
+    #: The load client's CPU (this process and the children it waited for).
+    client_cpu_s: float = 0.0
 
     @property
     def cpu_us(self) -> float:
         """Server CPU microseconds per unit (pair or set)."""
         return self.cpu_s * 1e6 / self.units
+
+    @property
+    def client_cpu_us(self) -> float:
+        """The load client's CPU microseconds per unit."""
+        return self.client_cpu_s * 1e6 / self.units
 
     @property
     def rate(self) -> float:
@@ -289,14 +296,23 @@ def run_latency(port: int, queue: str, conns: int, rate: float, seconds: float,
 
 def measure(server: Server, work: Callable[[Server], tuple]) -> Sample:
     """Run C{work} once against C{server}, reading its CPU time around it."""
+    client_before = _own_cpu_seconds()
     before = cpu_seconds(server.pid)
     result = work(server)
     cpu = cpu_seconds(server.pid) - before
+    client = _own_cpu_seconds() - client_before
     units, wall = result[0], result[1]
-    sample = Sample(units=units, cpu_s=cpu, wall_s=wall, load=os.getloadavg()[0])
+    sample = Sample(units=units, cpu_s=cpu, wall_s=wall, load=os.getloadavg()[0],
+                    client_cpu_s=client)
     if len(result) == 4:
         sample.p50_ms, sample.p99_ms = result[2], result[3]
     return sample
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it waited for (the load clients)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def strace_works() -> bool:
@@ -407,9 +423,10 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
                         partial(_pairs_work, 1, args.pairs, size, False)))
     out.append(Workload("reliable-1", "item", RELIABLE_REQUESTS,
                         partial(_pairs_work, 1, args.pairs, size, True)))
-    out.append(Workload("durable-50", "set", {"kestrel": 1, "resp": 1, "beanstalk": 1},
-                        partial(_sets_work, 50, args.durable_sets, size),
-                        durable=True, queue="durable"))
+    for conns in args.durable_conns:
+        out.append(Workload(f"durable-{conns}", "set", {"kestrel": 1, "resp": 1, "beanstalk": 1},
+                            partial(_sets_work, conns, args.durable_sets, size),
+                            durable=True, queue="durable"))
     if args.latency:
         out.append(Workload("latency-100", "pair", MEMCACHE_PAIR,
                             partial(_latency_work, 100, args.rate, args.latency_seconds, size),
@@ -460,11 +477,18 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
                                                        reactor=reactor))
             plain.append(Server(label, port, proc.pid))
         if ("kestrel", True) in wants:
-            port = free_port()
-            proc = stack.enter_context(kestrel_process(
-                root / f"{label}-durable", port, extra_config=DURABLE_CONFIG, src=src,
-                reactor=reactor))
-            durable.append(Server(label, port, proc.pid, durable=True))
+            # The other journal_fsync modes asked for: this checkout only.
+            modes = [m for m in args.journal_fsync if m != "reactor"] if src == ROOT else []
+            for mode in (["reactor"] if "reactor" in args.journal_fsync or src != ROOT
+                         else []) + modes:
+                name = label if mode == "reactor" else f"{label}-{mode}"
+                extra = DURABLE_CONFIG if mode == "reactor" else (
+                    f"journal_fsync: {mode}\n{DURABLE_CONFIG}")
+                port = free_port()
+                proc = stack.enter_context(kestrel_process(
+                    root / f"{name}-durable", port, extra_config=extra, src=src,
+                    reactor=reactor))
+                durable.append(Server(name, port, proc.pid, durable=True))
     if args.darner:
         port = free_port()
         proc = stack.enter_context(darner_process(args.darner, port, root / "darner"))
@@ -498,6 +522,11 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
         port = free_port()
         proc = stack.enter_context(floor_process(port, reactor, journal))
         plain.append(Server(label, port, proc.pid, protocol="memcache"))
+    if args.durable_floor and ("kestrel", True) in wants:
+        for label, reactor in (("durable-floor", "kestrel"), ("durable-python-floor", "none")):
+            port = free_port()
+            proc = stack.enter_context(floor_process(port, reactor, root / label, durable=True))
+            durable.append(Server(label, port, proc.pid, durable=True))
     return plain, durable
 
 
@@ -537,6 +566,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--journal-floor", action="store_true",
                         help="also run benchmarks/floor_server.py --journal (the bare queue "
                              "appending its journal records, one write each) as journal-floor")
+    parser.add_argument("--journal-fsync", nargs="+", default=["reactor"],
+                        choices=["reactor", "thread"], metavar="MODE",
+                        help="durable-N runs txkestrel once per journal_fsync mode given "
+                             "(reactor: labelled txkestrel; thread: txkestrel-thread)")
+    parser.add_argument("--durable-floor", action="store_true",
+                        help="also run benchmarks/floor_server.py --journal --durable (the bare "
+                             "queue writing and fsyncing its journal once per reactor turn "
+                             "before replying) in durable-N, on txkestrel's reactor as "
+                             "durable-floor and without Twisted as durable-python-floor")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")
@@ -547,6 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durable-sets", type=int, default=5000,
                         help="enqueues per durable-50 run (darner's /sync and beanstalkd "
                              "-f 0 do one fsync per enqueue)")
+    parser.add_argument("--durable-conns", type=int, nargs="+", default=[50], metavar="N",
+                        help="run the durable workload at each of these connection counts "
+                             "(durable-N: N connections, one set outstanding each)")
     parser.add_argument("--size", type=int, default=1024, help="item size in bytes")
     parser.add_argument("--latency", action="store_true",
                         help="also measure p50/p99 latency of 100 paced clients")
@@ -640,7 +681,8 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
         if latency:
             header = header.replace(f"| {unit}s/s |", "| p50 ms | p99 ms |")
         if unit == "set":
-            header = header.replace("| load |", "| sets per fsync | load |")
+            header = header.replace("| load |", "| sets per fsync | client CPU us per set "
+                                                 "| load |")
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for r in rows:
             cpu = [s.cpu_us for s in r.samples]
@@ -657,6 +699,7 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
             if unit == "set":
                 per = r.units_per_fsync()
                 cells.append("-" if per is None else f"{per:.1f}")
+                cells.append(f"{statistics.median([s.client_cpu_us for s in r.samples]):,.1f}")
             cells.append(f"{statistics.median([s.load for s in r.samples]):.2f}")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -20,7 +20,16 @@ DIR, one `write` each, as txkestrel's journal does under `sync_journal:
 never` (no rotation, no replay): the least a server costs that journals
 every request in Kestrel's format before it replies.
 
-    python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] [--journal DIR] PORT
+With `--durable` as well (`cost.py --durable-floor`, as "durable-floor" and,
+without Twisted, "durable-python-floor") the journal is made durable the way
+txkestrel's reactor-turn fsync does it, only barer: the records of every
+request served in one reactor turn are appended with one `write` per queue
+at the end of the turn, then one `fsync` per queue, and only then are the
+turn's replies sent (one send per connection). That is the least a Python
+server costs per durable enqueue on this machine: the floor of `durable-N`.
+
+    python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] PORT
+    python3 benchmarks/floor_server.py [--reactor ...] --journal DIR [--durable] PORT
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import socket
 import sys
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +70,34 @@ def journal_fd(queue: bytes) -> int:
     return fd
 
 
+#: With --durable: the records of this turn per queue, and the replies each
+#: connection waits for (sent once the turn's fsyncs are done).
+DURABLE = False
+TURN_RECORDS: defaultdict[bytes, list[bytes]] = defaultdict(list)
+TURN_REPLIES: list[tuple[Callable[[bytes], object], bytes]] = []
+
+
+def end_turn() -> None:
+    """Write and fsync the turn's records (one write and fsync per queue), then reply."""
+    for queue, records in TURN_RECORDS.items():
+        fd = journal_fd(queue)
+        os.write(fd, b"".join(records))
+        os.fsync(fd)
+    TURN_RECORDS.clear()
+    replies = TURN_REPLIES[:]
+    TURN_REPLIES.clear()
+    for send, data in replies:
+        send(data)
+
+
+def record(queue: bytes, data: bytes) -> None:
+    """Journal C{data} for C{queue}: at once, or (--durable) at the end of the turn."""
+    if DURABLE:
+        TURN_RECORDS[queue].append(data)
+    else:
+        os.write(journal_fd(queue), data)
+
+
 #: The listen() backlog, txkestrel's default `listen_backlog`.
 BACKLOG = 1024
 
@@ -79,7 +117,7 @@ def answer(buf: bytes) -> tuple[bytes, bytes]:
                 break
             data = buf[nl + 2:end]
             if JOURNAL_DIR is not None:
-                os.write(journal_fd(words[1]), encode_add(data, int(time.time() * 1000), 0))
+                record(words[1], encode_add(data, int(time.time() * 1000), 0))
             QUEUES[words[1]].append(data)
             out.append(b"STORED\r\n")
             pos = end + 2
@@ -88,7 +126,7 @@ def answer(buf: bytes) -> tuple[bytes, bytes]:
             if q:
                 item = q.popleft()
                 if JOURNAL_DIR is not None:
-                    os.write(journal_fd(words[1]), REMOVE_BYTES)
+                    record(words[1], REMOVE_BYTES)
                 out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
             else:
                 out.append(b"END\r\n")
@@ -108,8 +146,19 @@ class FloorProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted hook
         """Parse and answer what is complete; keep the rest."""
         replies, self.buf = answer(self.buf + data if self.buf else data)
-        if replies:
+        if not replies:
+            return
+        if DURABLE:
+            if not TURN_REPLIES:
+                from twisted.internet import reactor
+                reactor.callLater(0, end_turn)  # type: ignore[attr-defined]
+            TURN_REPLIES.append((self.send, replies))
+        else:
             write_now(self.transport, replies)
+
+    def send(self, replies: bytes) -> None:
+        """Send C{replies} now."""
+        write_now(self.transport, replies)
 
 
 def serve_without_twisted(port: int) -> None:
@@ -124,6 +173,8 @@ def serve_without_twisted(port: int) -> None:
     poller.register(listener.fileno(), select.EPOLLIN)
     connections: dict[int, tuple[socket.socket, list[bytes]]] = {}
     while True:
+        if TURN_REPLIES:
+            end_turn()
         for fd, _ in poller.poll():
             if fd == listener.fileno():
                 client, _ = listener.accept()
@@ -141,6 +192,9 @@ def serve_without_twisted(port: int) -> None:
                 data = b""
             if data:
                 replies, held[0] = answer(held[0] + data if held[0] else data)
+                if DURABLE and replies:
+                    TURN_REPLIES.append((client.send, replies))
+                    continue
                 try:
                     if not replies or client.send(replies) == len(replies):
                         continue
@@ -166,9 +220,15 @@ def main() -> None:
     parser.add_argument("--journal", metavar="DIR",
                         help="append each set's ADDX and each hit's REMOVE record to a file "
                              "per queue in DIR (one write each, no fsync)")
+    parser.add_argument("--durable", action="store_true",
+                        help="with --journal: one write and one fsync per queue per reactor "
+                             "turn, before the turn's replies are sent")
     args = parser.parse_args()
-    global JOURNAL_DIR
+    if args.durable and not args.journal:
+        parser.error("--durable needs --journal")
+    global JOURNAL_DIR, DURABLE
     JOURNAL_DIR = args.journal
+    DURABLE = args.durable
     if args.reactor == "none":
         serve_without_twisted(args.port)
         return

@@ -177,11 +177,12 @@ def summary(rates: list[float]) -> str:
 
 
 @contextmanager
-def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = None
-                  ) -> Iterator[subprocess.Popen[bytes]]:
+def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = None,
+                  durable: bool = False) -> Iterator[subprocess.Popen[bytes]]:
     """
     C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs
-    (no journal, unless C{journal} is a folder for its journal files).
+    (no journal, unless C{journal} is a folder for its journal files;
+    C{durable}: fsynced once per reactor turn before the turn's replies).
 
     C{reactor} is C{"kestrel"} (txkestrel's), C{"epoll"} (Twisted's own) or
     C{"none"} (a bare C{select.epoll} loop, no Twisted).
@@ -189,7 +190,7 @@ def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = No
     extra: list[str] = []
     if journal is not None:
         journal.mkdir(parents=True, exist_ok=True)
-        extra = ["--journal", str(journal)]
+        extra = ["--journal", str(journal), *(["--durable"] if durable else [])]
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
                              "--reactor", reactor, *extra, str(port)],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -36,7 +36,7 @@ from kestrel.journal.chores import Chore
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
-from kestrel.journal.runner import run_inline
+from kestrel.journal.runner import SyncTurn, run_inline
 from kestrel.journal.syncfile import FsyncObserver
 from kestrel.limits import check_room, descriptors_for
 from kestrel.loading import (
@@ -103,7 +103,8 @@ class QueueCollection(Service):
                  replay_timer: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
         self._clock = clock
-        self._run_in_thread = run_in_thread
+        self._run_in_thread = run_inline if run_in_thread is None else run_in_thread
+        self._sync_turn = SyncTurn(clock) if config.journal_fsync == "reactor" else None
         self._file_chores = file_chores
         self._on_fsync = on_fsync
         self._queue_observer = queue_observer
@@ -307,9 +308,8 @@ class QueueCollection(Service):
         if config.keep_journal:
             journal: IJournal = FileJournal(self._path, name, self._clock, config.sync_journal,
                                        archive_path=self._archive_path,
-                                       run_in_thread=(run_inline if self._run_in_thread is None
-                                                      else self._run_in_thread),
-                                       chores=self._file_chores,
+                                       run_in_thread=self._run_in_thread,
+                                       chores=self._file_chores, sync_turn=self._sync_turn,
                                        coalescer=self.write_coalescer,
                                        on_fsync=self._on_fsync,
                                        file_mode=self.config.journal_file_mode)

@@ -31,6 +31,7 @@ from kestrel.config.values import (
     parse_count,
     parse_duration,
     parse_file_mode,
+    parse_journal_fsync,
     parse_port,
     parse_queue_name,
     parse_size,
@@ -369,6 +370,12 @@ class ServerConfig:
         required(parse_file_mode), "permission mode", '`"0600"`',
         "mode of every journal file the server creates (an octal string; quote it in YAML)",
         default=0o600)
+    journal_fsync: str = _server_setting(
+        required(parse_journal_fsync), "`reactor` or `thread`", "`reactor`",
+        "where the fsyncs of `sync_journal: always` run: `reactor`: on the reactor thread, "
+        "once per reactor turn for every write made in it (all connections wait for it); "
+        "`thread`: in the thread pool, at once, the next one covering the writes made "
+        "meanwhile", default="reactor")
     queue_path_mode: int = _server_setting(
         required(parse_file_mode), "permission mode", '`"0700"`',
         "mode of `queue_path` when the server creates it; an existing folder is left alone, "

@@ -197,6 +197,13 @@ def parse_control_commands(value: object) -> str:
     return str(value)
 
 
+def parse_journal_fsync(value: object) -> str:
+    """C{reactor} or C{thread}."""
+    if value not in ("reactor", "thread"):
+        raise BadValueError(f"expected reactor or thread, got {describe(value)}")
+    return str(value)
+
+
 def parse_zk_port(value: object) -> int:
     """A TCP port between 1 and 65535."""
     number = _parse_int(value, "a port number")

@@ -50,7 +50,7 @@ from kestrel.journal.pack import (
 )
 from kestrel.journal.readbehind import ReadBehind
 from kestrel.journal.replay import Damage, ReplayCursor, replay_files
-from kestrel.journal.runner import RunInThread, run_inline
+from kestrel.journal.runner import RunInThread, SyncTurn, run_inline
 from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile
 from kestrel.journal.writer import CLOSED_WRITER, JournalNotOpenError, Writer, ignore_failure
 from kestrel.settled import settled
@@ -75,7 +75,11 @@ class FileJournal:
     pack write of a rotation, rewrite or pack runs through C{run_in_thread}
     (a L{kestrel.journal.runner.RunInThread}: the server's thread pool, or
     the default L{kestrel.journal.runner.InlineRunner} of tests and tools,
-    which runs it at once; the code path is the same). With C{chores} (a
+    which runs it at once; the code path is the same). With a C{sync_turn}
+    (a L{kestrel.journal.runner.SyncTurn}) and C{sync_policy} 0.0, the
+    current file's own fsyncs run on the calling (reactor) thread instead,
+    once per reactor turn for every record written in it (see
+    L{PeriodicSyncFile}); other policies ignore it. With C{chores} (a
     L{kestrel.journal.chores.FileChores}), an empty rewrite under the
     C{never} policy hands the file it replaced to them.
 
@@ -95,7 +99,8 @@ class FileJournal:
                  run_in_thread: RunInThread = run_inline,
                  coalescer: WriteCoalescer | None = None,
                  on_fsync: FsyncObserver | None = None, file_mode: int = 0o600,
-                 chores: Callable[[Chore], None] | None = None) -> None:
+                 chores: Callable[[Chore], None] | None = None,
+                 sync_turn: SyncTurn | None = None) -> None:
         self.queue_path = queue_path
         self.queue_name = queue_name
         self.archive_path = archive_path
@@ -108,7 +113,11 @@ class FileJournal:
         self.files = JournalFiles(queue_path, queue_name, clock, fsync=fsync,
                                   archive_path=archive_path, file_mode=file_mode)
         self.read_behind = ReadBehind(self.files)
-        self._maintenance = Maintenance(self, self.files, run_in_thread, sync_policy, chores)
+        if sync_policy is None or sync_policy > 0.0:
+            sync_turn = None
+        self._maintenance = Maintenance(self, self.files, run_in_thread, sync_policy, chores,
+                                        writer_run=None if sync_turn is None else run_inline)
+        self._sync_turn = sync_turn
         self._writer: Writer = CLOSED_WRITER
         self._replay = ReplayCursor()
         self.size = 0
@@ -338,7 +347,7 @@ class FileJournal:
                                 run_in_thread=maintenance.writer_thread,
                                 coalescer=self._coalescer, on_fsync=self._on_fsync,
                                 on_error=self.writer_failed, write=self._os_write,
-                                mode=self._file_mode, fd=fd)
+                                mode=self._file_mode, fd=fd, turn=self._sync_turn)
 
     def writer_failed(self, kind: str, error: OSError) -> None:
         """A write or fsync of a journal file failed: tell L{on_failure} (the queue)."""

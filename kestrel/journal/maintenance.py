@@ -90,10 +90,13 @@ class Maintenance:
     _log = Logger()
 
     def __init__(self, journal: MaintainedJournal, files: JournalFiles, run: RunInThread,
-                 sync_policy: float | None, chores: Callable[[Chore], None] | None) -> None:
+                 sync_policy: float | None, chores: Callable[[Chore], None] | None,
+                 writer_run: RunInThread | None = None) -> None:
         self._journal = journal
         self._files = files
         self._run = run
+        # Where the current file's own fsyncs run (the journal's runner unless told).
+        self._writer_run = run if writer_run is None else writer_run
         self._policy = sync_policy
         self._chores = chores
         self.epoch = 0
@@ -136,7 +139,7 @@ class Maintenance:
     def writer_thread(self, job: Callable[[], _T]) -> Deferred[_T]:
         """The current files' runner: held back while a rotation's fsyncs run."""
         if self._busy is None:
-            return self._run(job)
+            return self._writer_run(job)
         d: Deferred[_T] = Deferred()
         self._gated.append((job, d))
         return d
@@ -144,7 +147,7 @@ class Maintenance:
     def _release_gated(self) -> None:
         gated, self._gated = self._gated, []
         for job, d in gated:
-            self._run(job).chainDeferred(d)
+            self._writer_run(job).chainDeferred(d)
 
     def after(self, f: Callable[[], Deferred[_T]]) -> Deferred[_T]:
         """Call C{f} now, or once no rotation is in progress; fire with its result."""

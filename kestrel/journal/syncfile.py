@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from kestrel.journal.runner import RunInThread, run_inline
+from kestrel.journal.runner import RunInThread, SyncTurn, run_inline
 
 if TYPE_CHECKING:
     from kestrel.journal.batch import WriteCoalescer
@@ -81,6 +81,12 @@ class PeriodicSyncFile:
     With C{fd}, the file is that descriptor, already open on C{path} for
     appending (O_APPEND), instead of one this opens.
 
+    With a C{turn} (a L{SyncTurn}), under policy 0.0 the fsync that a write
+    asks for starts at the end of the current reactor turn instead of at
+    once: one fsync then covers every write of the turn, whichever
+    connections made them. (With an inline C{run_in_thread} that fsync runs
+    on the reactor thread, which waits for it: the reactor-turn fsync.)
+
     @ivar position: the size of the file in bytes (every byte written).
     """
 
@@ -93,7 +99,7 @@ class PeriodicSyncFile:
                  on_fsync: FsyncObserver | None = None,
                  on_error: ErrorObserver | None = None,
                  write: Callable[[int, bytes], int] = os.write, mode: int = 0o600,
-                 fd: int | None = None) -> None:
+                 fd: int | None = None, turn: SyncTurn | None = None) -> None:
         self.path = path
         self._os_write = write
         self._clock = clock
@@ -132,6 +138,9 @@ class PeriodicSyncFile:
         self._held_times: list[float] = []
         self._covered_times: list[float] = []
         self._sync_started = 0.0
+        self._turn = turn
+        # Whether a start of the fsync waits for the end of the turn.
+        self._sync_queued = False
 
     @property
     def closed(self) -> bool:
@@ -177,10 +186,12 @@ class PeriodicSyncFile:
         if self._on_fsync is not None:
             self._pending_times.append(self._clock.seconds())
         if policy <= 0.0:
-            if not self._syncing:
-                self._start_sync()
-            else:
+            if self._syncing:
                 self._sync_again = True
+            elif self._turn is None:
+                self._start_sync()
+            elif not self._sync_queued:
+                self._sync_at_turn_end()
         elif self._timer is None:
             self._timer = self._clock.callLater(policy, self._timer_fired)
         return d
@@ -245,10 +256,12 @@ class PeriodicSyncFile:
                 self._pending_times.extend(times)
             policy = self._policy
             if policy is not None and policy <= 0.0:
-                if not self._syncing:
-                    self._start_sync()
-                else:
+                if self._syncing:
                     self._sync_again = True
+                elif self._turn is None:
+                    self._start_sync()
+                elif not self._sync_queued:
+                    self._sync_at_turn_end()
             elif self._timer is None and policy is not None:
                 self._timer = self._clock.callLater(policy, self._timer_fired)
         return True
@@ -283,6 +296,21 @@ class PeriodicSyncFile:
         self._timer = None
         if self._held:
             self.flush()
+        if self._syncing:
+            self._sync_again = True
+        elif self._pending:
+            self._start_sync()
+
+    def _sync_at_turn_end(self) -> None:
+        """Have the turn start the fsync of the pending writes once the turn's events are done."""
+        assert self._turn is not None
+        self._sync_queued = True
+        self._turn.call(self._turn_ended)
+
+    def _turn_ended(self) -> None:
+        self._sync_queued = False
+        if self._closed:
+            return  # close or abandon settled every pending write
         if self._syncing:
             self._sync_again = True
         elif self._pending:
@@ -333,7 +361,10 @@ class PeriodicSyncFile:
         elif (not self._syncing and self._pending
               and (self._sync_again or (self._policy is not None and self._policy <= 0.0))):
             # (A callback above may have written and started the next fsync already.)
-            self._start_sync()
+            if self._turn is None:
+                self._start_sync()
+            elif not self._sync_queued:
+                self._sync_at_turn_end()
 
     def close(self) -> Deferred[None]:
         """

@@ -536,7 +536,8 @@ def test_stop_refuses_new_work_and_wakes_waiters(started, clock: Clock) -> None:
 def test_stop_waits_for_pending_fsyncs(started, tmp_path: Path, clock: Clock) -> None:
     """With durable acks, stop fires only after the fsync of every acknowledged add."""
     thread = ManualThread()
-    c = started("default: {sync_journal: always, durable_acks: true}\n", run_in_thread=thread)
+    c = started("journal_fsync: thread\ndefault: {sync_journal: always, durable_acks: true}\n",
+                run_in_thread=thread)
     acked = c.add("q", b"x")
     assert not acked.called
     stopped = c.stopService()

@@ -58,6 +58,7 @@ def fanout_server(clock: Clock, tmp_path: Path, yaml: str = DURABLE) -> KestrelS
 def refusal(server: KestrelServer, name: str, data: bytes) -> object:
     """What an add answers: True, False, or the exception class of its failure."""
     d = server.collection.add(name, data)
+    server.clock.advance(0)  # the reactor turn ends: its fsyncs run
     box: list[object] = []
     d.addBoth(box.append)
     assert box, "the add did not answer"
@@ -85,6 +86,8 @@ def test_memcache_producer_gets_server_error(clock: Clock, tmp_path: Path) -> No
     failing(server, "fq+a")
     client = StringClient(MemcacheFactory(server))
     reply = client.send(b"set fq 0 0 1\r\nx\r\n")
+    clock.advance(0)
+    reply += client.take()
     assert reply.startswith(b"SERVER_ERROR queue fq+a is read-only")
     assert client.connected
     server.collection.stopService()

@@ -23,7 +23,7 @@ from kestrel.journal import records as rec
 from kestrel.journal.interface import IJournal
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
-from kestrel.journal.runner import RunInThread, run_inline
+from kestrel.journal.runner import RunInThread, SyncTurn, run_inline
 from tests.compat.model import queue_state
 from tests.support import ThreadFlag
 
@@ -31,8 +31,9 @@ Journal = FileJournal | MemoryJournal
 
 #: The file journal runs under each runner (the InlineRunner of tests and tools;
 #: a thread runner whose jobs run when the test settles, as the server's thread
-#: pool runs them) and each sync policy (never, always, every 0.5 s).
-FILE_SETUPS = [(runner, policy) for runner in ("inline", "thread")
+#: pool runs them; that thread runner with the reactor-turn fsync of "always",
+#: the server's default) and each sync policy (never, always, every 0.5 s).
+FILE_SETUPS = [(runner, policy) for runner in ("inline", "thread", "turn")
                for policy in (None, 0.0, 0.5)]
 
 
@@ -63,7 +64,8 @@ def h(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[
     _, runner, policy_text = request.param.split("-")
     policy = None if policy_text == "None" else float(policy_text)
     thread = ThreadFlag()
-    run: RunInThread = thread if runner == "thread" else run_inline
+    run: RunInThread = run_inline if runner == "inline" else thread
+    turn = SyncTurn(clock) if runner == "turn" else None
 
     def recorded() -> list[rec.Record]:
         out: list[rec.Record] = []
@@ -77,7 +79,7 @@ def h(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[
             clock.advance(0.5)
             thread.run_all()
 
-    fj = FileJournal(str(tmp_path), "q", clock, policy, run_in_thread=run)
+    fj = FileJournal(str(tmp_path), "q", clock, policy, run_in_thread=run, sync_turn=turn)
     fj.replay(lambda r: None)
     yield Harness(fj, recorded, settle, policy)
     settle()

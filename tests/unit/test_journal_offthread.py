@@ -14,6 +14,7 @@ from kestrel.config import QueueConfig
 from kestrel.item import QItem
 from kestrel.journal import records as rec
 from kestrel.journal.journal import FileJournal
+from kestrel.journal.runner import SyncTurn
 from kestrel.queue import PersistentQueue
 from tests.support import ThreadFlag
 from tests.unit.test_queue import PENDING, datas, value
@@ -714,3 +715,31 @@ def test_empty_rewrite_during_an_fsync_under_never_takes_the_thread_job(tmp_path
     assert deleted_but_open(tmp_path) == []
     value(journal.close())
     assert replayed(tmp_path, clock) == [rec.SaveXid(6)]
+
+
+def test_reactor_turn_fsync_of_a_new_file_waits_for_the_rotation(tmp_path, clock: Clock) -> None:
+    """
+    With the reactor-turn fsync, the rotation's fsyncs still run in the thread,
+    and a write to the new file is acknowledged only after them (its own fsync
+    then runs inline, at the end of a turn).
+    """
+    thread = ThreadFlag()
+    fsyncs = Fsyncs(thread)
+    journal = FileJournal(str(tmp_path), "q", clock, 0.0, fsync=fsyncs, run_in_thread=thread,
+                          sync_turn=SyncTurn(clock))
+    journal.replay(lambda record: None)
+    first = journal.add(item(b"one"))
+    clock.advance(0)
+    assert value(first) is None and fsyncs.inline == 1 and not thread.jobs
+    old = journal.add(item(b"two"))
+    journal.rotate([], set_checkpoint=False)
+    new = journal.add(item(b"three"))
+    clock.advance(0)
+    assert value(old) is PENDING and value(new) is PENDING
+    assert fsyncs.inline == 1  # the new file's fsync waits for the rotation's
+    thread.run_all()
+    assert value(old) is None and value(new) is None
+    assert fsyncs.inline > 1 and fsyncs.in_thread >= 2  # (then the gated ones, inline)
+    value(journal.close())
+    assert [r.data for r in replayed(tmp_path, clock) if isinstance(r, rec.Add)] == [
+        b"one", b"two", b"three"]

@@ -326,7 +326,8 @@ def test_chunking_is_invisible(lines, data) -> None:
     assert _replies(chunks) == _replies([stream])
 
 
-DURABLE = "default: {sync_journal: always, durable_acks: true}\n"
+# Fsyncs in the (here manual) thread pool: the test decides when they end.
+DURABLE = "journal_fsync: thread\ndefault: {sync_journal: always, durable_acks: true}\n"
 
 
 def test_put_expiry_is_relative_ms(client, clock) -> None:
@@ -350,6 +351,17 @@ def test_put_reply_waits_for_the_fsync_with_durable_acks(clock, tmp_path) -> Non
     assert client.send(b"put q:\na\nb\n\nversion\n") == b""
     assert thread.jobs
     thread.run_all()
+    assert client.take().startswith(b"+2\n:")
+
+
+def test_put_reply_waits_for_the_end_of_the_reactor_turn(clock, tmp_path) -> None:
+    """With the reactor-turn fsync the C{+n} reply waits for the turn's end, then comes."""
+    thread = ManualThread()
+    yaml = "default: {sync_journal: always, durable_acks: true}\n"
+    client = Client(make_server(clock, tmp_path, yaml, run_in_thread=thread))
+    assert client.send(b"put q:\na\nb\n\nversion\n") == b""
+    clock.advance(0)
+    assert not thread.jobs
     assert client.take().startswith(b"+2\n:")
 
 

@@ -323,7 +323,8 @@ def test_chunking_is_invisible(calls, data) -> None:
     assert _replies(chunks) == _replies([stream])
 
 
-DURABLE = "default: {sync_journal: always, durable_acks: true}\n"
+# Fsyncs in the (here manual) thread pool: the test decides when they end.
+DURABLE = "journal_fsync: thread\ndefault: {sync_journal: always, durable_acks: true}\n"
 
 
 def test_put_stops_at_the_first_refused_item(clock, tmp_path) -> None:
