@@ -44,13 +44,14 @@ class HeldReads:
         protocols test it (a cheap list) before calling L{written}.
     """
 
-    __slots__ = ("_collection", "pending", "_unsent", "_peeked")
+    __slots__ = ("_collection", "pending", "_unsent", "_peeked", "_depth")
 
     def __init__(self, collection: QueueCollection) -> None:
         self._collection = collection
         self.pending: list[tuple[str, Any]] = []
         self._unsent: list[tuple[str, int]] = []
         self._peeked = False  # (whether pending holds a peeked item)
+        self._depth: dict[str, int] = {}  # (when _peeked: how many per queue)
 
     def __len__(self) -> int:
         return len(self.pending) + len(self._unsent)
@@ -59,31 +60,50 @@ class HeldReads:
         """Open read C{xid} of C{name} goes into the next reply written."""
         self.pending.append((name, xid))
 
-    def peek_for_reply(self, name: str) -> QItem | None:
+    def peek_for_reply(self, name: str, holding: bool = True) -> QItem | None:
         """
-        The head of queue C{name}, left in place and held for the next reply
-        written, which the caller writes before anything else runs (then
-        L{written} takes it, as a plain remove once the reply is in the
-        kernel); or C{None} when that cannot be promised: no such queue
-        served, nothing there, open reads on it (their time-out could move
-        the head), an expiry or a C{max_age} (a sweep could drop it). A
-        held item counts as a hit.
+        For a plain read (C{holding}) whose reply the protocol writes at the
+        end of the pass serving it, before any other connection runs: the
+        first item of queue C{name} not already held so, left in place and
+        held for that reply (L{written} takes it, as a plain remove once the
+        reply is in the kernel). C{None} when that cannot be promised: no
+        such queue served, no such item in memory, open reads on it (their
+        time-out could move the head), readers blocked on it (a wake-up
+        after the pass's journal flush could take the head), an expiry or a
+        C{max_age} (a sweep could drop it). A held item counts as a hit.
+
+        Any other read of the pass (C{holding} false, or no item held) first
+        takes the items held so as open reads (L{open_peeked}), so that what
+        it removes, or looks at, is what follows them.
         """
-        collection = self._collection
-        try:
-            queue = collection.queue(name, create=False)
-        except KestrelError:  # (shutting down)
-            return None
-        if queue is None:
-            return None
-        item = queue.plain_head()  # (a failed journal: None; the caller's remove reports it)
-        if item is None:
-            return None
-        queue.get_items_hit += 1
-        collection.stats.get_hits += 1
-        self.pending.append((name, item))
-        self._peeked = True
-        return item
+        if holding:
+            collection = self._collection
+            try:
+                queue = collection.queue(name, create=False)
+            except KestrelError:  # (shutting down)
+                queue = None
+            if queue is not None:
+                depth = self._depth
+                index = depth.get(name, 0) if self._peeked else 0
+                item = queue.plain_head(index)  # (a failed journal: None; the remove reports it)
+                if item is not None:
+                    queue.get_items_hit += 1
+                    collection.stats.get_hits += 1
+                    self.pending.append((name, item))
+                    if not self._peeked:
+                        self._peeked = True
+                        depth.clear()
+                    depth[name] = index + 1
+                    return item
+        if self._peeked:
+            self.open_peeked()
+        return None
+
+    def open_peeked(self) -> None:
+        """Take the items held in place (L{peek_for_reply}) as open reads, oldest first."""
+        if self._peeked:
+            self._peeked = False
+            self._take_peeked(False)
 
     def _take(self, name: str, item: QItem, in_kernel: bool) -> int | None:
         """
