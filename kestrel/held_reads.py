@@ -27,6 +27,7 @@ from kestrel.errors import KestrelError
 if TYPE_CHECKING:
     from kestrel.collection import QueueCollection
     from kestrel.item import QItem
+    from kestrel.queue import PersistentQueue
 
 _log = Logger()
 
@@ -36,7 +37,7 @@ __all__ = ["HeldReads"]
 class HeldReads:
     """
     One session's held reads, as C{(queue name, xid)} pairs, in two stages:
-    L{pending} (taken for a reply not yet written; or C{(queue name, item)}
+    L{pending} (taken for a reply not yet written; or C{(queue, item)}
     for an item left at the head) and unsent (written, but maybe still in
     the transport's buffer).
 
@@ -48,7 +49,7 @@ class HeldReads:
 
     def __init__(self, collection: QueueCollection) -> None:
         self._collection = collection
-        self.pending: list[tuple[str, Any]] = []
+        self.pending: list[tuple[Any, Any]] = []  # ((name, xid) or (queue, item))
         self._unsent: list[tuple[str, int]] = []
         self._peeked = False  # (whether pending holds a peeked item)
         self._depth: dict[str, int] = {}  # (when _peeked: how many per queue)
@@ -89,7 +90,7 @@ class HeldReads:
                 if item is not None:
                     queue.get_items_hit += 1
                     collection.stats.get_hits += 1
-                    self.pending.append((name, item))
+                    self.pending.append((queue, item))
                     if not self._peeked:
                         self._peeked = True
                         depth.clear()
@@ -105,22 +106,20 @@ class HeldReads:
             self._peeked = False
             self._take_peeked(False)
 
-    def _take(self, name: str, item: QItem, in_kernel: bool) -> int | None:
+    def _take(self, queue: PersistentQueue, item: QItem, in_kernel: bool) -> int | None:
         """
         The reply carrying C{item} (from L{peek_for_reply}) is written: take
-        it from the head of C{name}, for good if the reply is C{in_kernel},
+        it from the head of C{queue}, for good if the reply is C{in_kernel},
         else as an open read whose xid is returned. If C{item} is no longer
         the head, nothing is taken (the client may get it again).
         """
-        collection = self._collection
         try:
-            queue = collection.queue(name, create=False)
-            if in_kernel and queue is not None and queue.plain_head() is item:
+            if in_kernel and queue.plain_head() is item:
                 queue.remove()  # (the usual case: a plain remove of the head it saw)
                 return None
-            if queue is None or queue.is_closed or queue.peek() is not item:
+            if queue.is_closed or queue.peek() is not item:
                 _log.info("Queue {queue}: an item replied to a plain read is not at the "
-                          "head any more; it stays queued", queue=name)
+                          "head any more; it stays queued", queue=queue.name)
                 return None
             # The head is still the item, but a plain remove could not keep it in
             # place (open reads, an expiry, max_age): take it as an open read, which
@@ -128,15 +127,16 @@ class HeldReads:
             taken = queue.remove(open_read=True)
         except KestrelError as e:  # (its journal failed: the item stays queued)
             _log.warn("Queue {queue}: an item replied to a plain read stays queued: {error}",
-                      queue=name, error=str(e))
+                      queue=queue.name, error=str(e))
             return None
         queue.transactions -= 1  # (held for a reply: no client transaction)
+        collection = self._collection
         if taken is not item:
             if taken is not None:  # (an open read: back to the head)
-                collection.unremove(name, taken.xid)
+                collection.unremove(queue.name, taken.xid)
             return None
         if in_kernel:
-            collection.confirm_remove(name, taken.xid)
+            collection.confirm_remove(queue.name, taken.xid)
             return None
         return taken.xid
 
@@ -177,10 +177,10 @@ class HeldReads:
         for name, entry in self.pending:
             if entry.__class__ is int:
                 reads.append((name, entry))
-            else:
+            else:  # (a peeked item: name is its queue)
                 xid = take(name, entry, in_kernel)
                 if xid is not None:
-                    reads.append((name, xid))
+                    reads.append((name.name, xid))
         self.pending = reads
         return reads
 
