@@ -27,6 +27,7 @@ from kestrel.errors import KestrelError
 if TYPE_CHECKING:
     from kestrel.collection import QueueCollection
     from kestrel.item import QItem
+    from kestrel.queue import PersistentQueue
 
 _log = Logger()
 
@@ -36,7 +37,7 @@ __all__ = ["HeldReads"]
 class HeldReads:
     """
     One session's held reads, as C{(queue name, xid)} pairs, in two stages:
-    L{pending} (taken for a reply not yet written; or C{(queue name, item)}
+    L{pending} (taken for a reply not yet written; or C{(queue, item)}
     for an item left at the head) and unsent (written, but maybe still in
     the transport's buffer).
 
@@ -44,13 +45,14 @@ class HeldReads:
         protocols test it (a cheap list) before calling L{written}.
     """
 
-    __slots__ = ("_collection", "pending", "_unsent", "_peeked")
+    __slots__ = ("_collection", "pending", "_unsent", "_peeked", "_depth")
 
     def __init__(self, collection: QueueCollection) -> None:
         self._collection = collection
-        self.pending: list[tuple[str, Any]] = []
+        self.pending: list[tuple[Any, Any]] = []  # ((name, xid) or (queue, item))
         self._unsent: list[tuple[str, int]] = []
         self._peeked = False  # (whether pending holds a peeked item)
+        self._depth: dict[str, int] = {}  # (when _peeked: how many per queue)
 
     def __len__(self) -> int:
         return len(self.pending) + len(self._unsent)
@@ -59,48 +61,65 @@ class HeldReads:
         """Open read C{xid} of C{name} goes into the next reply written."""
         self.pending.append((name, xid))
 
-    def peek_for_reply(self, name: str) -> QItem | None:
+    def peek_for_reply(self, name: str, holding: bool = True) -> QItem | None:
         """
-        The head of queue C{name}, left in place and held for the next reply
-        written, which the caller writes before anything else runs (then
-        L{written} takes it, as a plain remove once the reply is in the
-        kernel); or C{None} when that cannot be promised: no such queue
-        served, nothing there, open reads on it (their time-out could move
-        the head), an expiry or a C{max_age} (a sweep could drop it). A
-        held item counts as a hit.
-        """
-        collection = self._collection
-        try:
-            queue = collection.queue(name, create=False)
-        except KestrelError:  # (shutting down)
-            return None
-        if queue is None:
-            return None
-        item = queue.plain_head()  # (a failed journal: None; the caller's remove reports it)
-        if item is None:
-            return None
-        queue.get_items_hit += 1
-        collection.stats.get_hits += 1
-        self.pending.append((name, item))
-        self._peeked = True
-        return item
+        For a plain read (C{holding}) whose reply the protocol writes at the
+        end of the pass serving it, before any other connection runs: the
+        first item of queue C{name} not already held so, left in place and
+        held for that reply (L{written} takes it, as a plain remove once the
+        reply is in the kernel). C{None} when that cannot be promised: no
+        such queue served, no such item in memory, open reads on it (their
+        time-out could move the head), readers blocked on it (a wake-up
+        after the pass's journal flush could take the head), an expiry or a
+        C{max_age} (a sweep could drop it). A held item counts as a hit.
 
-    def _take(self, name: str, item: QItem, in_kernel: bool) -> int | None:
+        Any other read of the pass (C{holding} false, or no item held) first
+        takes the items held so as open reads (L{open_peeked}), so that what
+        it removes, or looks at, is what follows them.
+        """
+        if holding:
+            collection = self._collection
+            try:
+                queue = collection.queue(name, create=False)
+            except KestrelError:  # (shutting down)
+                queue = None
+            if queue is not None:
+                depth = self._depth
+                index = depth.get(name, 0) if self._peeked else 0
+                item = queue.plain_head(index)  # (a failed journal: None; the remove reports it)
+                if item is not None:
+                    queue.get_items_hit += 1
+                    collection.stats.get_hits += 1
+                    self.pending.append((queue, item))
+                    if not self._peeked:
+                        self._peeked = True
+                        depth.clear()
+                    depth[name] = index + 1
+                    return item
+        if self._peeked:
+            self.open_peeked()
+        return None
+
+    def open_peeked(self) -> None:
+        """Take the items held in place (L{peek_for_reply}) as open reads, oldest first."""
+        if self._peeked:
+            self._peeked = False
+            self._take_peeked(False)
+
+    def _take(self, queue: PersistentQueue, item: QItem, in_kernel: bool) -> int | None:
         """
         The reply carrying C{item} (from L{peek_for_reply}) is written: take
-        it from the head of C{name}, for good if the reply is C{in_kernel},
+        it from the head of C{queue}, for good if the reply is C{in_kernel},
         else as an open read whose xid is returned. If C{item} is no longer
         the head, nothing is taken (the client may get it again).
         """
-        collection = self._collection
         try:
-            queue = collection.queue(name, create=False)
-            if in_kernel and queue is not None and queue.plain_head() is item:
+            if in_kernel and queue.plain_head() is item:
                 queue.remove()  # (the usual case: a plain remove of the head it saw)
                 return None
-            if queue is None or queue.is_closed or queue.peek() is not item:
+            if queue.is_closed or queue.peek() is not item:
                 _log.info("Queue {queue}: an item replied to a plain read is not at the "
-                          "head any more; it stays queued", queue=name)
+                          "head any more; it stays queued", queue=queue.name)
                 return None
             # The head is still the item, but a plain remove could not keep it in
             # place (open reads, an expiry, max_age): take it as an open read, which
@@ -108,15 +127,16 @@ class HeldReads:
             taken = queue.remove(open_read=True)
         except KestrelError as e:  # (its journal failed: the item stays queued)
             _log.warn("Queue {queue}: an item replied to a plain read stays queued: {error}",
-                      queue=name, error=str(e))
+                      queue=queue.name, error=str(e))
             return None
         queue.transactions -= 1  # (held for a reply: no client transaction)
+        collection = self._collection
         if taken is not item:
             if taken is not None:  # (an open read: back to the head)
-                collection.unremove(name, taken.xid)
+                collection.unremove(queue.name, taken.xid)
             return None
         if in_kernel:
-            collection.confirm_remove(name, taken.xid)
+            collection.confirm_remove(queue.name, taken.xid)
             return None
         return taken.xid
 
@@ -157,10 +177,10 @@ class HeldReads:
         for name, entry in self.pending:
             if entry.__class__ is int:
                 reads.append((name, entry))
-            else:
+            else:  # (a peeked item: name is its queue)
                 xid = take(name, entry, in_kernel)
                 if xid is not None:
-                    reads.append((name, xid))
+                    reads.append((name.name, xid))
         self.pending = reads
         return reads
 

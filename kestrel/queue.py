@@ -356,13 +356,13 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._sweep(None)
         return self._items[0] if self._items else None
 
-    def plain_head(self) -> QItem | None:
-        """The head, if a plain read may hold it in place: no open read, expiry or max_age."""
-        items = self._items
-        if (self._closed or not items or len(self._reads) or self._config.max_age is not None
-                or not self._health.readable or items[0].expiry_ms):
+    def plain_head(self, index: int = 0) -> QItem | None:
+        """Item C{index}, if a plain read may hold it in place: no open read, waiter or expiry."""
+        if (self._closed or len(self._items) <= index or self._reads or self._blocked
+                or not self._health.readable or self._config.max_age is not None
+                or self._items[index].expiry_ms):
             return None
-        return items[0]
+        return self._items[index]
 
     def remove(self, open_read: bool = False) -> QItem | None:
         """

@@ -260,7 +260,7 @@ class Unsettled:
     period's worth) plus the closes asked while the journal failed.
     """
 
-    __slots__ = ("_name", "_entries", "_seq", "_health", "_journal")
+    __slots__ = ("_name", "_entries", "_seq", "_health", "_journal", "_held")
 
     _log = Logger()
 
@@ -271,6 +271,10 @@ class Unsettled:
         self._seq = 0
         self._health = health
         self._journal = journal
+        # The entries held back in the open write batch since its last flush
+        # (their seqs), and the write failures counted when the first was:
+        # one after_written call settles them all.
+        self._held: tuple[list[int], int] | None = None
 
     def __len__(self) -> int:
         """How many entries are unsettled."""
@@ -332,28 +336,39 @@ class Unsettled:
             durable = outcome is None
             refused = isinstance(outcome, Failure)
         if durable and in_os:
-            return  # (settled at once: what _written and _durable would find)
+            return  # (settled at once: what _all_written and _durable would find)
         self._seq = seq = self._seq + 1
         entry = [what, xid, key, handed, durable]
         self._entries[seq] = entry
         if d is None or refused:
             return  # (refused: never written)
         if in_os:
-            entry[3] = True  # (what _written would find now)
+            entry[3] = True  # (what _all_written would find now)
         else:
-            self._journal.after_written(self._written, seq, self._health.write_failures)
+            held = self._held
+            failures = self._health.write_failures
+            if held is None or held[1] != failures:
+                self._held = held = ([], failures)
+                self._journal.after_written(self._all_written, held)
+            held[0].append(seq)
         if not durable:
             d.addCallback(self._durable, seq)
 
-    def _written(self, seq: int, write_failures: int) -> None:
-        # (no write refused since this record's: it reached the OS; an fsync
-        # that failed since does not take that back)
-        entry = self._entries.get(seq)
-        if entry is None or self._health.write_failures != write_failures:
+    def _all_written(self, held: tuple[list[int], int]) -> None:
+        # (no write refused since these records': they reached the OS; an
+        # fsync that failed since does not take that back)
+        if self._held is held:
+            self._held = None
+        seqs, write_failures = held
+        if self._health.write_failures != write_failures:
             return
-        entry[3] = True
-        if entry[4]:
-            del self._entries[seq]
+        entries = self._entries
+        for seq in seqs:
+            entry = entries.get(seq)
+            if entry is not None:
+                entry[3] = True
+                if entry[4]:
+                    del entries[seq]
 
     def _durable(self, result: None, seq: int) -> None:
         entry = self._entries.get(seq)

@@ -258,12 +258,12 @@ class ClientSession:
         Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}.
 
         With C{open_read} the item becomes an open read of this session; a
-        plain read holds it in L{held_reads} until the protocol has its reply
-        in the kernel (with C{reply_now}, the reply is written before anything
-        else runs: see L{HeldReads.peek_for_reply}). Raises L{AvailabilityError}
-        when reads are blocked, L{TooManyOpenReads} when this session holds
-        C{max_open_transactions} open reads on the queue. Counts C{cmd_get}
-        or C{cmd_peek}.
+        plain read holds it in L{held_reads} until the protocol has its reply in
+        the kernel (C{reply_now}: written at the end of this pass, before another
+        connection runs, see L{HeldReads.peek_for_reply}). Raises
+        L{AvailabilityError} when reads are blocked, L{TooManyOpenReads} when
+        this session holds C{max_open_transactions} open reads on the queue.
+        Counts C{cmd_get} or C{cmd_peek}.
 
         Metrics: a read answered at once records C{get_hit_latency_usec} or
         C{get_miss_latency_usec}; an item removed (not peeked) records
@@ -283,8 +283,8 @@ class ClientSession:
             deadline = None
         started = self._clock.seconds()
         holding = not (open_read or peeking)
-        if reply_now and holding:
-            item = self.held_reads.peek_for_reply(name)
+        if reply_now:  # (a plain read is held in place; any other first takes those held)
+            item = self.held_reads.peek_for_reply(name, holding)
             if item is not None:
                 self._record_read(name, started, item, False)
                 return succeed(item)

@@ -232,7 +232,7 @@ class BlockingReads:
 
     def __len__(self) -> int:
         """How many reads wait."""
-        return len(self.line)
+        return len(self.line._waiters)  # (ReadWaiters.__len__, inlined: read per plain get)
 
     def answer(self, attempt: Callable[[], _T | None], deadline: float | None,
                got: _T | None, passes_wake: bool = False) -> Deferred[_T | None]:
@@ -250,7 +250,7 @@ class BlockingReads:
 
     def wake(self) -> None:
         """Wake the next read in line, once what was just written is in the OS."""
-        if len(self.line):
+        if self.line._waiters:  # (ReadWaiters.__len__, inlined: run per add)
             self._after_written(self.line.trigger)
 
     def evict(self) -> None:

@@ -516,8 +516,8 @@ class MemcacheProtocol(SessionProtocol):
             return _READ_IS_OPEN
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
-        # (A lone request, served with no batch open: its reply is written next.)
-        d = session.get_item(name, deadline, req.open_read, req.peeking, not self._batch_open)
+        # (Its reply is written at the end of this pass, before another connection runs.)
+        d = session.get_item(name, deadline, req.open_read, req.peeking, True)
         item = settled(d)
         if item is not PENDING and not isinstance(item, Failure):
             return item

@@ -659,9 +659,11 @@ def test_pipelined_writes_are_in_the_journal_before_replies(
     assert reply == b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nSTORED\r\n"
     [(written, records)] = conn.transport.seen
     assert written == reply
-    # (the get's item is held as an open read until its reply is in the kernel)
-    assert [type(r).__name__ for r in records] == ["Add", "Add", "RemoveTentativeXid", "Add"]
+    # (the get's item stays at the head until its reply is in the kernel)
+    assert [type(r).__name__ for r in records] == ["Add", "Add", "Add"]
     assert [r.data for r in records if hasattr(r, "data")] == [b"a", b"b", b"c"]
+    on_disk = [type(r).__name__ for _offset, r in iter_records(journal.read_bytes())]
+    assert on_disk == ["Add", "Add", "Add", "Remove"]
 
 
 def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
@@ -670,8 +672,8 @@ def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
     One request at a time, each request's record reaches the journal file in
     a write of its own, with no batch (a lone get's remove once its reply is
     in the kernel); a pipelined pass holds every record back in one batch
-    and writes them in one write before the replies (its gets' items held
-    as open reads), and the confirms of its gets in one write after them.
+    and writes them in one write before the replies (its gets' items stay
+    at the head), and the removes of its gets in one write after them.
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
@@ -703,10 +705,8 @@ def test_a_lone_request_writes_through_and_a_pipelined_pass_writes_once(
                      b"VALUE q 0 1\r\nc\r\nEND\r\n")
     assert len(opened) == 1 and not coalescer.active
     assert len(writes) == 2
-    assert [type(r).__name__ for _, r in iter_records(writes[0])] == [
-        "Add", "Add", "RemoveTentativeXid", "RemoveTentativeXid"]
-    assert [type(r).__name__ for _, r in iter_records(writes[1])] == [
-        "ConfirmRemove", "ConfirmRemove"]
+    assert [type(r).__name__ for _, r in iter_records(writes[0])] == ["Add", "Add"]
+    assert [type(r).__name__ for _, r in iter_records(writes[1])] == ["Remove", "Remove"]
 
 
 def test_reply_after_crash_loses_nothing(clock: Clock, tmp_path: Path) -> None:
