@@ -10,7 +10,8 @@ an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 
 Its parts each hold one idea: L{kestrel.queue_health} (the journal cannot
 be written), L{kestrel.queue_policy} (compaction), L{kestrel.open_reads},
-L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats}.
+L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats},
+L{kestrel.queue_replay} (loading from the journal).
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -21,7 +22,7 @@ is how long the last fetched item waited.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -33,7 +34,7 @@ from kestrel import names
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
-from kestrel.journal.events import QueueEvents, event_applier
+from kestrel.journal.events import event_applier
 from kestrel.journal.interface import IJournal
 from kestrel.open_reads import OpenReads
 from kestrel.queue_health import (
@@ -48,6 +49,7 @@ from kestrel.queue_health import (
 )
 from kestrel.queue_observer import QueueObserver
 from kestrel.queue_policy import Compactor
+from kestrel.queue_replay import QueueReplay
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
 from kestrel.settled import settled
@@ -56,7 +58,7 @@ from kestrel.waiters import BlockingReads
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 
 
-class PersistentQueue(QueueStats, QueueEvents):
+class PersistentQueue(QueueStats, QueueReplay):
     """
     A named queue with journaled adds, removes and open reads.
 
@@ -66,8 +68,8 @@ class PersistentQueue(QueueStats, QueueEvents):
     reader at a time; aborted reads go back to the head; a reader is handed
     an item only once the records that make it the reader's are in the OS.
 
-    Its stats are L{QueueStats}'; it is the L{QueueEvents} its journal's
-    records replay into (C{added} .. C{xid_saved}; nothing else calls them).
+    Its stats are L{QueueStats}'; loading from its journal (C{setup}, the
+    events its records replay into) is L{QueueReplay}'s.
 
     @ivar expire_to: called with every item that expires (the collection
         wires C{expire_to_queue}); C{None} drops expired items.
@@ -133,94 +135,6 @@ class PersistentQueue(QueueStats, QueueEvents):
 
     def _now_ms(self) -> int:
         return int(self._clock.seconds() * 1000)
-
-    # ----- setup / replay
-
-    def setup(self) -> None:
-        """
-        Load the queue from its journal: every record applied in order, then
-        every read still open aborted (UNREMOVE journaled, descending xid),
-        so that those items stand at the head in ascending-xid order. With
-        C{keep_journal: false} the journal is erased instead.
-        """
-        for _ in self.setup_steps():
-            pass
-
-    def setup_steps(self, slice_bytes: int | None = None) -> Generator[int, None, None]:
-        """
-        L{setup} in steps: a generator pausing after about every C{slice_bytes}
-        bytes of journal read (see C{FileJournal.replay_steps}). Closed before
-        its end, it leaves the journal files as they were; the queue must then
-        be closed (not graceful), never served.
-        """
-        self.length = 0
-        self.bytes = 0
-        if not self._config.keep_journal:
-            self.journal.erase()
-            return
-        self._log.info("Replaying transaction journal for {queue}", queue=self.name)
-        self._reads.xid_counter = 0
-        self._replaying = True
-        # (Sliced replay is FileJournal's; setup() replays through replay() as always.)
-        replay_steps = getattr(self.journal, "replay_steps", None)
-        try:
-            if replay_steps is None or slice_bytes is None:
-                self.journal.replay(self._replay_apply, self._forget_replayed)
-            else:
-                yield from replay_steps(self._replay_apply, self._forget_replayed, slice_bytes)
-        finally:
-            self._replaying = False
-        for xid in [item.xid for item in self._reads.newest_first()]:
-            self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
-            self._return_to_head(xid)
-        self._log.info(
-            "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
-            queue=self.name, items=self.length, bytes=self.bytes, xid=self._reads.xid_counter)
-
-    # (the QueueEvents a replayed journal record sets off)
-
-    def added(self, item: QItem, xid: int) -> None:
-        """Replay: store the item at the tail (an ADD_XID's xid means nothing now)."""
-        self._store(item)
-        self._read_behind.start_if_full(keep_head=False)
-
-    def removed(self) -> None:
-        """Replay: drop the head item."""
-        self._pop_head()
-
-    def opened(self, xid: int | None) -> None:
-        """Replay: open the head item under C{xid} (a Kestrel 1.x open: the next xid)."""
-        reads = self._reads
-        if xid is None:
-            xid = reads.next_xid()
-        else:
-            # Never lower the counter: a rewritten journal's SAVE_XID may be
-            # above the xids of the opens that follow it.
-            reads.saw_xid(xid)
-        item = self._pop_head()
-        if item is None:
-            self._log.warn("Journal of {queue} opens xid {xid} on an empty queue; ignored",
-                           queue=self.name, xid=xid)
-            return
-        reads.open(item, xid)
-
-    def unremoved(self, xid: int) -> None:
-        """Replay: put open read C{xid}'s item back at the head."""
-        self._return_to_head(xid)
-
-    def confirmed(self, xid: int) -> None:
-        """Replay: forget open read C{xid}."""
-        self._reads.pop(xid)
-
-    def xid_saved(self, xid: int) -> None:
-        """Replay: set the xid counter."""
-        self._reads.xid_counter = xid
-
-    def _forget_replayed(self) -> None:
-        """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
-        self._items = deque()
-        self._reads.clear()
-        self.length = self.bytes = self.memory_bytes = 0
 
     # ----- adding
 
