@@ -53,6 +53,7 @@ from kestrel.queue_replay import QueueReplay
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
 from kestrel.settled import settled
+from kestrel.unsynced import Unsynced
 from kestrel.waiters import BlockingReads
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
@@ -91,6 +92,8 @@ class PersistentQueue(QueueStats, QueueReplay):
         self._clock = clock
         self._config = config
         self._items: deque[QItem] = deque()
+        # (durable adds' items, after _items, seen by no reader until their fsync)
+        self._unsynced = Unsynced(self._show, self._all_shown)
         self._reads = OpenReads(clock, self._time_out_open_reads)
         self._reads.timeout = config.open_transaction_timeout
         self._blocked = BlockingReads(clock, journal.after_written, lambda: self._closed,
@@ -130,8 +133,13 @@ class PersistentQueue(QueueStats, QueueReplay):
         return self._health.takes_adds and not self._closed
 
     def memory_items(self) -> Sequence[QItem]:
-        """The queued items held in memory, head first (not a copy: do not change it)."""
+        """The queued items readers may see in memory, head first (not a copy: do not change it)."""
         return self._items
+
+    @property
+    def unsynced_count(self) -> int:
+        """How many items memory holds unseen until their fsync (see L{add})."""
+        return len(self._unsynced)
 
     def _now_ms(self) -> int:
         return int(self._clock.seconds() * 1000)
@@ -155,7 +163,10 @@ class PersistentQueue(QueueStats, QueueReplay):
         the fsync covering the record (failing if it fails). A write refused
         at once, or an add while the journal cannot be written, stores
         nothing and fails (L{JournalUnavailable}). A blocked reader is woken
-        once the record is in the OS (after the batch holding it flushed).
+        once the record is in the OS (after the batch holding it flushed);
+        acknowledging durably, only once that fsync succeeded: until then no
+        reader sees the item (it counts in C{length} and C{bytes}), and if
+        it fails none ever does.
 
         @param expiry_ms: absolute epoch ms, 0 for never; capped by C{max_age}.
         @param add_time_ms: the item's add time (default: now).
@@ -195,14 +206,15 @@ class PersistentQueue(QueueStats, QueueReplay):
         if xid is not None and self._reads.pop(xid) is not None:
             self._records.note(CONFIRM, xid, None, d)
             self._open_reads_changed()
+        if cfg.durable_acks or cfg.sync_journal == 0.0:
+            # Seen by no reader before the fsync covering its record: the
+            # journal's Deferred is this write's own, chain on it directly.
+            return d.addCallbacks(self._hold(item), self._durable_add_failed)
         self._store(item)
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
         self._blocked.wake()
-        if cfg.durable_acks or cfg.sync_journal == 0.0:
-            # The journal's Deferred is this write's own: chain on it directly.
-            return d.addCallbacks(_stored, self._durable_add_failed)
         if not d.called:
             d.addErrback(self._records.write_failed)
         return succeed(True)
@@ -247,6 +259,46 @@ class PersistentQueue(QueueStats, QueueReplay):
         if failure.check(JournalUnavailable):
             failure.raiseException()
         raise JournalUnavailable(self.name, reason_of(failure.value))
+
+    def _hold(self, item: QItem) -> Callable[[object], bool]:
+        """
+        Store a durable add's item unseen by readers (L{Unsynced}; in
+        read-behind, on disk only: the fill reads no record not yet durable);
+        return the callback of its durable Deferred, which shows it.
+        """
+        size = len(item.data)
+        self.total_items += 1
+        self.put_items += 1
+        self.put_bytes += size
+        self.bytes += size
+        self.length += 1
+        observer = self.observer
+        if observer is not None:
+            observer.item_added(size, len(self._items))
+        if self.journal.in_read_behind:
+            return self._synced_on_disk
+        self.memory_bytes += size
+        return self._unsynced.hold(item)
+
+    def _synced_on_disk(self, _: object) -> bool:
+        """A durable add kept on disk only is durable: the fill may read it back now."""
+        self._all_shown()
+        self._blocked.wake()
+        return True
+
+    def _show(self, item: QItem) -> None:
+        """The fsync covering an unseen item succeeded: readers may have it (one is woken)."""
+        self._items.append(item)
+        self._blocked.wake()
+
+    def _all_shown(self) -> None:
+        """No item waits unseen in memory now: read on from disk, rewrite if one was put off."""
+        if self.journal.in_read_behind and not self._closed:
+            self._read_behind.fill()
+        compactor = self._compactor
+        if compactor.rewrite_owed:
+            compactor.rewrite_owed = False
+            self.journal.after_written(self._upkeep)
 
     def _store(self, item: QItem) -> None:
         size = len(item.data)
@@ -505,7 +557,10 @@ class PersistentQueue(QueueStats, QueueReplay):
     # ----- whole-queue operations
 
     def flush(self) -> None:
-        """Remove every item (also those read-behind on disk); open reads are untouched."""
+        """
+        Remove every item readers may see (also those read-behind on disk);
+        open reads, and items waiting unseen for their fsync, are untouched.
+        """
         while self.remove(False) is not None:
             pass
         self.total_flushes += 1
@@ -550,6 +605,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         xid_before = reads.xid_counter
         counters = (self.total_items, self.put_items, self.put_bytes)
         self._items = deque()
+        self._unsynced.drop()  # (the journal holds them only if they became durable)
         self.length = self.bytes = self.memory_bytes = 0
         reads.xid_counter = 0
         self._replaying = True

@@ -226,6 +226,7 @@ class Maintenance:
         self._busy = done
         journal.writer = new
         journal.read_behind.renamed(files.queue_name, rotated)
+        journal.read_behind.rotating = (rotated, old)
         if set_checkpoint:
             journal.set_checkpoint(rotated, reserved_items)
         done.addBoth(self._rotation_synced, old, rotated)
@@ -244,6 +245,8 @@ class Maintenance:
             if isinstance(result.value, OSError):
                 self._journal.writer_failed("fsync", result.value)
         else:
+            # (durable whole: a durable-only read-behind reader reads it to its end)
+            self._journal.read_behind.rotating = None
             self._close_presynced(old)()
             self._log.info("Journal {queue}: rotated to {file}", queue=queue, file=rotated)
         self._release_gated()
