@@ -136,14 +136,15 @@ class ReadBehind:
             self.stop()
             return True
         if durable is not None:
-            rotating = self.rotating
+            limit: int | None = durable
             if reader_file != self._files.queue_name:
+                rotating = self.rotating
                 if rotating is None or rotating[0] != reader_file:
-                    durable = None
+                    limit = None  # (durable whole)
                 else:
-                    durable = rotating[1].durable_position
-            if durable is not None:
-                record = self._read_one(reader, reader_file, durable)
+                    limit = rotating[1].durable_position
+            if limit is not None:
+                record = self._read_one(reader, reader_file, limit)
                 if record is None:
                     return False
                 item = item_of(record, self._files.now_ms)
