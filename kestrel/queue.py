@@ -293,12 +293,16 @@ class PersistentQueue(QueueStats, QueueReplay):
 
     def _all_shown(self) -> None:
         """No item waits unseen in memory now: read on from disk, rewrite if one was put off."""
-        if self.journal.in_read_behind and not self._closed:
-            self._read_behind.fill()
-        compactor = self._compactor
-        if compactor.rewrite_owed:
-            compactor.rewrite_owed = False
-            self.journal.after_written(self._upkeep)
+        try:
+            if self.journal.in_read_behind and not self._closed:
+                self._read_behind.fill()
+            compactor = self._compactor
+            if compactor.rewrite_owed:
+                compactor.rewrite_owed = False
+                self.journal.after_written(self._upkeep)
+        except Exception:
+            # (never into the add's Deferred: the add was acknowledged and is visible)
+            self._log.failure("Reading back or compacting {queue} failed", queue=self.name)
 
     def _store(self, item: QItem) -> None:
         size = len(item.data)
