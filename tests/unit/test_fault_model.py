@@ -266,8 +266,9 @@ class FaultModel(RuleBasedStateMachine):
         holders = set(self.held)
         holders |= {o[0].xid for o in self.waiting if o and o[0] is not None
                     and not isinstance(o[0], Failure)}
-        # (the reverse may not hold: a reader may keep an item whose add then
-        # failed its fsync; the producer was told, and the item is not queued)
+        # (only this way: a reader no longer keeps an item whose add then failed
+        # its fsync, as none sees an add before its fsync, but whether every
+        # holder's read is still open is not what this model promises)
         assert {i.xid for i in q.open_items()} <= holders
 
 
