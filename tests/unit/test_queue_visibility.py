@@ -18,8 +18,9 @@ from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
 from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
+from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.queue import JOURNAL_RETRY_SECONDS, PersistentQueue
-from tests.support import ManualThread
+from tests.support import ManualThread, StringClient, make_server
 from tests.unit.test_queue import PENDING, datas, value
 from tests.unit.test_queue_file import open_queue, restart
 
@@ -236,3 +237,50 @@ def test_a_full_queue_counts_unseen_items(tmp_path, clock: Clock) -> None:
     assert value(q.add(b"b")) is False
     thread.run_all()
     assert value(ack) is True and q.length == 1
+
+
+# -- through the memcache protocol (a server on a Clock, fsyncs held back)
+
+
+def memcache_pair(tmp_path, clock: Clock) -> tuple[object, StringClient, StringClient,
+                                                   ManualThread]:
+    """A server under C{sync_journal: always}, a reader and a producer connection."""
+    thread = ManualThread()
+    server = make_server(clock, tmp_path, "default: {sync_journal: always}\n",
+                         run_in_thread=thread)
+    factory = MemcacheFactory(server)
+    return server, StringClient(factory), StringClient(factory), thread
+
+
+def test_a_blocked_memcache_get_gets_a_set_only_after_its_fsync(tmp_path,
+                                                               clock: Clock) -> None:
+    """The producer's STORED and the reader's VALUE both wait for the fsync."""
+    server, reader, producer, thread = memcache_pair(tmp_path, clock)
+    assert reader.send(b"get q/t=10000\r\n") == b""
+    assert producer.send(b"set q 0 0 1\r\na\r\n") == b""
+    assert reader.take() == b""
+    other = StringClient(MemcacheFactory(server))
+    assert other.send(b"get q\r\n") == b"END\r\n"
+    assert other.send(b"get q/peek\r\n") == b"END\r\n"
+    thread.run_all()
+    assert producer.take() == b"STORED\r\n"
+    assert reader.take() == b"VALUE q/t=10000 0 1\r\na\r\nEND\r\n"
+    server.collection.stopService()
+
+
+def test_a_set_whose_fsync_fails_never_reaches_a_blocked_memcache_get(tmp_path,
+                                                                     clock: Clock) -> None:
+    """SERVER_ERROR for the producer; the reader goes on waiting, then times out empty."""
+    server, reader, producer, thread = memcache_pair(tmp_path, clock)
+    assert reader.send(b"get q/t=10000\r\n") == b""
+    assert producer.send(b"set q 0 0 1\r\na\r\n") == b""
+    thread.fail_all(OSError(errno.EIO, "Input/output error"))
+    assert producer.take().startswith(b"SERVER_ERROR")
+    for _ in range(5):  # (the recovery, its fsyncs run as they come)
+        clock.advance(JOURNAL_RETRY_SECONDS)
+        thread.run_all()
+    assert reader.take() == b""
+    clock.advance(10)
+    assert reader.take() == b"END\r\n"
+    assert server.collection.queue("q").length == 0
+    server.collection.stopService()
