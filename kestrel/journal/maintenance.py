@@ -235,6 +235,9 @@ class Maintenance:
         """The fsyncs of a rotation ended: acknowledge the old file's writes, let the new sync."""
         self._busy = None
         queue = self._files.queue_name
+        # (settled: a read-behind reader reads it whole again; after a failure
+        # nothing is read before the recovery reloads memory)
+        self._journal.read_behind.rotating = None
         if isinstance(result, Failure):
             error = result.value
             self._log.error("Journal {queue}: fsync after rotating to {file} failed: {error}",
@@ -245,8 +248,6 @@ class Maintenance:
             if isinstance(result.value, OSError):
                 self._journal.writer_failed("fsync", result.value)
         else:
-            # (durable whole: a durable-only read-behind reader reads it to its end)
-            self._journal.read_behind.rotating = None
             self._close_presynced(old)()
             self._log.info("Journal {queue}: rotated to {file}", queue=queue, file=rotated)
         self._release_gated()
