@@ -198,6 +198,30 @@ def test_read_behind_waits_for_unseen_items_held_in_memory(tmp_path, clock: Cloc
     assert [q.remove().data for _ in range(2)] == [b"aaaa", b"bb"]
 
 
+def test_read_behind_reads_a_rotated_file_only_as_far_as_it_is_durable(tmp_path,
+                                                                      clock: Clock) -> None:
+    """
+    A rotation renames the file holding an add whose fsync still runs: the
+    reader, reaching that file, stops where that file's fsyncs got to.
+    """
+    q, thread = always_queue(tmp_path, clock, max_memory_size=4,
+                             default_journal_size=1 << 20, max_journal_size=1 << 30)
+    for data in (b"a1", b"a2", b"a3"):
+        value(q.add(data))
+        thread.run_all()
+    assert q.in_read_behind
+    ack = q.add(b"dd")  # (after a rotation: its file's fsync waits for the rotation's)
+    thread.run_next()  # (the rotation's fsyncs; dd's fsync now runs)
+    assert value(ack) is PENDING
+    later = q.add(b"ee")  # (rotates the file holding dd, its fsync still running)
+    assert q.journal_rotations == 4
+    assert [q.remove().data for _ in range(3)] == [b"a1", b"a2", b"a3"]
+    assert q.remove() is None and value(ack) is PENDING
+    thread.run_all()
+    assert value(ack) is True and value(later) is True
+    assert [q.remove().data for _ in range(2)] == [b"dd", b"ee"]
+
+
 def test_a_memory_journal_shows_a_durable_add_at_once(clock: Clock) -> None:
     """A memory journal's writes are "durable" at once: the waiter is served by the add."""
     q = PersistentQueue("q", QueueConfig(durable_acks=True), MemoryJournal(), clock)
