@@ -222,6 +222,27 @@ def test_read_behind_reads_a_rotated_file_only_as_far_as_it_is_durable(tmp_path,
     assert [q.remove().data for _ in range(2)] == [b"dd", b"ee"]
 
 
+def test_no_read_back_overtakes_an_unseen_item(tmp_path, clock: Clock) -> None:
+    """
+    One fsync covers two unseen items and a later one on disk only; the
+    first shown wakes a reader, whose remove must not read the disk item back
+    before the second is shown: readers get them in record order.
+    """
+    q, thread = always_queue(tmp_path, clock, max_memory_size=8,
+                             default_journal_size=1 << 20, max_journal_size=1 << 30)
+    value(q.add(b"vv"))
+    thread.run_all()
+    acks = [q.add(data) for data in (b"gg", b"h1", b"h2")]
+    acks.append(q.add(b"bb"))  # (read-behind has started: on disk only)
+    assert q.in_read_behind and q.unsynced_count == 3
+    assert q.remove().data == b"vv"
+    waiters = [q.wait_remove(clock.seconds() + 60) for _ in range(3)]
+    thread.run_all()
+    assert all(value(ack) is True for ack in acks)
+    assert [value(w).data for w in waiters] == [b"gg", b"h1", b"h2"]
+    assert q.remove().data == b"bb"
+
+
 def test_a_memory_journal_shows_a_durable_add_at_once(clock: Clock) -> None:
     """A memory journal's writes are "durable" at once: the waiter is served by the add."""
     q = PersistentQueue("q", QueueConfig(durable_acks=True), MemoryJournal(), clock)
