@@ -13,6 +13,7 @@ import errno
 
 import pytest
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
@@ -241,6 +242,35 @@ def test_no_read_back_overtakes_an_unseen_item(tmp_path, clock: Clock) -> None:
     assert all(value(ack) is True for ack in acks)
     assert [value(w).data for w in waiters] == [b"gg", b"h1", b"h2"]
     assert q.remove().data == b"bb"
+
+
+def test_a_rewrite_waits_for_unseen_items_then_runs(tmp_path, clock: Clock) -> None:
+    """
+    A rewrite from memory cannot hold an item waiting for its fsync: it is
+    put off quietly (no rotation instead), and runs once the item is shown.
+    """
+    q, thread = always_queue(tmp_path, clock, default_journal_size=1 << 20,
+                             max_memory_size=1 << 20, max_journal_size=300,
+                             disable_aggressive_rewrites=True)
+    value(q.add(b"k1"))
+    value(q.add(b"k2"))
+    n = 0
+    while q.journal.size < 280:
+        value(q.add(b"item%d" % n))
+        thread.run_all()
+        q.remove()
+        thread.run_all()
+        n += 1
+    ack = q.add(b"X")
+    with capturedLogs() as events:
+        q.remove()  # (the journal is past max_journal_size: a rewrite is due)
+    assert q.journal_rewrites == 0 and q.journal_rotations == 0
+    assert not any("Not rewriting" in e.get("log_format", "") for e in events)
+    thread.run_all()
+    assert value(ack) is True and q.journal_rewrites == 1
+    q = restart(q, tmp_path, clock)
+    rest = datas(q)
+    assert len(rest) == 2 and rest[-1] == b"X"
 
 
 def test_a_memory_journal_shows_a_durable_add_at_once(clock: Clock) -> None:
