@@ -292,7 +292,10 @@ class PersistentQueue(QueueStats, QueueReplay):
         self._blocked.wake()
 
     def _all_shown(self) -> None:
-        """No item waits unseen in memory now: read on from disk, rewrite if one was put off."""
+        """
+        Unseen items became durable: read on from disk (nothing is read while
+        some wait in memory), and run a rewrite that was put off for them.
+        """
         try:
             if self.journal.in_read_behind and not self._closed:
                 self._read_behind.fill()
@@ -668,7 +671,3 @@ class PersistentQueue(QueueStats, QueueReplay):
         """Append C{item}, read back from the journal, to memory (read-behind)."""
         self._items.append(item)
         self.memory_bytes += len(item.data)
-
-
-def _stored(_: object) -> bool:
-    return True
