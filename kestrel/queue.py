@@ -10,7 +10,8 @@ an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 
 Its parts each hold one idea: L{kestrel.queue_health} (the journal cannot
 be written), L{kestrel.queue_policy} (compaction), L{kestrel.open_reads},
-L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats}.
+L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats},
+L{kestrel.queue_replay} (loading from the journal).
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -21,7 +22,7 @@ is how long the last fetched item waited.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -33,7 +34,7 @@ from kestrel import names
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
-from kestrel.journal.events import QueueEvents, event_applier
+from kestrel.journal.events import event_applier
 from kestrel.journal.interface import IJournal
 from kestrel.open_reads import OpenReads
 from kestrel.queue_health import (
@@ -48,15 +49,17 @@ from kestrel.queue_health import (
 )
 from kestrel.queue_observer import QueueObserver
 from kestrel.queue_policy import Compactor
+from kestrel.queue_replay import QueueReplay
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
 from kestrel.settled import settled
+from kestrel.unsynced import Unsynced
 from kestrel.waiters import BlockingReads
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 
 
-class PersistentQueue(QueueStats, QueueEvents):
+class PersistentQueue(QueueStats, QueueReplay):
     """
     A named queue with journaled adds, removes and open reads.
 
@@ -66,8 +69,8 @@ class PersistentQueue(QueueStats, QueueEvents):
     reader at a time; aborted reads go back to the head; a reader is handed
     an item only once the records that make it the reader's are in the OS.
 
-    Its stats are L{QueueStats}'; it is the L{QueueEvents} its journal's
-    records replay into (C{added} .. C{xid_saved}; nothing else calls them).
+    Its stats are L{QueueStats}'; loading from its journal (C{setup}, the
+    events its records replay into) is L{QueueReplay}'s.
 
     @ivar expire_to: called with every item that expires (the collection
         wires C{expire_to_queue}); C{None} drops expired items.
@@ -89,6 +92,8 @@ class PersistentQueue(QueueStats, QueueEvents):
         self._clock = clock
         self._config = config
         self._items: deque[QItem] = deque()
+        # (durable adds' items, after _items, seen by no reader until their fsync)
+        self._unsynced = Unsynced(self._show, self._all_shown)
         self._reads = OpenReads(clock, self._time_out_open_reads)
         self._reads.timeout = config.open_transaction_timeout
         self._blocked = BlockingReads(clock, journal.after_written, lambda: self._closed,
@@ -128,99 +133,16 @@ class PersistentQueue(QueueStats, QueueEvents):
         return self._health.takes_adds and not self._closed
 
     def memory_items(self) -> Sequence[QItem]:
-        """The queued items held in memory, head first (not a copy: do not change it)."""
+        """The queued items readers may see in memory, head first (not a copy: do not change it)."""
         return self._items
+
+    @property
+    def unsynced_count(self) -> int:
+        """How many items memory holds unseen until their fsync (see L{add})."""
+        return len(self._unsynced)
 
     def _now_ms(self) -> int:
         return int(self._clock.seconds() * 1000)
-
-    # ----- setup / replay
-
-    def setup(self) -> None:
-        """
-        Load the queue from its journal: every record applied in order, then
-        every read still open aborted (UNREMOVE journaled, descending xid),
-        so that those items stand at the head in ascending-xid order. With
-        C{keep_journal: false} the journal is erased instead.
-        """
-        for _ in self.setup_steps():
-            pass
-
-    def setup_steps(self, slice_bytes: int | None = None) -> Generator[int, None, None]:
-        """
-        L{setup} in steps: a generator pausing after about every C{slice_bytes}
-        bytes of journal read (see C{FileJournal.replay_steps}). Closed before
-        its end, it leaves the journal files as they were; the queue must then
-        be closed (not graceful), never served.
-        """
-        self.length = 0
-        self.bytes = 0
-        if not self._config.keep_journal:
-            self.journal.erase()
-            return
-        self._log.info("Replaying transaction journal for {queue}", queue=self.name)
-        self._reads.xid_counter = 0
-        self._replaying = True
-        # (Sliced replay is FileJournal's; setup() replays through replay() as always.)
-        replay_steps = getattr(self.journal, "replay_steps", None)
-        try:
-            if replay_steps is None or slice_bytes is None:
-                self.journal.replay(self._replay_apply, self._forget_replayed)
-            else:
-                yield from replay_steps(self._replay_apply, self._forget_replayed, slice_bytes)
-        finally:
-            self._replaying = False
-        for xid in [item.xid for item in self._reads.newest_first()]:
-            self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
-            self._return_to_head(xid)
-        self._log.info(
-            "Replayed {queue}: {items} items, {bytes} bytes, xid={xid}",
-            queue=self.name, items=self.length, bytes=self.bytes, xid=self._reads.xid_counter)
-
-    # (the QueueEvents a replayed journal record sets off)
-
-    def added(self, item: QItem, xid: int) -> None:
-        """Replay: store the item at the tail (an ADD_XID's xid means nothing now)."""
-        self._store(item)
-        self._read_behind.start_if_full(keep_head=False)
-
-    def removed(self) -> None:
-        """Replay: drop the head item."""
-        self._pop_head()
-
-    def opened(self, xid: int | None) -> None:
-        """Replay: open the head item under C{xid} (a Kestrel 1.x open: the next xid)."""
-        reads = self._reads
-        if xid is None:
-            xid = reads.next_xid()
-        else:
-            # Never lower the counter: a rewritten journal's SAVE_XID may be
-            # above the xids of the opens that follow it.
-            reads.saw_xid(xid)
-        item = self._pop_head()
-        if item is None:
-            self._log.warn("Journal of {queue} opens xid {xid} on an empty queue; ignored",
-                           queue=self.name, xid=xid)
-            return
-        reads.open(item, xid)
-
-    def unremoved(self, xid: int) -> None:
-        """Replay: put open read C{xid}'s item back at the head."""
-        self._return_to_head(xid)
-
-    def confirmed(self, xid: int) -> None:
-        """Replay: forget open read C{xid}."""
-        self._reads.pop(xid)
-
-    def xid_saved(self, xid: int) -> None:
-        """Replay: set the xid counter."""
-        self._reads.xid_counter = xid
-
-    def _forget_replayed(self) -> None:
-        """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
-        self._items = deque()
-        self._reads.clear()
-        self.length = self.bytes = self.memory_bytes = 0
 
     # ----- adding
 
@@ -241,7 +163,10 @@ class PersistentQueue(QueueStats, QueueEvents):
         the fsync covering the record (failing if it fails). A write refused
         at once, or an add while the journal cannot be written, stores
         nothing and fails (L{JournalUnavailable}). A blocked reader is woken
-        once the record is in the OS (after the batch holding it flushed).
+        once the record is in the OS (after the batch holding it flushed);
+        acknowledging durably, only once that fsync succeeded: until then no
+        reader sees the item (it counts in C{length} and C{bytes}), and if
+        it fails none ever does.
 
         @param expiry_ms: absolute epoch ms, 0 for never; capped by C{max_age}.
         @param add_time_ms: the item's add time (default: now).
@@ -281,14 +206,15 @@ class PersistentQueue(QueueStats, QueueEvents):
         if xid is not None and self._reads.pop(xid) is not None:
             self._records.note(CONFIRM, xid, None, d)
             self._open_reads_changed()
+        if cfg.durable_acks or cfg.sync_journal == 0.0:
+            # Seen by no reader before the fsync covering its record: the
+            # journal's Deferred is this write's own, chain on it directly.
+            return d.addCallbacks(self._hold(item), self._durable_add_failed)
         self._store(item)
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
         self._blocked.wake()
-        if cfg.durable_acks or cfg.sync_journal == 0.0:
-            # The journal's Deferred is this write's own: chain on it directly.
-            return d.addCallbacks(_stored, self._durable_add_failed)
         if not d.called:
             d.addErrback(self._records.write_failed)
         return succeed(True)
@@ -333,6 +259,53 @@ class PersistentQueue(QueueStats, QueueEvents):
         if failure.check(JournalUnavailable):
             failure.raiseException()
         raise JournalUnavailable(self.name, reason_of(failure.value))
+
+    def _hold(self, item: QItem) -> Callable[[object], bool]:
+        """
+        Store a durable add's item unseen by readers (L{Unsynced}; in
+        read-behind, on disk only: the fill reads no record not yet durable);
+        return the callback of its durable Deferred, which shows it.
+        """
+        size = len(item.data)
+        self.total_items += 1
+        self.put_items += 1
+        self.put_bytes += size
+        self.bytes += size
+        self.length += 1
+        observer = self.observer
+        if observer is not None:
+            observer.item_added(size, len(self._items))
+        if self.journal.in_read_behind:
+            return self._synced_on_disk
+        self.memory_bytes += size
+        return self._unsynced.hold(item)
+
+    def _synced_on_disk(self, _: object) -> bool:
+        """A durable add kept on disk only is durable: the fill may read it back now."""
+        self._all_shown()
+        self._blocked.wake()
+        return True
+
+    def _show(self, item: QItem) -> None:
+        """The fsync covering an unseen item succeeded: readers may have it (one is woken)."""
+        self._items.append(item)
+        self._blocked.wake()
+
+    def _all_shown(self) -> None:
+        """
+        Unseen items became durable: read on from disk (nothing is read while
+        some wait in memory), and run a rewrite that was put off for them.
+        """
+        try:
+            if self.journal.in_read_behind and not self._closed:
+                self._read_behind.fill()
+            compactor = self._compactor
+            if compactor.rewrite_owed:
+                compactor.rewrite_owed = False
+                self.journal.after_written(self._upkeep)
+        except Exception:
+            # (never into the add's Deferred: the add was acknowledged and is visible)
+            self._log.failure("Reading back or compacting {queue} failed", queue=self.name)
 
     def _store(self, item: QItem) -> None:
         size = len(item.data)
@@ -591,7 +564,10 @@ class PersistentQueue(QueueStats, QueueEvents):
     # ----- whole-queue operations
 
     def flush(self) -> None:
-        """Remove every item (also those read-behind on disk); open reads are untouched."""
+        """
+        Remove every item readers may see (also those read-behind on disk);
+        open reads, and items waiting unseen for their fsync, are untouched.
+        """
         while self.remove(False) is not None:
             pass
         self.total_flushes += 1
@@ -636,6 +612,7 @@ class PersistentQueue(QueueStats, QueueEvents):
         xid_before = reads.xid_counter
         counters = (self.total_items, self.put_items, self.put_bytes)
         self._items = deque()
+        self._unsynced.drop()  # (the journal holds them only if they became durable)
         self.length = self.bytes = self.memory_bytes = 0
         reads.xid_counter = 0
         self._replaying = True
@@ -694,7 +671,3 @@ class PersistentQueue(QueueStats, QueueEvents):
         """Append C{item}, read back from the journal, to memory (read-behind)."""
         self._items.append(item)
         self.memory_bytes += len(item.data)
-
-
-def _stored(_: object) -> bool:
-    return True

@@ -154,6 +154,11 @@ class CompactionHost(Protocol):
         """Whether the journal may be compacted now (its writes work)."""
         ...
 
+    @property
+    def unsynced_count(self) -> int:
+        """How many items memory holds unseen until their fsync (L{kestrel.unsynced})."""
+        ...
+
     def open_items(self) -> list[QItem]:
         """The open reads' items, most recently opened first."""
         ...
@@ -168,8 +173,9 @@ class Compactor:
     Rewrites and rotates one queue's journal when L{compaction_step} says so.
 
     Promises: never a rewrite while some items are only on disk (it would
-    lose them), never a rotation or rewrite inside another or while the
-    journal's own maintenance runs in a thread, and a rewrite or rotation
+    lose them) or wait unseen for their fsync (it would keep them), never
+    a rotation or rewrite inside another or while the journal's own
+    maintenance runs in a thread, and a rewrite or rotation
     that fails (a full disk, say) leaves the files as they were: it is
     logged and tried again on a later operation. C{rewrites} and
     C{rotations} count what was done.
@@ -187,6 +193,8 @@ class Compactor:
         self.rewrites = 0
         #: Journal rotations done (Kestrel's C{journal_rotations}).
         self.rotations = 0
+        #: A rewrite was skipped for items waiting unseen for their fsync.
+        self.rewrite_owed = False
 
     def check(self) -> None:
         """Compact the journal if it outgrew a limit (Kestrel's C{checkRotateJournal})."""
@@ -223,6 +231,12 @@ class Compactor:
         host = self._host
         cfg = host.config
         journal = host.journal
+        if step.rewrite and host.unsynced_count:
+            # Items wait unseen for their fsync: a rewrite holding them would
+            # keep them even if it failed. The queue asks again once they are
+            # shown (no rotation meanwhile: the rewrite is what is due).
+            self.rewrite_owed = True
+            return
         if step.rewrite:
             if step.pause is Pause.ALWAYS:
                 self._log.info("Rewriting journal of {queue} ({bytes} bytes queued)",
@@ -242,6 +256,9 @@ class Compactor:
         """Rewrite the journal from memory (the open reads and the queued items)."""
         host = self._host
         items = host.memory_items()
+        if host.unsynced_count:
+            self.rewrite_owed = True  # (as in _carry_out)
+            return
         if len(items) != host.length:
             # Some items are only on disk (read-behind): a rewrite from memory would lose them.
             self._log.warn("Not rewriting journal of {queue}: {missing} items are not in memory",

@@ -34,6 +34,11 @@ class ReadBehindHost(Protocol):
     memory_bytes: int
 
     @property
+    def unsynced_count(self) -> int:
+        """How many items memory holds unseen until their fsync (L{kestrel.unsynced})."""
+        ...
+
+    @property
     def config(self) -> QueueConfig:
         """The queue's settings now."""
         ...
@@ -62,7 +67,11 @@ class ReadBehind:
 
     Promises: memory always holds at least the head item while the queue
     has items (even with C{max_memory_size} 0), and items come back in the
-    order they were added.
+    order they were added. Under a durable policy (C{durable_acks}, or
+    C{sync_journal: always}) no item comes back before the fsync covering
+    its record succeeded, nor while items held unseen for their fsync
+    (older than any on disk only) are in memory: the queue fills again
+    once they are shown.
     """
 
     _log = Logger()
@@ -88,13 +97,18 @@ class ReadBehind:
         """Read items back from the journal until memory is full or the reader catches up."""
         host = self._host
         journal = host.journal
-        limit = host.config.max_memory_size
-        if not journal.in_read_behind or (host.memory_bytes >= limit and host.memory_items()):
+        cfg = host.config
+        limit = cfg.max_memory_size
+        if (not journal.in_read_behind or (host.memory_bytes >= limit and host.memory_items())
+                or host.unsynced_count):
             return
+        durable_only = cfg.durable_acks or cfg.sync_journal == 0.0
         observer = host.observer
         started = self._clock.seconds() if observer is not None else 0.0
         while journal.in_read_behind and (host.memory_bytes < limit or not host.memory_items()):
-            journal.fill_read_behind(host.read_back, self._passed_checkpoint)
+            if not journal.fill_read_behind(host.read_back, self._passed_checkpoint,
+                                            durable_only):
+                break  # (the rest is not durable yet)
             if not journal.in_read_behind:
                 self._log.info("Coming out of read-behind for {queue}", queue=host.name)
         if observer is not None:

@@ -174,6 +174,11 @@ class IJournal(Protocol):
         ...
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
-                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
-        """Read the next item back (C{got_item}); report a checkpoint passed (C{got_checkpoint})."""
+                         got_checkpoint: Callable[[Checkpoint], None],
+                         durable_only: bool = False) -> bool:
+        """
+        Read the next item back (C{got_item}); report a checkpoint passed
+        (C{got_checkpoint}). With C{durable_only}, read nothing an fsync has
+        not made durable: return C{False} when the reader waits for one.
+        """
         ...

@@ -541,7 +541,8 @@ class FileJournal:
         self.read_behind.start(self.queue_name, self._writer.position)
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
-                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
+                         got_checkpoint: Callable[[Checkpoint], None],
+                         durable_only: bool = False) -> bool:
         """
         Read forward one record from the read-behind reader, as Kestrel's C{fillReadBehind}.
 
@@ -550,14 +551,20 @@ class FileJournal:
         calls C{got_checkpoint} if it just left the checkpoint file), then
         reads again. At the end of the current file it fsyncs and retries
         once. When the reader reaches the writer, read-behind ends.
+
+        With C{durable_only} (outside replay), no record an fsync has not
+        made durable yet is read: there the reader waits, and C{False} is
+        returned (read again once the fsync succeeded). Otherwise C{True}.
         """
         replay = self._replay
         if replay.file is not None:
-            end, sync = (replay.file, replay.pos), None
-        else:
-            end, sync = (self.queue_name, self._writer.position), self._sync_quietly
-        self.read_behind.fill(got_item, got_checkpoint, end=end, sync=sync,
-                              checkpoint=self.checkpoint)
+            return self.read_behind.fill(got_item, got_checkpoint, end=(replay.file, replay.pos),
+                                         sync=None, checkpoint=self.checkpoint)
+        writer = self._writer
+        return self.read_behind.fill(
+            got_item, got_checkpoint, end=(self.queue_name, writer.position),
+            sync=self._sync_quietly, checkpoint=self.checkpoint,
+            durable=writer.durable_position if durable_only else None)
 
     def _sync_quietly(self) -> None:
         self._writer.sync().addErrback(ignore_failure)

@@ -229,6 +229,7 @@ class Maintenance:
         self._busy = done
         journal.writer = new
         journal.read_behind.renamed(files.queue_name, rotated)
+        journal.read_behind.rotating = (rotated, old)
         if set_checkpoint:
             journal.set_checkpoint(rotated, reserved_items)
         done.addBoth(self._rotation_synced, old, rotated)
@@ -237,6 +238,9 @@ class Maintenance:
         """The fsyncs of a rotation ended: acknowledge the old file's writes, let the new sync."""
         self._busy = None
         queue = self._files.queue_name
+        # (settled: a read-behind reader reads it whole again; after a failure
+        # nothing is read before the recovery reloads memory)
+        self._journal.read_behind.rotating = None
         if isinstance(result, Failure):
             error = result.value
             self._log.error("Journal {queue}: fsync after rotating to {file} failed: {error}",

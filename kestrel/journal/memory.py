@@ -118,7 +118,8 @@ class MemoryJournal:
         raise RuntimeError("a memory journal has no read-behind")
 
     def fill_read_behind(self, got_item: Callable[[QItem], None],
-                         got_checkpoint: Callable[[Checkpoint], None]) -> None:
+                         got_checkpoint: Callable[[Checkpoint], None],
+                         durable_only: bool = False) -> bool:
         """Never called: a memory journal is never in read-behind."""
         raise RuntimeError("a memory journal has no read-behind")
 

@@ -22,6 +22,7 @@ from kestrel.journal import records as rec
 from kestrel.journal.events import item_of
 from kestrel.journal.files import JournalFiles
 from kestrel.journal.pack import Checkpoint
+from kestrel.journal.writer import Writer
 
 #: How much the read-behind reader reads from a file at a time.
 READ_CHUNK = 256 * 1024
@@ -36,9 +37,10 @@ class _Reader:
         self._buf = b""
         self._off = 0
 
-    def read(self) -> rec.Record | None:
+    def read(self, limit: int | None = None) -> rec.Record | None:
         """
-        Return the next complete record, or C{None} at the end of the file.
+        Return the next complete record, or C{None} at the end of the file
+        (or of its first C{limit} bytes).
 
         @raise rec.CorruptRecord: the next bytes are not a record.
         """
@@ -50,7 +52,12 @@ class _Reader:
                 self._off = nxt
                 return record
             held = len(self._buf) - self._off
-            chunk = os.pread(self._fd, max(READ_CHUNK, held), self.position + held)
+            size = max(READ_CHUNK, held)
+            if limit is not None:
+                size = min(size, limit - self.position - held)
+                if size <= 0:
+                    return None
+            chunk = os.pread(self._fd, size, self.position + held)
             if not chunk:
                 return None
             self._buf = self._buf[self._off:] + chunk
@@ -67,6 +74,9 @@ class ReadBehind:
 
     @ivar reader: the open reader, or C{None} when the queue is not in read-behind.
     @ivar file: the file the reader reads (C{None} with no reader).
+    @ivar rotating: the file a rotation renamed and its writer, while the
+        rotation's fsyncs run (what of it is durable is that writer's
+        C{durable_position}); C{None} otherwise.
     """
 
     _log = Logger()
@@ -75,6 +85,7 @@ class ReadBehind:
         self._files = files
         self.reader: _Reader | None = None
         self.file: str | None = None
+        self.rotating: tuple[str, Writer] | None = None
 
     def start(self, name: str, position: int) -> None:
         """Open the reader on file C{name} at C{position} (closing any open one)."""
@@ -98,7 +109,8 @@ class ReadBehind:
 
     def fill(self, got_item: Callable[[QItem], None],
              got_checkpoint: Callable[[Checkpoint], None], *, end: tuple[str, int],
-             sync: Callable[[], None] | None, checkpoint: Checkpoint | None) -> None:
+             sync: Callable[[], None] | None, checkpoint: Checkpoint | None,
+             durable: int | None = None) -> bool:
         """
         Read forward one record, as Kestrel's C{fillReadBehind}.
 
@@ -109,29 +121,51 @@ class ReadBehind:
         writer's fsync; C{None} during replay) and retries once. When the
         reader reaches C{end} (the file and offset of the writer, or of the
         replayer), read-behind ends.
+
+        With C{durable} (the current file's durable bytes), no record beyond
+        what an fsync made durable is read, in the current file nor in one a
+        rotation renamed while its fsyncs run: at that point the reader
+        stays (no C{sync}) and C{False} is returned. Otherwise C{True}.
         """
         reader = self.reader
         if reader is None:
-            return
+            return True
         name, pos = end
         reader_file = self.file
         if reader.position == pos and reader_file == name:
             self.stop()
-            return
+            return True
+        if durable is not None:
+            limit: int | None = durable
+            if reader_file != self._files.queue_name:
+                rotating = self.rotating
+                if rotating is None or rotating[0] != reader_file:
+                    limit = None  # (durable whole)
+                else:
+                    limit = rotating[1].durable_position
+            if limit is not None:
+                record = self._read_one(reader, reader_file, limit)
+                if record is None:
+                    return False
+                item = item_of(record, self._files.now_ms)
+                if item is not None:
+                    got_item(item)
+                return True
         record = self._read_one(reader, reader_file)
         if record is None and reader_file == self._files.queue_name and sync is not None:
             sync()
             record = self._read_one(reader, reader_file)
         if record is None:
-            self._next_file(got_item, got_checkpoint, end, sync, checkpoint)
-            return
+            return self._next_file(got_item, got_checkpoint, end, sync, checkpoint, durable)
         item = item_of(record, self._files.now_ms)
         if item is not None:
             got_item(item)
+        return True
 
-    def _read_one(self, reader: _Reader, name: str | None) -> rec.Record | None:
+    def _read_one(self, reader: _Reader, name: str | None,
+                  limit: int | None = None) -> rec.Record | None:
         try:
-            return reader.read()
+            return reader.read(limit)
         except rec.CorruptRecord as e:
             self._log.warn("Journal {queue} file {file}: read-behind found {problem} at "
                            "offset {offset}; skipping the rest of the file",
@@ -141,7 +175,8 @@ class ReadBehind:
 
     def _next_file(self, got_item: Callable[[QItem], None],
                    got_checkpoint: Callable[[Checkpoint], None], end: tuple[str, int],
-                   sync: Callable[[], None] | None, checkpoint: Checkpoint | None) -> None:
+                   sync: Callable[[], None] | None, checkpoint: Checkpoint | None,
+                   durable: int | None) -> bool:
         old = self.file
         assert old is not None
         queue = self._files.queue_name
@@ -150,11 +185,12 @@ class ReadBehind:
         if following is None:
             self._log.warn("Journal {queue}: read-behind reached the end of {file} with no "
                            "file after it; leaving read-behind", queue=queue, file=old)
-            return
+            return True
         self.reader = _Reader(self._files.path(following), 0)
         self.file = following
         self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
                        queue=queue, old=old, file=following)
         if checkpoint is not None and checkpoint.filename == old:
             got_checkpoint(checkpoint)
-        self.fill(got_item, got_checkpoint, end=end, sync=sync, checkpoint=checkpoint)
+        return self.fill(got_item, got_checkpoint, end=end, sync=sync, checkpoint=checkpoint,
+                         durable=durable)

@@ -24,7 +24,6 @@ from tests.faults.workload import LONG, SHORT
 
 COLUMNS = ("scenario", "policy", "acknowledged", "refused", "injected", "lost", "undone",
            "reappeared", "undone_confirms", "duplicated", "refused_served", "refused_kept",
-           "refused_early",
            "memory_vs_journal", "stuck_open", "not_recovered", "tracebacks", "seconds")
 
 

@@ -47,14 +47,10 @@ the child whose journal the fault failed it is refused as any other
 (L{FaultLedger.refused_adds}: never served). A retried add (the same item
 refused, then acknowledged) may likewise be delivered once per attempt.
 
-One refusal may still have reached a reader on its own queue (journal.md,
-"When the disk fails", its limits): an add waiting for its fsync (under a
-policy that does not answer adds before it) is visible to readers while the
-fsync runs; if that fsync fails, the add is refused although a reader may
-already hold the item. So an add refused in a doubt window (or up to
-L{SLACK_SECONDS} after its end) under such a policy may be delivered once,
-but only before (or within L{SLACK_SECONDS} of) its refusal
-(C{refused_early}); served later, it is C{refused_served}.
+No other refusal may reach a reader: under a policy whose adds wait for
+their fsync, no reader sees an added item before that fsync succeeded
+(journal.md, "Visibility under a durable policy"), so an add refused because
+it failed was never served; any delivery of it is C{refused_served}.
 """
 
 from __future__ import annotations
@@ -257,19 +253,7 @@ class FaultLedger(Ledger):
         """
         return {item for item in self.refused - self.acked if self.deliveries[item] and (
             self.deliveries[item] > self._allowed(item, undone)
-            or not (self.kept[item] or self._early(item)))}
-
-    def _early(self, item: bytes) -> bool:
-        """
-        Whether the refused C{item} may have reached a reader of its own
-        queue while its failing fsync ran (see the module docstring).
-        """
-        if not self.policy.fsyncs or self.policy.adds_before_fsync:
-            return False
-        refused, delivered = self.refused_at[item], self.first_delivery[item]
-        before = self.policy.period + SLACK_SECONDS
-        return delivered <= refused + SLACK_SECONDS and any(
-            start - before <= refused <= end + SLACK_SECONDS for start, end in self.windows)
+            or not self.kept[item])}
 
     def _allowed(self, item: bytes, undone: Counter[bytes]) -> int:
         """How often C{item} may be delivered: once per copy, read reopened, undone confirm."""
@@ -328,8 +312,6 @@ class FaultLedger(Ledger):
                 "refused_served": len(served),
                 "refused_kept": sum(1 for item in self.refused - self.acked - served
                                     if self.deliveries[item] and self.kept[item]),
-                "refused_early": sum(1 for item in self.refused - self.acked - served
-                                     if self.deliveries[item] and not self.kept[item]),
                 "memory_vs_journal": len(self.problems.memory_vs_journal),
                 "stuck_open": len(self.problems.stuck_open),
                 "injected": self.injected,

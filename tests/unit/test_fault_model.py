@@ -5,7 +5,9 @@ random, inside and outside write batches, with readers blocked on it.
 What must hold at every step: memory agrees with the journal (a copy of the
 files replayed elsewhere holds the same items in the same order) whenever
 memory is not being rebuilt; an item whose confirm was acknowledged is never
-handed out again, nor one whose add was refused; an add acknowledged as
+handed out again, nor one whose add was refused (not even before it was
+refused: under these durable policies no reader sees an add before its
+fsync); an add acknowledged as
 durable is never lost; no item is handed to two readers at once; every open
 read has a holder.
 """
@@ -80,6 +82,8 @@ class FaultModel(RuleBasedStateMachine):
         self.provisional: list[tuple[str, object]] = []
         self.waiting: list = []
         self.adds: list = []
+        #: payloads ever handed to a reader (outside a batch that failed)
+        self.handed_out: set[bytes] = set()
 
     def teardown(self) -> None:
         self.batch.depth = max(self.batch.depth, 1)
@@ -98,6 +102,10 @@ class FaultModel(RuleBasedStateMachine):
             self.adds.remove((data, d))
             if result is True:
                 self.acked.add(data)
+            else:
+                # (refused after its fsync failed: no reader saw it meanwhile)
+                assert data not in self.handed_out, "a refused add had been handed out"
+                self.refused.add(data)
 
     @rule()
     def add(self) -> None:
@@ -117,6 +125,7 @@ class FaultModel(RuleBasedStateMachine):
         if item is None:
             return
         assert item.data not in self.refused, "an item whose add was refused was handed out"
+        self.handed_out.add(item.data)
         if open_read:
             assert item.xid not in self.held
             assert item.data not in self.held.values(), "handed to two readers at once"
@@ -196,6 +205,7 @@ class FaultModel(RuleBasedStateMachine):
                 if ok:
                     self.adds.append(what)
                 else:
+                    assert what[0] not in self.handed_out, "a refused add had been handed out"
                     self.refused.add(what[0])
                     what[1].addErrback(lambda f: None)
             elif ok:
@@ -256,8 +266,9 @@ class FaultModel(RuleBasedStateMachine):
         holders = set(self.held)
         holders |= {o[0].xid for o in self.waiting if o and o[0] is not None
                     and not isinstance(o[0], Failure)}
-        # (the reverse may not hold: a reader may keep an item whose add then
-        # failed its fsync; the producer was told, and the item is not queued)
+        # (only this way: a reader no longer keeps an item whose add then failed
+        # its fsync, as none sees an add before its fsync, but whether every
+        # holder's read is still open is not what this model promises)
         assert {i.xid for i in q.open_items()} <= holders
 
 

@@ -39,17 +39,20 @@ def after_crash(path, clock: Clock) -> list[bytes]:
 def test_add_set_off_by_an_acknowledgement_during_a_rewrite_survives(tmp_path,
                                                                       clock: Clock) -> None:
     """
-    Set Y1 (durable, waiting for its fsync), open it, and a rewrite of the now
-    empty queue closes the old file, acknowledging Y1; the pipelined set of Y2
-    runs from that acknowledgement. Y2 is acknowledged, so it must be replayed.
+    Set Y1 (durable, waiting for its fsync: no reader sees it, and no
+    rewrite holds it); its fsync
+    acknowledges it and the pipelined set of Y2 runs from that
+    acknowledgement. Y1, opened, and Y2, acknowledged, must both be replayed.
     """
     q = open_queue(tmp_path, clock, durable_acks=True, default_journal_size=1)
     acks: list[Deferred[bool]] = []
     d1 = q.add(b"Y1")
     d1.addCallback(lambda ok: acks.append(q.add(b"Y2")) or ok)
+    assert q.remove(open_read=True) is None
+    clock.advance(0.2)
+    assert value(d1) is True and len(acks) == 1
     opened = q.remove(open_read=True)
     assert opened.data == b"Y1"
-    assert value(d1) is True and len(acks) == 1
     clock.advance(0.2)
     assert value(acks[0]) is True
     assert after_crash(tmp_path, clock) == [b"Y1", b"Y2"]

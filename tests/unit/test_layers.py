@@ -21,7 +21,8 @@ LOWER = ("kestrel.queue", "kestrel.journal", "kestrel.collection", "kestrel.conf
          "kestrel.session", "kestrel.server", "kestrel.status", "kestrel.stats",
          "kestrel.names", "kestrel.item", "kestrel.waiters", "kestrel.queue_health",
          "kestrel.queue_policy", "kestrel.queue_stats", "kestrel.queue_observer",
-         "kestrel.open_reads", "kestrel.read_behind")
+         "kestrel.open_reads", "kestrel.read_behind", "kestrel.queue_replay",
+         "kestrel.unsynced")
 
 #: What a lower module may never import (a name covers its submodules).
 FORBIDDEN = ("kestrel.protocols", "thriftpy2", "twisted.internet.reactor")

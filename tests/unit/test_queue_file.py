@@ -223,7 +223,7 @@ def test_durable_ack_waits_for_fsync(tmp_path, clock: Clock) -> None:
     d1 = q.add(b"a")
     d2 = q.add(b"b")
     assert value(d1) is PENDING and value(d2) is PENDING
-    assert q.length == 2  # stored and readable at once, acknowledged later
+    assert q.length == 2 and q.remove() is None  # stored at once, seen and acknowledged later
     clock.advance(0.5)
     assert value(d1) is True and value(d2) is True
     assert len(syncs) == 1

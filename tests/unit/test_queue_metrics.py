@@ -50,10 +50,10 @@ class TimedJournal:
         self._clock.advance(REWRITE_COST)
         self._journal.rewrite(*args, **kwargs)
 
-    def fill_read_behind(self, *args: Any, **kwargs: Any) -> None:
+    def fill_read_behind(self, *args: Any, **kwargs: Any) -> bool:
         self.fills += 1
         self._clock.advance(FILL_COST)
-        self._journal.fill_read_behind(*args, **kwargs)
+        return self._journal.fill_read_behind(*args, **kwargs)
 
 
 class CountingClock(Clock):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+import attrs
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -163,10 +164,118 @@ class PackingQueueModel(QueueModel):
     config = PACKING
 
 
+class DurableQueueModel(QueueModel):
+    """
+    The same model acknowledging durably (C{durable_acks}, an fsync every
+    0.5 s): an added item is in C{length} at once but seen by no reader
+    (remove, peek, a blocked read) until its fsync has run; then in order.
+    """
+
+    config = QueueConfig(durable_acks=True)
+
+    def __init__(self) -> None:
+        self.unsynced: list[tuple[bytes, Deferred[bool]]] = []
+        super().__init__()
+
+    def open_queue(self) -> PersistentQueue:
+        journal = FileJournal(self.folder, "model", self.clock, 0.5)
+        q = PersistentQueue("model", self.config, journal, self.clock)
+        q.setup()
+        return q
+
+    def synced(self) -> None:
+        """Move the acknowledged adds (a prefix: fsyncs cover one) to the seen items."""
+        while self.unsynced and value(self.unsynced[0][1]) is True:
+            self.items.append(self.unsynced.pop(0)[0])
+        assert all(value(d) is PENDING for _, d in self.unsynced)
+
+    @rule(size=st.integers(0, 24))
+    def add(self, size: int) -> None:
+        data = b"%d:" % self.count + b"x" * size
+        self.count += 1
+        d = self.queue.add(data)
+        self.unsynced.append((data, d))
+        self.synced()
+
+    @rule(open_read=st.booleans())
+    def wait_then_add(self, open_read: bool) -> None:
+        """A blocked read is served only once an add's fsync ran (or at once if items are seen)."""
+        d = self.queue.wait_remove(self.clock.seconds() + 1.0, open_read)
+        if not self.items:
+            assert value(d) is PENDING
+            self.add(3)  # (an fsync it sets off, starting read-behind, shows the items)
+            if not self.items:
+                assert value(d) is PENDING  # (not before the fsync)
+                self.clock.advance(0.5)
+                self.synced()
+        item = value(d)
+        assert item.data == self.items.pop(0)
+        if open_read:
+            self.opened[item.xid] = item.data
+
+    @rule()
+    def wait_times_out(self) -> None:
+        d = self.queue.wait_remove(self.clock.seconds() + 0.5)
+        if not self.items:
+            self.clock.advance(0.5)
+            self.synced()
+        got = value(d)
+        if got is not None:
+            assert got.data == self.items.pop(0)
+
+    @rule(seconds=st.sampled_from([0.5, 5.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.synced()
+
+    @rule()
+    def restart(self) -> None:
+        value(self.queue.close())  # (its last fsync acknowledges every add)
+        self.synced()
+        assert not self.unsynced
+        self.queue = self.open_queue()
+        self.items[:0] = [self.opened[xid] for xid in sorted(self.opened)]
+        self.opened.clear()
+
+    @rule()
+    def flush(self) -> None:
+        self.queue.flush()  # (an fsync its removes set off shows items it then removes)
+        self.synced()
+        self.items.clear()
+
+    @invariant()
+    def counters_agree(self) -> None:
+        # (any operation may set off an fsync: a rotation, read-behind starting)
+        self.synced()
+        q = self.queue
+        unseen = [data for data, _ in self.unsynced]
+        assert q.length == len(self.items) + len(unseen)
+        assert q.bytes == sum(map(len, self.items + unseen))
+        assert [item.data for item in q.memory_items()] == self.items[:q.memory_length]
+        assert q.open_read_count == len(self.opened)
+        assert q.waiter_count == 0
+
+
+class SmallDurableQueueModel(DurableQueueModel):
+    """The durable model in read-behind, with rotations and rewrites."""
+
+    config = attrs.evolve(SMALL, durable_acks=True)
+
+
+class PackingDurableQueueModel(DurableQueueModel):
+    """The durable model deep in read-behind, where checkpoints get packed."""
+
+    config = attrs.evolve(PACKING, durable_acks=True)
+
+
 TestQueueModel = QueueModel.TestCase
 TestSmallQueueModel = SmallQueueModel.TestCase
 TestPackingQueueModel = PackingQueueModel.TestCase
 TestPackingQueueModel.settings = settings(stateful_step_count=80)
+TestDurableQueueModel = DurableQueueModel.TestCase
+TestSmallDurableQueueModel = SmallDurableQueueModel.TestCase
+TestPackingDurableQueueModel = PackingDurableQueueModel.TestCase
+TestPackingDurableQueueModel.settings = settings(stateful_step_count=80)
 
 
 class WaiterRaces(RuleBasedStateMachine):
