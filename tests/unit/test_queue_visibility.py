@@ -319,9 +319,13 @@ def test_a_full_queue_counts_unseen_items(tmp_path, clock: Clock) -> None:
 
 def memcache_pair(tmp_path, clock: Clock) -> tuple[object, StringClient, StringClient,
                                                    ManualThread]:
-    """A server under C{sync_journal: always}, a reader and a producer connection."""
+    """
+    A server under C{sync_journal: always} whose fsyncs run in C{thread}
+    (C{journal_fsync: thread}), a reader and a producer connection.
+    """
     thread = ManualThread()
-    server = make_server(clock, tmp_path, "default: {sync_journal: always}\n",
+    server = make_server(clock, tmp_path,
+                         "journal_fsync: thread\ndefault: {sync_journal: always}\n",
                          run_in_thread=thread)
     factory = MemcacheFactory(server)
     return server, StringClient(factory), StringClient(factory), thread
@@ -338,6 +342,22 @@ def test_a_blocked_memcache_get_gets_a_set_only_after_its_fsync(tmp_path,
     assert other.send(b"get q\r\n") == b"END\r\n"
     assert other.send(b"get q/peek\r\n") == b"END\r\n"
     thread.run_all()
+    assert producer.take() == b"STORED\r\n"
+    assert reader.take() == b"VALUE q/t=10000 0 1\r\na\r\nEND\r\n"
+    server.collection.stopService()
+
+
+def test_a_blocked_memcache_get_gets_a_set_only_after_the_turns_fsync(tmp_path,
+                                                                    clock: Clock) -> None:
+    """With the default C{journal_fsync: reactor}, the fsync at the turn's end shows the item."""
+    server = make_server(clock, tmp_path, "default: {sync_journal: always}\n")
+    factory = MemcacheFactory(server)
+    reader, producer, other = StringClient(factory), StringClient(factory), StringClient(factory)
+    assert reader.send(b"get q/t=10000\r\n") == b""
+    assert producer.send(b"set q 0 0 1\r\na\r\n") == b""
+    assert other.send(b"get q\r\n") == b"END\r\n"
+    assert (producer.take(), reader.take()) == (b"", b"")
+    clock.advance(0)
     assert producer.take() == b"STORED\r\n"
     assert reader.take() == b"VALUE q/t=10000 0 1\r\na\r\nEND\r\n"
     server.collection.stopService()
