@@ -253,22 +253,27 @@ class ClientSession:
     # -- reads -------------------------------------------------------------
 
     def get_item(self, name: str, deadline: float | None, open_read: bool,
-                 peeking: bool, reply_now: bool = False) -> Deferred[QItem | None]:
-        """
-        Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}.
+                 peeking: bool) -> Deferred[QItem | None]:
+        """L{read_item}, its outcome always in a Deferred."""
+        result = self.read_item(name, deadline, open_read, peeking)
+        return result if isinstance(result, Deferred) else succeed(result)
 
-        With C{open_read} the item becomes an open read of this session; a
-        plain read holds it in L{held_reads} until the protocol has its reply in
-        the kernel (C{reply_now}: written at the end of this pass, before another
-        connection runs, see L{HeldReads.peek_for_reply}). Raises
-        L{AvailabilityError} when reads are blocked, L{TooManyOpenReads} when
-        this session holds C{max_open_transactions} open reads on the queue.
-        Counts C{cmd_get} or C{cmd_peek}.
+    def read_item(self, name: str, deadline: float | None, open_read: bool, peeking: bool,
+                  reply_now: bool = False) -> QItem | None | Deferred[QItem | None]:
+        """
+        Fetch (C{peeking}: look at) the head of C{name}, waiting until C{deadline}:
+        the item (or C{None}) if answered at once, else a Deferred of it. With
+        C{open_read} it becomes an open read of this session; a plain read holds
+        it in L{held_reads} until the protocol has its reply in the kernel
+        (C{reply_now}: written at the end of this pass, before another connection
+        runs: L{HeldReads.peek_for_reply}). Raises L{AvailabilityError} when reads
+        are blocked, L{TooManyOpenReads} when this session holds
+        C{max_open_transactions} open reads on the queue. Counts C{cmd_get} or
+        C{cmd_peek}.
 
         Metrics: a read answered at once records C{get_hit_latency_usec} or
-        C{get_miss_latency_usec}; an item removed (not peeked) records
-        C{delivery_latency_msec}; a wait that reached its deadline records
-        C{get_timeout_msec}.
+        C{get_miss_latency_usec}; an item removed (not peeked) C{delivery_latency_msec};
+        a wait that reached its deadline C{get_timeout_msec}.
         """
         self._check_reads("getItem")
         if open_read and self.count_open_reads(name) >= self._max_open:
@@ -287,25 +292,19 @@ class ClientSession:
             item = self.held_reads.peek_for_reply(name, holding)
             if item is not None:
                 self._record_read(name, started, item, False)
-                return succeed(item)
+                return item
         d = self._collection.remove(name, deadline, not peeking, peeking, holding)
+        result = settled(d)
+        if result is None or result.__class__ is QItem:  # (answered at once: the hot path)
+            self._record_read(name, started, result, peeking)
+            if result is not None and not peeking:  # (held for the reply, or an open read)
+                (self.held_reads.hold if holding else self._add_open_read)(name, result.xid)
+            return result
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)
             d.addErrback(self._wait_ended_by_close)
             d.addCallback(self._record_waited_read, name, started, deadline, peeking)
-        else:
-            # Answered at once (the hot path): record directly, no callback.
-            result = settled(d)
-            now = self._clock.seconds()
-            if result is None:
-                self._metrics.record_miss(name, (now - started) * 1e6)
-            elif result.__class__ is QItem:
-                self._metrics.record_hit(name, (now - started) * 1e6,
-                                         None if peeking else now * 1000 - result.add_time_ms)
-                if holding:
-                    self.held_reads.pending.append((name, result.xid))
-                    return d
         if holding:
             return d.addCallback(self._got_held_item, name)
         if open_read:

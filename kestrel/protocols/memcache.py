@@ -517,11 +517,7 @@ class MemcacheProtocol(SessionProtocol):
         timeout_ms = req.timeout_ms
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         # (Its reply is written at the end of this pass, before another connection runs.)
-        d = session.get_item(name, deadline, req.open_read, req.peeking, True)
-        item = settled(d)
-        if item is not PENDING and not isinstance(item, Failure):
-            return item
-        return d
+        return session.read_item(name, deadline, req.open_read, req.peeking, True)
 
     def _get(self, req: GetRequest) -> Reply:
         result = self.fetch(req)
