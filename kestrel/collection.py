@@ -452,17 +452,19 @@ class QueueCollection(Service):
         if queue is None:
             queue = self._create_queue(name)
         d = queue.add(data, expiry_ms)
-        if settled(d) is True:
-            # The usual case (no durable_acks): count now, no callback chain.
+        if not d.called:  # (a durable acknowledgement: one callback counts it, and un-tracks)
+            self._pending.add(d)
+            return d.addBoth(self._add_settled, d)
+        if settled(d) is True:  # (the usual case)
             self.stats.total_items += 1
-            return d
-        d.addCallback(self._count_add)
-        return self._track(d)
+        return d
 
-    def _count_add(self, accepted: bool) -> bool:
-        if accepted:
+    def _add_settled(self, result: T, d: Deferred[bool]) -> T:
+        """A durable add answered: count it if stored; stop waits for it no longer."""
+        self._pending.discard(d)
+        if result is True:
             self.stats.total_items += 1
-        return accepted
+        return result
 
     def remove(self, name: str, deadline: float | None = None, open_read: bool = False,
                peek: bool = False, held: bool = False) -> Deferred[QItem | None]:
@@ -542,10 +544,7 @@ class QueueCollection(Service):
             raise QueueLoading(name, "flush")
 
     def flush_all(self) -> None:
-        """
-        Flush every queue (aliases are no-ops). Refused (L{QueueLoading},
-        nothing flushed) while a queue is loading.
-        """
+        """Flush every queue (not aliases); refused (L{QueueLoading}) while one is loading."""
         if self._loading:
             raise QueueLoading(next(iter(self._loading)), "flush_all", len(self._loading) - 1)
         for name in self.queue_names(include_aliases=False):

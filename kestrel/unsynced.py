@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from kestrel.item import QItem
 
@@ -53,10 +54,10 @@ class Unsynced:
         """
         self._items.append(item)
         self._held += 1
-        number = self._held
-        return lambda _: self._synced(number)
+        # (a partial, not a lambda: one Python frame fewer per durable add)
+        return partial(self._synced, self._held)
 
-    def _synced(self, number: int) -> bool:
+    def _synced(self, number: int, _: object = None) -> bool:
         """The fsync covering held item C{number} succeeded: show it and every older one."""
         items = self._items
         if self._shown >= number:

@@ -92,7 +92,8 @@ _UNCOUNTED_READ = 16 * 1024
 #: Commands refused when control is kept to the admin port (a status change too).
 _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
-#: What a request handler returns: reply bytes (b"" for none) or a Deferred of them.
+#: What a request handler returns: reply bytes (b"" for none) or a Deferred of them
+#: (a handler that wires its own callback instead sets _waiting and returns b"": _set).
 Reply = bytes | Deferred[bytes]
 
 
@@ -543,9 +544,16 @@ class MemcacheProtocol(SessionProtocol):
         stored = settled(d)
         if stored is not PENDING and not isinstance(stored, Failure):
             return b"" if req.noreply else _STORED if stored else _NOT_STORED
-        if req.noreply:
-            return d.addCallback(lambda _: b"")
-        return d.addCallback(lambda ok: _STORED if ok else _NOT_STORED)
+        # A durable acknowledgement: one callback on the add's Deferred
+        # queues the reply (not a reply Deferred for _serve to wait on).
+        self._waiting = True
+        d.addCallbacks(self._stored_later, self._error,
+                       callbackArgs=(req.noreply,), errbackArgs=(req,))
+        return b""
+
+    def _stored_later(self, stored: bool, noreply: bool) -> None:
+        """A set answered later (durable acknowledgement): queue its reply, carry on."""
+        self._async_reply(b"" if noreply else _STORED if stored else _NOT_STORED)
 
     def _queue_command(self, req: QueueCommand) -> Reply:
         session = self.session
