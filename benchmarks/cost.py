@@ -111,6 +111,7 @@ from servers import (
     free_port,
     kestrel_process,
     memcached_process,
+    pin_servers,
     redis_process,
 )
 
@@ -599,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
                              "one-at-a-time-1, -10 (without --darner), pipelined-10x16, "
                              "dequeue-1, reliable-1, durable-50, latency-100")
     parser.add_argument("--no-strace", action="store_true", help="skip the strace runs")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the servers and the clients wherever the OS puts them "
+                             "(by default, with 2 or more CPUs, every server runs on CPU 0 "
+                             "and the clients on the others)")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args(argv)
     if args.darner and not args.db:
@@ -610,8 +615,15 @@ def main(argv: list[str] | None = None) -> int:
         if binary and not os.path.exists(binary):
             parser.error(f"{binary} not found: apt-get install {package}, or --{flag} ''")
     use_strace = not args.no_strace and strace_works()
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = not args.no_pin and len(cpus) >= 2
+    if pinned:
+        pin_servers({cpus[0]})
+        os.sched_setaffinity(0, set(cpus[1:]))  # (this process, its threads and its clients)
 
     info = machine()
+    info["pinned"] = (f"servers on CPU {cpus[0]}, clients on CPU "
+                      f"{','.join(map(str, cpus[1:]))}" if pinned else "no")
     load_start = os.getloadavg()
     results: dict[tuple[str, str], Result] = {}
     with tempfile.TemporaryDirectory(prefix="kestrel-cost-") as tmp, ExitStack() as stack:
@@ -664,7 +676,7 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
     """The figures as Markdown tables, one per workload."""
     lines = [f"{info['date']}: {info['cpus']} CPUs ({info['cpu_model']}), "
              f"{info['mem_mib']} MiB, Linux {info['kernel']}, Python {info['python']}, "
-             f"Twisted {info['twisted']}; load average "
+             f"Twisted {info['twisted']}; pinned: {info.get('pinned', 'no')}; load average "
              f"{load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f} at the start, "
              f"{load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} at the end.",
              f"Median (min-max) of {args.runs} runs; {args.size} B items"

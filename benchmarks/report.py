@@ -76,7 +76,8 @@ def render(data: dict[str, Any]) -> str:
         "## Per-request cost, side by side",
         "",
         f"Measured {m['date']} on {m['cpus']} CPUs ({m['cpu_model']}), {m['mem_mib']:,} MiB, "
-        f"Linux {m['kernel']}, Python {m['python']}, Twisted {m['twisted']}. Load average "
+        f"Linux {m['kernel']}, Python {m['python']}, Twisted {m['twisted']}; pinned: "
+        f"{m.get('pinned', 'no')}. Load average "
         f"(1/5/15 min) {ls[0]:.2f}/{ls[1]:.2f}/{ls[2]:.2f} at the start and "
         f"{le[0]:.2f}/{le[1]:.2f}/{le[2]:.2f} at the end: "
         + ("other work shared the machine, so throughput (wall clock) is noisy and the CPU "
