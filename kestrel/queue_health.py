@@ -204,8 +204,11 @@ class JournalHealth:
             return
         self._log.warn("Journal of {queue} reloaded after a failure; adds are refused until "
                        "the journal can be written", queue=self._name)
-        self._host.readable_again()
+        # The probe is due before the readers are woken: the record of one
+        # they serve may fail too, and that failure's recovery (scheduled by
+        # failed) must replace the probe, not be replaced by it.
         self._schedule(self._retry, self._probe)
+        self._host.readable_again()
 
     def _recovery_failed(self, failure: Failure) -> None:
         self._recovering = False

@@ -32,10 +32,14 @@ class Disk:
         self.write_fails = False
         self.fsync_fails = False
         self.temp_fsync_fails = False
+        #: With write_fails: how many writes still work before they fail.
+        self.writes_left = 0
 
     def write(self, fd: int, data: bytes) -> int:
-        if self.write_fails:
+        if self.write_fails and not self.writes_left:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if self.write_fails:
+            self.writes_left -= 1
         return os.write(fd, data)
 
     def fsync(self, fd: int) -> None:
@@ -297,3 +301,38 @@ def test_failed_fsyncs_are_reported_and_failed_writes_are_not(tmp_path, clock: C
     with pytest.raises(JournalUnavailable):
         value(d)
     assert stats.counters()["fsync_error_OSError"] == 1
+
+
+
+def test_a_reader_woken_by_the_reload_whose_record_fails_leaves_the_queue_recovering(
+        tmp_path, clock: Clock) -> None:
+    """
+    The reload puts an aborted item back and wakes a blocked reader; its
+    record fails too (the disk is still full). That second failure starts
+    another recovery: once the disk works the queue takes adds again, and
+    the item the reader was refused is still there.
+    """
+    disk = Disk()
+    q = open_queue(tmp_path, clock, disk)
+    value(q.add(b"a"))
+    opened = q.remove(open_read=True)
+    assert opened is not None
+    waiting = q.wait_remove(clock.seconds() + 60)
+    disk.write_fails = True
+    with pytest.raises(JournalUnavailable):
+        value(q.add(b"lost"))
+    assert q.journal_state == "failed"
+    q.unremove(opened.xid)  # (kept: the reload applies it)
+    disk.writes_left = 1  # the abort the reload journals fits; the woken reader's remove not
+    clock.advance(0)  # cut back, reloaded, "a" back, the reader woken: its remove fails,
+    # and that failure is recovered from in turn (on the same turn)
+    assert q.journal_state == "read-only"
+    with pytest.raises(JournalUnavailable):
+        value(waiting)
+    for _ in range(3):
+        clock.advance(JOURNAL_RETRY_SECONDS)  # (still full: recovered again, probes fail)
+    assert q.journal_state in ("failed", "read-only")
+    heal(q, disk, clock)
+    assert value(q.add(b"b")) is True
+    q = reopen(q, tmp_path, clock)
+    assert datas(q) == [b"a", b"b"]

@@ -186,6 +186,29 @@ def test_a_reload_that_raises_is_retried(clock: Clock, machine) -> None:
     assert health.state == READ_ONLY
 
 
+def test_a_failure_while_waking_readers_is_recovered_from(clock: Clock, machine) -> None:
+    """
+    A reader woken after the reload whose record fails starts another
+    recovery; the probe due after the first one does not cancel it.
+    """
+    health, journal, host, _ = machine
+    woken = host.readable_again
+
+    def wake_then_fail() -> None:
+        woken()
+        if host.woken == 1:
+            health.failed("write", ENOSPC)
+
+    host.readable_again = wake_then_fail
+    with capturedLogs():
+        health.failed("write", ENOSPC)
+        clock.advance(0)
+    assert journal.recovered == ["write", "write"] and host.reloads == 2
+    assert health.state == READ_ONLY
+    clock.advance(JOURNAL_RETRY_SECONDS)
+    assert health.state == PROBING and len(journal.probes) == 1
+
+
 def test_more_failures_while_failed_start_one_recovery(clock: Clock, machine) -> None:
     """Failures reported while failed change nothing but the reason (and an fsync kind)."""
     health, journal, host, fsync_errors = machine
