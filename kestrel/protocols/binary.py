@@ -226,6 +226,9 @@ class BinaryHandler:
     def _stat(self, req: BinaryRequest) -> bytes:
         if req.key:
             return status_reply(req.opcode, req.opaque, STATUS_NOT_FOUND, b"Not found")
+        session = self.protocol.session
+        if session is not None:  # (the items this pass replied to count as taken)
+            session.held_reads.open_peeked()
         out = []
         for line in self.protocol.server.stats_text().splitlines():
             parts = line.split(" ", 2)

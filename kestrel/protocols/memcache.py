@@ -558,6 +558,7 @@ class MemcacheProtocol(SessionProtocol):
     def _queue_command(self, req: QueueCommand) -> Reply:
         session = self.session
         assert session is not None
+        session.held_reads.open_peeked()  # (items this pass replied to are out of the queue)
         word = req.word
         if word == "delete":
             reply = _DELETED
@@ -598,6 +599,9 @@ class MemcacheProtocol(SessionProtocol):
         word = req.word
         session = self.session
         assert session is not None
+        # What a command reports or does (stats, flush_all, ...) sees the items this
+        # pass's plain gets replied to as taken, as a client that got them expects.
+        session.held_reads.open_peeked()
         if word in _CONTROL_COMMANDS or (word == "status" and req.args):
             try:
                 session.check_control(word)

@@ -146,3 +146,23 @@ def test_refused_batch_leaves_the_held_items_queued(server: KestrelServer, clock
     queue = server.collection.queue("q")
     assert queue.open_read_count == 0
     assert [item.data for item in queue.memory_items()][:2] == [b"a", b"b"]
+
+
+def test_stats_in_the_same_pass_count_the_replied_items_as_taken(server: KestrelServer) -> None:
+    """get then dump_stats (or stats) in one pass: the item the get replied with is not queued."""
+    fill(server, "q", b"a", b"b")
+    conn = StringClient(MemcacheFactory(server))
+    reply = conn.send(b"get q\r\ndump_stats q\r\nstats\r\n")
+    assert reply.startswith(b"VALUE q 0 1\r\na\r\nEND\r\nqueue 'q' {\r\n  items=1\r\n")
+    assert b"STAT queue_q_items 1\r\n" in reply
+    assert server.collection.queue("q").length == 1
+
+
+def test_flush_in_the_same_pass_leaves_the_replied_item_taken(server: KestrelServer) -> None:
+    """get then flush in one pass: the replied item is the client's, the rest is flushed."""
+    fill(server, "q", b"a", b"b")
+    conn = StringClient(MemcacheFactory(server))
+    assert conn.send(b"get q\r\nflush q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\nEND\r\n"
+    queue = server.collection.queue("q")
+    assert queue.length == 0 and queue.open_read_count == 0
+    assert conn.send(b"get q\r\n") == b"END\r\n"
