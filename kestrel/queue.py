@@ -91,6 +91,9 @@ class PersistentQueue(QueueStats, QueueReplay):
         self.journal = journal
         self._clock = clock
         self._config = config
+        #: Whether an add is acknowledged only once its fsync succeeded (and
+        #: seen by readers only then): C{durable_acks}, or C{sync_journal: always}.
+        self.acks_durably = config.durable_acks or config.sync_journal == 0.0
         self._items: deque[QItem] = deque()
         # (durable adds' items, after _items, seen by no reader until their fsync)
         self._unsynced = Unsynced(self._show, self._all_shown)
@@ -125,6 +128,7 @@ class PersistentQueue(QueueStats, QueueReplay):
     @config.setter
     def config(self, config: QueueConfig) -> None:
         self._config = config
+        self.acks_durably = config.durable_acks or config.sync_journal == 0.0
         self._reads.timeout = config.open_transaction_timeout
 
     @property
@@ -206,7 +210,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         if xid is not None and self._reads.pop(xid) is not None:
             self._records.note(CONFIRM, xid, None, d)
             self._open_reads_changed()
-        if cfg.durable_acks or cfg.sync_journal == 0.0:
+        if self.acks_durably:
             # Seen by no reader before the fsync covering its record: the
             # journal's Deferred is this write's own, chain on it directly.
             return d.addCallbacks(self._hold(item), self._durable_add_failed)
@@ -266,18 +270,12 @@ class PersistentQueue(QueueStats, QueueReplay):
         read-behind, on disk only: the fill reads no record not yet durable);
         return the callback of its durable Deferred, which shows it.
         """
-        size = len(item.data)
-        self.total_items += 1
-        self.put_items += 1
-        self.put_bytes += size
-        self.bytes += size
-        self.length += 1
+        self._store(item, seen=False)
         observer = self.observer
         if observer is not None:
-            observer.item_added(size, len(self._items))
+            observer.item_added(len(item.data), len(self._items))
         if self.journal.in_read_behind:
             return self._synced_on_disk
-        self.memory_bytes += size
         return self._unsynced.hold(item)
 
     def _synced_on_disk(self, _: object) -> bool:
@@ -307,10 +305,12 @@ class PersistentQueue(QueueStats, QueueReplay):
             # (never into the add's Deferred: the add was acknowledged and is visible)
             self._log.failure("Reading back or compacting {queue} failed", queue=self.name)
 
-    def _store(self, item: QItem) -> None:
+    def _store(self, item: QItem, seen: bool = True) -> None:
+        """Count an added item; keep it in memory (unless read-behind), seen by readers or not."""
         size = len(item.data)
         if not self.journal.in_read_behind:
-            self._items.append(item)
+            if seen:
+                self._items.append(item)
             self.memory_bytes += size
         self.total_items += 1
         self.put_items += 1

@@ -33,6 +33,9 @@ class ReadBehindHost(Protocol):
     bytes: int
     memory_bytes: int
 
+    #: Whether adds are acknowledged (and seen) only once fsynced (L{kestrel.queue}).
+    acks_durably: bool
+
     @property
     def unsynced_count(self) -> int:
         """How many items memory holds unseen until their fsync (L{kestrel.unsynced})."""
@@ -97,12 +100,11 @@ class ReadBehind:
         """Read items back from the journal until memory is full or the reader catches up."""
         host = self._host
         journal = host.journal
-        cfg = host.config
-        limit = cfg.max_memory_size
+        limit = host.config.max_memory_size
         if (not journal.in_read_behind or (host.memory_bytes >= limit and host.memory_items())
                 or host.unsynced_count):
             return
-        durable_only = cfg.durable_acks or cfg.sync_journal == 0.0
+        durable_only = host.acks_durably
         observer = host.observer
         started = self._clock.seconds() if observer is not None else 0.0
         while journal.in_read_behind and (host.memory_bytes < limit or not host.memory_items()):

@@ -70,12 +70,10 @@ class Unsynced:
             self._all_shown()
         return True
 
-    def drop(self) -> list[QItem]:
+    def drop(self) -> None:
         """
         Forget every held item (memory is being rebuilt from the journal,
-        which holds them only if they became durable); return them.
+        which holds them only if they became durable).
         """
-        dropped = list(self._items)
         self._items.clear()
         self._shown = self._held
-        return dropped

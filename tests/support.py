@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,26 @@ class ThreadFlag(ManualThread):
             d.callback(result)
         finally:
             self.running = False
+
+
+@contextmanager
+def full_disk_writes(server: KestrelServer, clock: Clock, name: str) -> Iterator[None]:
+    """
+    While the block runs, queue C{name}'s journal writes go to C{/dev/full}
+    (every write fails with ENOSPC, through the server's write batches); its
+    own file is put back afterwards.
+    """
+    from kestrel.journal.syncfile import PeriodicSyncFile
+
+    journal = server.collection.queue(name).journal
+    kept = journal._writer
+    journal._writer = PeriodicSyncFile("/dev/full", clock, None,
+                                       coalescer=server.collection.write_coalescer)
+    try:
+        yield
+    finally:
+        journal._writer.close()
+        journal._writer = kept
 
 
 def free_port() -> int:

@@ -135,23 +135,16 @@ class ReadBehind:
         if reader.position == pos and reader_file == name:
             self.stop()
             return True
-        if durable is not None:
-            limit: int | None = durable
-            if reader_file != self._files.queue_name:
-                rotating = self.rotating
-                if rotating is None or rotating[0] != reader_file:
-                    limit = None  # (durable whole)
-                else:
-                    limit = rotating[1].durable_position
-            if limit is not None:
-                record = self._read_one(reader, reader_file, limit)
-                if record is None:
-                    return False
-                item = item_of(record, self._files.now_ms)
-                if item is not None:
-                    got_item(item)
-                return True
-        record = self._read_one(reader, reader_file)
+        limit = durable
+        if limit is not None and reader_file != self._files.queue_name:
+            rotating = self.rotating
+            # (a file renamed by a rotation whose fsyncs run: what they made durable;
+            # any other older file is durable whole)
+            limit = (rotating[1].durable_position
+                     if rotating is not None and rotating[0] == reader_file else None)
+        record = self._read_one(reader, reader_file, limit)
+        if record is None and limit is not None:
+            return False  # (the rest is not durable yet: no sync, no next file)
         if record is None and reader_file == self._files.queue_name and sync is not None:
             sync()
             record = self._read_one(reader, reader_file)

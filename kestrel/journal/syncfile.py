@@ -186,12 +186,7 @@ class PeriodicSyncFile:
         if self._on_fsync is not None:
             self._pending_times.append(self._clock.seconds())
         if policy <= 0.0:
-            if self._syncing:
-                self._sync_again = True
-            elif self._turn is None:
-                self._start_sync()
-            elif not self._sync_queued:
-                self._sync_at_turn_end()
+            self._sync_soon()
         elif self._timer is None:
             self._timer = self._clock.callLater(policy, self._timer_fired)
         return d
@@ -256,12 +251,7 @@ class PeriodicSyncFile:
                 self._pending_times.extend(times)
             policy = self._policy
             if policy is not None and policy <= 0.0:
-                if self._syncing:
-                    self._sync_again = True
-                elif self._turn is None:
-                    self._start_sync()
-                elif not self._sync_queued:
-                    self._sync_at_turn_end()
+                self._sync_soon()
             elif self._timer is None and policy is not None:
                 self._timer = self._clock.callLater(policy, self._timer_fired)
         return True
@@ -300,6 +290,19 @@ class PeriodicSyncFile:
             self._sync_again = True
         elif self._pending:
             self._start_sync()
+
+    def _sync_soon(self) -> None:
+        """
+        Under policy 0.0, have the pending writes fsynced as soon as the
+        policy allows: after the running fsync, at the end of the reactor
+        turn (with a C{turn}), or now.
+        """
+        if self._syncing:
+            self._sync_again = True
+        elif self._turn is None:
+            self._start_sync()
+        elif not self._sync_queued:
+            self._sync_at_turn_end()
 
     def _sync_at_turn_end(self) -> None:
         """Have the turn start the fsync of the pending writes once the turn's events are done."""
@@ -361,10 +364,7 @@ class PeriodicSyncFile:
         elif (not self._syncing and self._pending
               and (self._sync_again or (self._policy is not None and self._policy <= 0.0))):
             # (A callback above may have written and started the next fsync already.)
-            if self._turn is None:
-                self._start_sync()
-            elif not self._sync_queued:
-                self._sync_at_turn_end()
+            self._sync_soon()
 
     def close(self) -> Deferred[None]:
         """

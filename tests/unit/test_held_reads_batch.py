@@ -13,10 +13,9 @@ from pathlib import Path
 
 from twisted.internet.task import Clock
 
-from kestrel.journal.syncfile import PeriodicSyncFile
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.server import KestrelServer
-from tests.support import StringClient, make_server
+from tests.support import StringClient, full_disk_writes, make_server
 from tests.unit.test_held_reads import BIG, Client, contents
 from tests.unit.test_queue_file import journal_records
 
@@ -134,15 +133,10 @@ def test_refused_batch_leaves_the_held_items_queued(server: KestrelServer, clock
     """The pass's journal write fails: its replies are dropped and its gets take nothing."""
     fill(server, "q", b"a", b"b")
     conn = StringClient(MemcacheFactory(server))
-    journal = server.collection.queue("q").journal
-    kept = journal._writer
-    journal._writer = PeriodicSyncFile("/dev/full", clock, None,
-                                       coalescer=server.collection.write_coalescer)
-    reply = conn.send(b"get q\r\nset q 0 0 1\r\nc\r\nget q\r\n")
+    with full_disk_writes(server, clock, "q"):
+        reply = conn.send(b"get q\r\nset q 0 0 1\r\nc\r\nget q\r\n")
     assert reply == b"SERVER_ERROR journal write failed\r\n"
     assert not conn.connected
-    journal._writer.close()
-    journal._writer = kept
     queue = server.collection.queue("q")
     assert queue.open_read_count == 0
     assert [item.data for item in queue.memory_items()][:2] == [b"a", b"b"]

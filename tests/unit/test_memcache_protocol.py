@@ -22,10 +22,9 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from kestrel import __version__
 from kestrel.config import dump_queue_config, parse_config
 from kestrel.journal.records import iter_records
-from kestrel.journal.syncfile import PeriodicSyncFile
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
-from tests.support import StringClient, make_server
+from tests.support import StringClient, full_disk_writes, make_server
 
 EPOCH = 1_767_225_600.0
 
@@ -752,15 +751,10 @@ def test_refused_journal_write_drops_the_replies(
     """
     conn = Conn(factory)
     assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
-    journal = server.collection.queue("q").journal
-    kept = journal._writer
-    journal._writer = PeriodicSyncFile("/dev/full", clock, None,
-                                       coalescer=server.collection.write_coalescer)
-    reply = conn.send(b"set q 0 0 1\r\nb\r\nget q\r\n")
+    with full_disk_writes(server, clock, "q"):
+        reply = conn.send(b"set q 0 0 1\r\nb\r\nget q\r\n")
     assert reply == b"SERVER_ERROR journal write failed\r\n"
     assert not conn.connected
-    journal._writer.close()
-    journal._writer = kept
     other = Conn(factory)
     assert other.send(b"set r 0 0 1\r\nc\r\nget r\r\n") == b"STORED\r\nVALUE r 0 1\r\nc\r\nEND\r\n"
 

@@ -6,7 +6,6 @@ write made in it (under C{task.Clock}, the turn ends at the next C{advance}).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,7 @@ from kestrel.errors import ConfigError
 from kestrel.journal.runner import RunInThread, SyncTurn, run_inline
 from kestrel.journal.syncfile import PeriodicSyncFile
 from tests.support import ManualThread
-
-
-class CountingFsync:
-    """An fsync that really syncs, counts calls, and fails while C{failing} is set."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.failing: OSError | None = None
-
-    def __call__(self, fd: int) -> None:
-        self.calls += 1
-        if self.failing is not None:
-            raise self.failing
-        os.fsync(fd)
+from tests.unit.test_syncfile import CountingFsync
 
 
 def outcome(d: Deferred[Any]) -> object:
