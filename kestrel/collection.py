@@ -455,7 +455,7 @@ class QueueCollection(Service):
         if not d.called:  # (a durable acknowledgement: one callback counts it, and un-tracks)
             self._pending.add(d)
             return d.addBoth(self._add_settled, d)
-        if settled(d) is True:  # (the usual case)
+        if d.result is True:  # (the usual case; fired at once, so never paused)
             self.stats.total_items += 1
         return d
 

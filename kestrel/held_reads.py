@@ -18,7 +18,8 @@ what the transport did.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import enum
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from twisted.logger import Logger
 
@@ -31,7 +32,18 @@ if TYPE_CHECKING:
 
 _log = Logger()
 
-__all__ = ["HeldReads"]
+__all__ = ["MISSED", "HeldReads", "Missed"]
+
+
+class _Missed(enum.Enum):
+    MISSED = "missed"
+
+
+#: What L{HeldReads.peek_for_reply} returns for a read it answered as a miss.
+MISSED: Final = _Missed.MISSED
+
+#: The type of L{MISSED}.
+Missed = Literal[_Missed.MISSED]
 
 
 class HeldReads:
@@ -61,7 +73,8 @@ class HeldReads:
         """Open read C{xid} of C{name} goes into the next reply written."""
         self.pending.append((name, xid))
 
-    def peek_for_reply(self, name: str, holding: bool = True) -> QItem | None:
+    def peek_for_reply(self, name: str, holding: bool = True,
+                       no_wait: bool = False) -> QItem | Missed | None:
         """
         For a plain read (C{holding}) whose reply the protocol writes at the
         end of the pass serving it, before any other connection runs: the
@@ -76,6 +89,10 @@ class HeldReads:
         Any other read of the pass (C{holding} false, or no item held) first
         takes the items held so as open reads (L{open_peeked}), so that what
         it removes, or looks at, is what follows them.
+
+        A plain read that does not wait (C{no_wait}) of a queue that holds
+        nothing at all (no item in memory, on disk or unseen), with nothing
+        held in place, is answered here: L{MISSED}, counted as a miss.
         """
         if holding:
             collection = self._collection
@@ -86,6 +103,10 @@ class HeldReads:
             if queue is not None:
                 depth = self._depth
                 index = depth.get(name, 0) if self._peeked else 0
+                if no_wait and not queue.length and not self._peeked:
+                    queue.get_items_miss += 1
+                    collection.stats.get_misses += 1
+                    return MISSED
                 item = queue.plain_head(index)  # (a failed journal: None; the remove reports it)
                 if item is not None:
                     queue.get_items_hit += 1
@@ -114,8 +135,7 @@ class HeldReads:
         the head, nothing is taken (the client may get it again).
         """
         try:
-            if in_kernel and queue.plain_head() is item:
-                queue.remove()  # (the usual case: a plain remove of the head it saw)
+            if in_kernel and queue.take_plain(item):  # (the usual case)
                 return None
             if queue.is_closed or queue.peek() is not item:
                 _log.info("Queue {queue}: an item replied to a plain read is not at the "
@@ -153,8 +173,9 @@ class HeldReads:
             pending = self.pending
             if in_kernel and len(pending) == 1 and not self._unsent:
                 # The usual case (a lone get): take the item for good, nothing else.
-                name, item = pending.pop()
-                self._take(name, item, True)
+                queue, item = pending.pop()
+                if not queue.take_plain(item):
+                    self._take(queue, item, True)
                 return False
             pending = self._take_peeked(in_kernel)
         else:

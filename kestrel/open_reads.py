@@ -29,12 +29,13 @@ class OpenReads:
     L{stop}.
     """
 
-    __slots__ = ("_clock", "_expired", "_items", "_since", "xid_counter", "_timeout", "_timer")
+    __slots__ = ("_clock", "_expired", "by_xid", "_since", "xid_counter", "_timeout", "_timer")
 
     def __init__(self, clock: IReactorTime, expired: Callable[[], None]) -> None:
         self._clock = clock
         self._expired = expired
-        self._items: dict[int, QItem] = {}
+        #: The open items by xid, in the order opened (read it; change it only here).
+        self.by_xid: dict[int, QItem] = {}
         # xid -> clock seconds when it was opened, in the order they were opened
         self._since: dict[int, float] = {}
         #: The last xid handed out (or replayed).
@@ -44,20 +45,20 @@ class OpenReads:
 
     def __len__(self) -> int:
         """How many reads are open."""
-        return len(self._items)
+        return len(self.by_xid)
 
     def __contains__(self, xid: object) -> bool:
         """Whether read C{xid} is open."""
-        return xid in self._items
+        return xid in self.by_xid
 
     def newest_first(self) -> list[QItem]:
         """The open items, most recently opened xid first (descending xid)."""
-        items = self._items
+        items = self.by_xid
         return [items[x] for x in sorted(items, reverse=True)]
 
     def items(self) -> list[QItem]:
         """The open items, in the order they were opened."""
-        return list(self._items.values())
+        return list(self.by_xid.values())
 
     def open(self, item: QItem, xid: int | None = None, since: float | None = None) -> int:
         """
@@ -67,7 +68,7 @@ class OpenReads:
         if xid is None:
             xid = self.next_xid()
         item.xid = xid
-        self._items[xid] = item
+        self.by_xid[xid] = item
         self._since[xid] = self._clock.seconds() if since is None else since
         if self._timer is None and self._timeout is not None:
             self._schedule()
@@ -76,11 +77,11 @@ class OpenReads:
     def pop(self, xid: int) -> QItem | None:
         """Close read C{xid}: return its item, or C{None} if it is not open."""
         self._since.pop(xid, None)
-        return self._items.pop(xid, None)
+        return self.by_xid.pop(xid, None)
 
     def next_xid(self) -> int:
         """Take the next xid not open (the counter wraps, see L{next_xid})."""
-        self.xid_counter = xid = next_xid(self.xid_counter, self._items)
+        self.xid_counter = xid = next_xid(self.xid_counter, self.by_xid)
         return xid
 
     def saw_xid(self, xid: int) -> None:
@@ -91,7 +92,7 @@ class OpenReads:
     def clear(self) -> dict[int, float]:
         """Forget every open read (a replay starts over); return when each was opened."""
         since = self._since
-        self._items = {}
+        self.by_xid.clear()
         self._since = {}
         return since
 

@@ -296,10 +296,12 @@ class Unsettled:
         except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self._name)
             d = fail(e)
-        outcome = settled(d)
+        # (settled(d), inlined: a journal write's own Deferred is never paused)
+        outcome = d.result if d.called else PENDING
         if outcome is None:  # (in the OS, durable: the usual case)
             if note is not None and not self._journal.writes_now():
-                self.note(*note, d, handed=handed)
+                what, xid, key = note
+                self._keep(what, xid, key, d, False, True, False, handed)
             return True
         if note is not None:
             self.note(*note, d, handed=handed)
@@ -340,6 +342,11 @@ class Unsettled:
             refused = isinstance(outcome, Failure)
         if durable and in_os:
             return  # (settled at once: what _all_written and _durable would find)
+        self._keep(what, xid, key, d, in_os, durable, refused, handed)
+
+    def _keep(self, what: int, xid: int, key: object, d: Deferred[None] | None, in_os: bool,
+              durable: bool, refused: bool, handed: bool) -> None:
+        """L{note}'s entry, for a record not known both in the OS and durable."""
         self._seq = seq = self._seq + 1
         entry = [what, xid, key, handed, durable]
         self._entries[seq] = entry

@@ -43,6 +43,19 @@ from kestrel.journal.pack import compact_size
 from kestrel.queue_health import reason_of
 from kestrel.queue_observer import QueueObserver
 
+#: More than any record's bytes beyond its item's data (an ADDX header is 21).
+RECORD_MARGIN = 64
+
+
+def upkeep_from(config: QueueConfig) -> int:
+    """
+    The journal size (current and rotated files) below which no compaction
+    is due under C{config}: while the journal, with C{RECORD_MARGIN} more,
+    stays below it, L{Compactor.check} returns at once, and an operation
+    need not call it.
+    """
+    return min(config.default_journal_size, config.max_memory_size, config.max_journal_size)
+
 
 class Pause(enum.Enum):
     """Whether rewrites pause for C{min_journal_compact_delay} after a rewrite."""

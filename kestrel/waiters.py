@@ -218,13 +218,15 @@ class BlockingReads:
     counted once through C{counted} (C{None}: a miss).
     """
 
-    __slots__ = ("line", "_clock", "_after_written", "_closed", "_counted")
+    __slots__ = ("line", "waiting", "_clock", "_after_written", "_closed", "_counted")
 
     def __init__(self, clock: IReactorTime,
                  after_written: Callable[[Callable[[], object]], None],
                  closed: Callable[[], bool], counted: Callable[[object], None]) -> None:
         #: The waiters, oldest first.
         self.line = ReadWaiters(clock)
+        #: The line's waiters (empty: no read waits); read it, never change it.
+        self.waiting = self.line._waiters
         self._clock = clock
         self._after_written = after_written
         self._closed = closed
@@ -232,7 +234,7 @@ class BlockingReads:
 
     def __len__(self) -> int:
         """How many reads wait."""
-        return len(self.line._waiters)  # (ReadWaiters.__len__, inlined: read per plain get)
+        return len(self.waiting)
 
     def answer(self, attempt: Callable[[], _T | None], deadline: float | None,
                got: _T | None, passes_wake: bool = False) -> Deferred[_T | None]:
@@ -250,7 +252,7 @@ class BlockingReads:
 
     def wake(self) -> None:
         """Wake the next read in line, once what was just written is in the OS."""
-        if self.line._waiters:  # (ReadWaiters.__len__, inlined: run per add)
+        if self.waiting:  # (ReadWaiters.__len__, inlined: run per add)
             self._after_written(self.line.trigger)
 
     def evict(self) -> None:

@@ -71,7 +71,6 @@ from kestrel.protocols.memcache_parser import (
     SetRequest,
 )
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
-from kestrel.settled import PENDING, settled
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -140,6 +139,8 @@ class MemcacheProtocol(SessionProtocol):
         self._need_newline = False
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
+        # (its framing function, once the first byte chose the dialect)
+        self._frame: Callable[[bytes, int], tuple[int, Any, Any, int]] | None = None
         self._binary = BinaryHandler(self)
         meta = MetaHandler(self)
         self._waiting = False
@@ -287,7 +288,11 @@ class MemcacheProtocol(SessionProtocol):
         out = self._out
         queued = 0
         # (the loop frames only when there is input: frame is then its dialect's)
-        frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
+        frame = self._frame
+        if frame is None:
+            frame = self._framer.frame
+            if size:
+                frame = self._frame = self._framer.framer_for(buf[0])
         try:
             while (pos < size and not self._waiting and not self._closing
                    and not self.output_blocked):
@@ -521,7 +526,13 @@ class MemcacheProtocol(SessionProtocol):
         return session.read_item(name, deadline, req.open_read, req.peeking, True)
 
     def _get(self, req: GetRequest) -> Reply:
-        result = self.fetch(req)
+        session = self.session
+        if req.plain and session is not None:  # (fetch's path for it, inlined: the usual get)
+            name = req.name
+            result: Fetched = (_READ_IS_OPEN if session.count_open_reads(name) > 0
+                               else session.read_item(name, None, False, False, True))
+        else:
+            result = self.fetch(req)
         if result is None or result.__class__ is QItem:  # (answered at once: the usual case)
             return value_reply(result, req.key)
         if isinstance(result, bytes):
@@ -540,10 +551,13 @@ class MemcacheProtocol(SessionProtocol):
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
-        d = self.enqueue(req.name, data, req.exptime)
-        stored = settled(d)
-        if stored is not PENDING and not isinstance(stored, Failure):
-            return b"" if req.noreply else _STORED if stored else _NOT_STORED
+        session = self.session
+        d = (session.set_item(req.name, data) if not req.exptime and session is not None
+             else self.enqueue(req.name, data, req.exptime))  # (the usual set, inlined)
+        if d.called:  # (settled(d), inlined: an add answered at once is never paused)
+            stored = d.result
+            if stored is True or stored is False:
+                return b"" if req.noreply else _STORED if stored else _NOT_STORED
         # A durable acknowledgement: one callback on the add's Deferred
         # queues the reply (not a reply Deferred for _serve to wait on).
         self._waiting = True

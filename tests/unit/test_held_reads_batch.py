@@ -160,3 +160,23 @@ def test_flush_in_the_same_pass_leaves_the_replied_item_taken(server: KestrelSer
     queue = server.collection.queue("q")
     assert queue.length == 0 and queue.open_read_count == 0
     assert conn.send(b"get q\r\n") == b"END\r\n"
+
+
+def test_a_get_of_an_empty_queue_misses_once_and_a_waiting_one_still_waits(
+        server: KestrelServer, clock: Clock) -> None:
+    """
+    A plain get of an existing, empty queue is a miss counted once (server,
+    queue, metrics); one with a timeout still waits and gets the next item.
+    """
+    fill(server, "q", b"a")
+    conn = StringClient(MemcacheFactory(server))
+    assert conn.send(b"get q\r\nget q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\nEND\r\n"
+    assert conn.send(b"get q\r\n") == b"END\r\n"
+    queue = server.collection.queue("q")
+    assert (server.stats.get_hits, server.stats.get_misses) == (1, 2)
+    assert (queue.get_items_hit, queue.get_items_miss) == (1, 2)
+    waiter = StringClient(MemcacheFactory(server))
+    assert waiter.send(b"get q/t=1000\r\n") == b""
+    fill(server, "q", b"b")
+    assert waiter.take() == b"VALUE q/t=1000 0 1\r\nb\r\nEND\r\n"
+    assert (server.stats.get_hits, server.stats.get_misses) == (2, 2)
