@@ -154,6 +154,10 @@ class ServerStatus:
         self._default = parse_settable_status(default_status)
         self._grace_period = float(grace_period)
         self._status = self._default
+        #: Whether reads (get, peek, monitor) are refused now (kept with L{enforced}).
+        self.blocks_reads = False
+        #: Whether writes (set, put, flush, delete, flush_expired, ...) are refused now.
+        self.blocks_writes = False
         self._enforced = self._default
         self._pending: IDelayedCall | None = None
         self._listeners: list[StatusListener] = []
@@ -175,14 +179,15 @@ class ServerStatus:
         return self._pending is not None
 
     @property
-    def blocks_reads(self) -> bool:
-        """Whether reads (get, peek, monitor) are refused now."""
-        return self._enforced.blocks_reads
+    def _enforced(self) -> Status:
+        return self._enforced_status
 
-    @property
-    def blocks_writes(self) -> bool:
-        """Whether writes (set, put, flush, delete, flush_expired, ...) are refused now."""
-        return self._enforced.blocks_writes
+    @_enforced.setter
+    def _enforced(self, status: Status) -> None:
+        # (the flags are read per request: attributes, not properties)
+        self._enforced_status = status
+        self.blocks_reads = status.blocks_reads
+        self.blocks_writes = status.blocks_writes
 
     @property
     def graceful_shutdown(self) -> bool:
