@@ -174,8 +174,7 @@ class HeldReads:
             if in_kernel and len(pending) == 1 and not self._unsent:
                 # The usual case (a lone get): take the item for good, nothing else.
                 queue, item = pending.pop()
-                if not queue.take_plain(item):
-                    self._take(queue, item, True)
+                self._take(queue, item, True)
                 return False
             pending = self._take_peeked(in_kernel)
         else:

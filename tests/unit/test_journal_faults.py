@@ -266,6 +266,29 @@ def test_memcache_client_is_told_why_and_reads_work_once_reloaded(tmp_path,
     server.collection.stopService()
 
 
+def test_a_lone_get_whose_remove_fails_keeps_the_item_and_the_connection(
+        tmp_path, clock: Clock) -> None:
+    """
+    A lone plain get's reply left, then its REMOVE failed: the connection
+    lives on, and the item is still queued once the journal is reloaded
+    (a plain read's item is gone only once its REMOVE is journaled).
+    """
+    from kestrel.protocols.memcache import MemcacheFactory
+    from tests.support import StringClient
+
+    server, disk = failing_disk_server(clock, tmp_path)
+    client = StringClient(MemcacheFactory(server))
+    assert client.send(b"get q\r\n") == b"VALUE q 0 6\r\nbefore\r\nEND\r\n"
+    assert client.connected
+    assert server.collection.queue("q").journal_state != "ok"
+    disk.write_fails = False
+    clock.advance(JOURNAL_RETRY_SECONDS)
+    clock.advance(JOURNAL_RETRY_SECONDS)
+    assert client.send(b"get q\r\n") == b"VALUE q 0 6\r\nbefore\r\nEND\r\n"
+    assert client.send(b"get q\r\n") == b"END\r\n"
+    server.collection.stopService()
+
+
 def test_thrift_client_is_told_why(tmp_path, clock: Clock) -> None:
     """A refused thrift put gets an exception whose message is the reason, not 'OSError'."""
     from kestrel.protocols.thrift import ThriftFactory
