@@ -115,15 +115,15 @@ class Histogram:
         pending = self.pending
         if not pending:
             return
-        distinct = Counter(pending)
+        # (rounded first: latencies are floats, seldom equal until rounded)
+        distinct = Counter([v if v.__class__ is int else int(v + 0.5) for v in pending])
         pending.clear()
         buckets = self._buckets
         count = self._count
         total = self._total
         low = self._minimum
         high = self._maximum
-        for value, n in distinct.items():
-            v = value if value.__class__ is int else int(value + 0.5)
+        for v, n in distinct.items():
             if v < 0:
                 v = 0
             if v < _EXACT:
