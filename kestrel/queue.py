@@ -197,7 +197,13 @@ class PersistentQueue(QueueStats, QueueReplay):
                 return fail(health.unavailable())
         journal = self.journal
         try:
-            d = journal.add(item) if xid is None else journal.continue_(xid, item)
+            if xid is not None:
+                d = journal.continue_(xid, item)
+            elif self.acks_durably:
+                # (seen by no reader before its fsync: its record may wait for the turn's end)
+                d = journal.add_unseen(item)
+            else:
+                d = journal.add(item)
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(e)))

@@ -176,6 +176,17 @@ class FileJournal:
         self.size += len(data)
         return self._writer.write(data)
 
+    def add_unseen(self, item: QItem) -> Deferred[None]:
+        """
+        Journal an add of C{item} (ADDX) that no reader sees before it is
+        durable: with a C{sync_turn} under policy 0.0 its bytes reach the OS
+        at the end of the reactor turn, in one write with the turn's other
+        such records, right before its fsync (L{PeriodicSyncFile.write_unseen}).
+        """
+        data = rec.encode_add(item.data, item.add_time_ms, item.expiry_ms)
+        self.size += len(data)
+        return self._writer.write_unseen(data)
+
     def continue_(self, xid: int, item: QItem) -> Deferred[None]:
         """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""
         ops = self._head_ops
