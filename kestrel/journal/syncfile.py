@@ -86,11 +86,13 @@ class PeriodicSyncFile:
     once: one fsync then covers every write of the turn, whichever
     connections made them. (With an inline C{run_in_thread} that fsync runs
     on the reactor thread, which waits for it: the reactor-turn fsync.)
-    There, L{write_unseen} holds a record that nobody may see before it is
-    durable (a durable add) until the end of the turn: every such record of
-    the turn reaches the OS in one C{os.write}, right before that fsync.
-    Any other write, L{sync}, L{flush}, L{close} and L{abandon} first
-    settle what is held, so bytes always reach the file in order.
+    With a C{turn} under policy 0.0 or a period, L{write_unseen} holds a
+    record that nobody may see before it is durable (a durable add) until
+    the end of the turn: every such record of the turn reaches the OS in one
+    C{os.write} (under 0.0 right before the turn's fsync; under a period the
+    timer's fsync covers them). Any other write, L{sync}, L{flush},
+    L{close} and L{abandon} first settle what is held, so bytes always
+    reach the file in order.
 
     @ivar position: the size of the file in bytes (every byte written).
     """
@@ -147,7 +149,9 @@ class PeriodicSyncFile:
         # Whether a start of the fsync waits for the end of the turn.
         self._sync_queued = False
         # Whether write_unseen holds records until the end of the turn.
-        self._late = turn is not None and sync_policy is not None and sync_policy <= 0.0
+        self._late = turn is not None and sync_policy is not None
+        # Whether the turn starts the fsyncs (policy 0.0; a period's timer does otherwise).
+        self._turn_fsync = self._late and sync_policy is not None and sync_policy <= 0.0
         # Whether the coalescer's open batch will flush this file (it holds back bytes).
         self._batched = False
 
@@ -204,12 +208,13 @@ class PeriodicSyncFile:
         Append C{data}, a record nobody may see before it is durable; return
         a Deferred that fires when it is durable (as L{write}'s).
 
-        Under policy 0.0 with a C{turn}, the bytes are held in memory until
-        the end of the reactor turn (or until anything else needs the file
-        first) and reach the OS there in one C{os.write} with every record
-        held in the turn, right before the turn's fsync; if the OS refuses
-        that write, the file is cut back to where it stood before them and
-        every one of their Deferreds fails. Otherwise it is L{write}.
+        With a C{turn} (under policy 0.0 or a period), the bytes are held in
+        memory until the end of the reactor turn (or until anything else
+        needs the file first) and reach the OS there in one C{os.write} with
+        every record held in the turn (under 0.0 right before the turn's
+        fsync); if the OS refuses that write, the file is cut back to where
+        it stood before them and every one of their Deferreds fails.
+        Otherwise (C{never}, or no C{turn}) it is L{write}.
         """
         if not self._late or self._closed:
             return self.write(data)
@@ -341,19 +346,22 @@ class PeriodicSyncFile:
 
     def _sync_soon(self) -> None:
         """
-        Under policy 0.0, have the pending writes fsynced as soon as the
-        policy allows: after the running fsync, at the end of the reactor
-        turn (with a C{turn}), or now.
+        Have the pending writes fsynced as soon as the policy allows: after
+        the running fsync, at the end of the reactor turn (with a C{turn}
+        under policy 0.0), or now.
         """
         if self._syncing:
             self._sync_again = True
-        elif self._turn is None:
+        elif not self._turn_fsync:
             self._start_sync()
         elif not self._sync_queued:
             self._sync_at_turn_end()
 
     def _sync_at_turn_end(self) -> None:
-        """Have the turn start the fsync of the pending writes once the turn's events are done."""
+        """
+        Once the turn's events are done, have the turn write the held
+        records and (under 0.0) start the fsync of the pending writes.
+        """
         assert self._turn is not None
         self._sync_queued = True
         self._turn.call(self._turn_ended)
@@ -362,6 +370,9 @@ class PeriodicSyncFile:
         self._sync_queued = False
         if self._closed:
             return  # close or abandon settled every pending write
+        if not self._turn_fsync:
+            self.flush()  # (a period: the turn's held records; its timer fsyncs them)
+            return
         if self._held:
             # The turn's held records, in one write right before its fsync
             # (what a failed write's errbacks hold wait for the next turn).

@@ -158,10 +158,49 @@ def test_sync_and_flush_write_held_records(tmp_path: Path, clock: Clock) -> None
     f.close()
 
 
-def test_without_a_turn_or_under_another_policy_unseen_writes_go_through(
+def test_under_a_period_the_turn_writes_and_the_timer_fsyncs(tmp_path: Path,
+                                                             clock: Clock) -> None:
+    """durable_acks with a period: one write at the turn's end, the fsync within the period."""
+    f, writes, fsync = make(tmp_path, clock, 0.5)
+    ds = [f.write_unseen(b"a"), f.write_unseen(b"b")]
+    assert writes.calls == []
+    clock.advance(0)
+    assert writes.calls == [b"ab"] and fsync.calls == 0
+    assert [outcome(d) for d in ds] == ["pending"] * 2
+    ds.append(f.write_unseen(b"c"))
+    clock.advance(0.25)
+    assert writes.calls == [b"ab", b"c"] and fsync.calls == 0
+    clock.advance(0.25)
+    assert fsync.calls == 1 and [outcome(d) for d in ds] == [None] * 3
+    clock.advance(1)
+    assert fsync.calls == 1
+    f.close()
+
+
+def test_a_period_timer_before_the_turns_end_writes_the_held_records(tmp_path: Path,
+                                                                     clock: Clock) -> None:
+    """The period's timer firing first writes what is held, and its fsync covers it."""
+    writes, fsync = Writes(), CountingFsync()
+    turn_clock = Clock()  # (the turn ends when it advances: not before the timer here)
+    f = PeriodicSyncFile(str(tmp_path / "q"), clock, 0.5, fsync=fsync, write=writes,
+                         turn=SyncTurn(turn_clock))
+    first = f.write(b"R")  # (starts the period)
+    clock.advance(0.4)
+    held = f.write_unseen(b"a")
+    clock.advance(0.1)
+    assert writes.calls == [b"R", b"a"] and fsync.calls == 1
+    assert outcome(first) is None and outcome(held) is None
+    turn_clock.advance(0)
+    assert writes.calls == [b"R", b"a"] and fsync.calls == 1
+    clock.advance(1)
+    assert fsync.calls == 1
+    f.close()
+
+
+def test_without_a_turn_or_under_never_unseen_writes_go_through(
         tmp_path: Path, clock: Clock) -> None:
-    """No turn (journal_fsync: thread), never, or a period: the bytes are in the OS at once."""
-    for policy, turn in ((0.0, False), (None, True), (0.5, True)):
+    """No turn (journal_fsync: thread), or never: the bytes are in the OS at once."""
+    for policy, turn in ((0.0, False), (0.5, False), (None, True)):
         f, writes, _ = make(tmp_path, clock, policy, turn=turn)
         f.write_unseen(b"z")
         assert writes.calls == [b"z"]
@@ -224,15 +263,17 @@ def test_a_journal_rotation_writes_held_adds_to_the_rotated_file(tmp_path: Path,
 # ----- through the server: memcache sets of many connections in one turn
 
 
-def durable_server(tmp_path: Path, clock: Clock) -> tuple[Any, Any, Writes]:
+def durable_server(tmp_path: Path, clock: Clock,
+                   policy: str = "{sync_journal: always}") -> tuple[Any, Any, Writes]:
     """
-    A server under C{sync_journal: always} (the reactor-turn fsync), queue
-    C{q} created and holding C{"old"}, its journal writing through a L{Writes}.
+    A server under C{sync_journal: always} (the reactor-turn fsync), or
+    the C{default} C{policy}, queue C{q} created and holding C{"old"}, its
+    journal writing through a L{Writes}.
     """
-    server = make_server(clock, tmp_path, "default: {sync_journal: always}\n")
+    server = make_server(clock, tmp_path, f"default: {policy}\n")
     factory = MemcacheFactory(server)
     assert StringClient(factory).send(b"set q 0 0 3\r\nold\r\n") == b""
-    clock.advance(0)
+    clock.advance(1)
     writes = Writes()
     journal = server.collection.queue("q").journal
     journal._os_write = writes  # (the files a recovery opens write through it too)
@@ -314,4 +355,23 @@ def test_a_refused_turn_write_refuses_its_sets_and_the_queue_recovers(tmp_path: 
     again = make_server(clock, tmp_path)
     assert value(again.collection.remove("q")).data == b"again"
     assert value(again.collection.remove("q")) is None
+    again.collection.stopService()
+
+
+def test_durable_acks_with_a_period_write_once_per_turn(tmp_path: Path, clock: Clock) -> None:
+    """durable_acks under a period: a turn's sets cost one write; STORED after the fsync."""
+    server, factory, writes = durable_server(
+        tmp_path, clock, "{sync_journal: 500ms, durable_acks: true}")
+    producers = [StringClient(factory) for _ in range(5)]
+    for i, p in enumerate(producers):
+        assert p.send(b"set q 0 0 1\r\n%d\r\n" % i) == b""
+    clock.advance(0)
+    assert len(writes.calls) == 1
+    assert [p.take() for p in producers] == [b""] * 5
+    clock.advance(0.5)
+    assert [p.take() for p in producers] == [b"STORED\r\n"] * 5
+    server.collection.stopService()
+    again = make_server(clock, tmp_path)
+    assert [value(again.collection.remove("q")).data for _ in range(6)] == [
+        b"old", b"0", b"1", b"2", b"3", b"4"]
     again.collection.stopService()
