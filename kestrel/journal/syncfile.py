@@ -227,6 +227,11 @@ class PeriodicSyncFile:
             self._held_times.append(self._clock.seconds())
         if not self._sync_queued:
             self._sync_at_turn_end()
+        if not self._turn_fsync and self._timer is None:
+            # (a period: fsynced within it of this call, as a write would be)
+            period = self._policy
+            assert period is not None
+            self._timer = self._clock.callLater(period, self._timer_fired)
         return d
 
     def _hold(self, coalescer: WriteCoalescer, data: bytes) -> Deferred[None]:
