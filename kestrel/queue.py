@@ -164,7 +164,7 @@ class PersistentQueue(QueueStats, QueueReplay):
 
         The Deferred fires at once, or, acknowledging durably
         (C{sync_journal: always}, or C{durable_acks} with a period), after
-        the fsync covering the record (failing if it fails). A write refused
+        the fsync covering the record (failing if it or its write fails). A write refused
         at once, or an add while the journal cannot be written, stores
         nothing and fails (L{JournalUnavailable}). A blocked reader is woken
         once the record is in the OS (after the batch holding it flushed);
@@ -197,13 +197,8 @@ class PersistentQueue(QueueStats, QueueReplay):
                 return fail(health.unavailable())
         journal = self.journal
         try:
-            if xid is not None:
-                d = journal.continue_(xid, item)
-            elif self.acks_durably:
-                # (seen by no reader before its fsync: its record may wait for the turn's end)
-                d = journal.add_unseen(item)
-            else:
-                d = journal.add(item)
+            d = (journal.continue_(xid, item) if xid is not None else  # (unseen: see add_unseen)
+                 journal.add_unseen(item) if self.acks_durably else journal.add(item))
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(e)))
