@@ -167,7 +167,7 @@ class PersistentQueue(QueueStats, QueueReplay):
 
         The Deferred fires at once, or, acknowledging durably
         (C{sync_journal: always}, or C{durable_acks} with a period), after
-        the fsync covering the record (failing if it fails). A write refused
+        the fsync covering the record (failing if it or its write fails). A write refused
         at once, or an add while the journal cannot be written, stores
         nothing and fails (L{JournalUnavailable}). A blocked reader is woken
         once the record is in the OS (after the batch holding it flushed);
@@ -206,7 +206,8 @@ class PersistentQueue(QueueStats, QueueReplay):
             if not health.takes_adds:  # (maintenance above failed)
                 return fail(health.unavailable())
         try:
-            d = journal.add(item) if xid is None else journal.continue_(xid, item)
+            d = (journal.continue_(xid, item) if xid is not None else  # (unseen: see add_unseen)
+                 journal.add_unseen(item) if self.acks_durably else journal.add(item))
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(e)))

@@ -373,9 +373,10 @@ class ServerConfig:
     journal_fsync: str = _server_setting(
         required(parse_journal_fsync), "`reactor` or `thread`", "`reactor`",
         "where the fsyncs of `sync_journal: always` run: `reactor`: on the reactor thread, "
-        "once per reactor turn for every write made in it (all connections wait for it); "
-        "`thread`: in the thread pool, at once, the next one covering the writes made "
-        "meanwhile", default="reactor")
+        "once per reactor turn for every write made in it (all connections wait for it), "
+        "and the records of durable adds (`always`, or a period with `durable_acks`) reach "
+        "each file in one write per turn; `thread`: in the thread pool, at once, the next "
+        "one covering the writes made meanwhile", default="reactor")
     queue_path_mode: int = _server_setting(
         required(parse_file_mode), "permission mode", '`"0700"`',
         "mode of `queue_path` when the server creates it; an existing folder is left alone, "

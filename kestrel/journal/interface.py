@@ -102,6 +102,14 @@ class IJournal(Protocol):
         """Journal an add of C{item}."""
         ...
 
+    def add_unseen(self, item: QItem) -> Deferred[None]:
+        """
+        Journal an add of C{item} that no reader sees before the returned
+        Deferred fires (a durable add): the record may reach the OS only at
+        the end of the reactor turn, just before the fsync covering it.
+        """
+        ...
+
     def continue_(self, xid: int, item: QItem) -> Deferred[None]:
         """Journal a confirm of open read C{xid} together with an add of C{item}."""
         ...

@@ -79,7 +79,8 @@ class FileJournal:
     (a L{kestrel.journal.runner.SyncTurn}) and C{sync_policy} 0.0, the
     current file's own fsyncs run on the calling (reactor) thread instead,
     once per reactor turn for every record written in it (see
-    L{PeriodicSyncFile}); other policies ignore it. With C{chores} (a
+    L{PeriodicSyncFile}); under a period it only gathers the records of
+    L{add_unseen} into one write per turn; C{never} ignores it. With C{chores} (a
     L{kestrel.journal.chores.FileChores}), an empty rewrite under the
     C{never} policy hands the file it replaced to them.
 
@@ -113,10 +114,13 @@ class FileJournal:
         self.files = JournalFiles(queue_path, queue_name, clock, fsync=fsync,
                                   archive_path=archive_path, file_mode=file_mode)
         self.read_behind = ReadBehind(self.files)
-        if sync_policy is None or sync_policy > 0.0:
+        if sync_policy is None:
             sync_turn = None
+        # (under 0.0 the turn runs the current file's fsyncs, on this thread;
+        # under a period it only ends the wait of the durable adds' records)
+        reactor_fsync = sync_turn is not None and sync_policy is not None and sync_policy <= 0.0
         self._maintenance = Maintenance(self, self.files, run_in_thread, sync_policy, chores,
-                                        writer_run=None if sync_turn is None else run_inline)
+                                        writer_run=run_inline if reactor_fsync else None)
         self._sync_turn = sync_turn
         self._writer: Writer = CLOSED_WRITER
         self._replay = ReplayCursor()
@@ -175,6 +179,17 @@ class FileJournal:
         data = rec.encode_add(item.data, item.add_time_ms, item.expiry_ms)
         self.size += len(data)
         return self._writer.write(data)
+
+    def add_unseen(self, item: QItem) -> Deferred[None]:
+        """
+        Journal an add of C{item} (ADDX) that no reader sees before it is
+        durable: with a C{sync_turn} (under 0.0 or a period) its bytes reach
+        the OS at the end of the reactor turn, in one write with the turn's
+        other such records (L{PeriodicSyncFile.write_unseen}).
+        """
+        data = rec.encode_add(item.data, item.add_time_ms, item.expiry_ms)
+        self.size += len(data)
+        return self._writer.write_unseen(data)
 
     def continue_(self, xid: int, item: QItem) -> Deferred[None]:
         """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""

@@ -65,6 +65,10 @@ class MemoryJournal:
         """Record an add."""
         return self._write(lambda: rec.Add(item.data, item.add_time_ms, item.expiry_ms))
 
+    def add_unseen(self, item: QItem) -> Deferred[None]:
+        """Record an add (nothing is held: as L{add})."""
+        return self.add(item)
+
     def continue_(self, xid: int, item: QItem) -> Deferred[None]:
         """Record a confirm of C{xid} plus an add."""
         return self._write(lambda: rec.Continue(xid, item.data, item.add_time_ms, item.expiry_ms))

@@ -56,8 +56,9 @@ class SyncTurn:
     turn. A function that raises is logged and does not stop the others.
 
     Journal files under C{sync_journal: always} use one shared C{SyncTurn}
-    to start their fsync once per turn for every write made in it (see
-    L{kestrel.journal.syncfile.PeriodicSyncFile}).
+    to start their fsync once per turn for every write made in it, and
+    files under C{always} or a period to write the records of their durable
+    adds once per turn (see L{kestrel.journal.syncfile.PeriodicSyncFile}).
     """
 
     __slots__ = ("_clock", "_calls", "_scheduled")

@@ -86,6 +86,13 @@ class PeriodicSyncFile:
     once: one fsync then covers every write of the turn, whichever
     connections made them. (With an inline C{run_in_thread} that fsync runs
     on the reactor thread, which waits for it: the reactor-turn fsync.)
+    With a C{turn} under policy 0.0 or a period, L{write_unseen} holds a
+    record that nobody may see before it is durable (a durable add) until
+    the end of the turn: every such record of the turn reaches the OS in one
+    C{os.write} (under 0.0 right before the turn's fsync; under a period the
+    timer's fsync covers them). Any other write, L{sync}, L{flush},
+    L{close} and L{abandon} first settle what is held, so bytes always
+    reach the file in order.
 
     @ivar position: the size of the file in bytes (every byte written).
     """
@@ -141,6 +148,12 @@ class PeriodicSyncFile:
         self._turn = turn
         # Whether a start of the fsync waits for the end of the turn.
         self._sync_queued = False
+        # Whether write_unseen holds records until the end of the turn.
+        self._late = turn is not None and sync_policy is not None
+        # Whether the turn starts the fsyncs (policy 0.0; a period's timer does otherwise).
+        self._turn_fsync = self._late and sync_policy is not None and sync_policy <= 0.0
+        # Whether the coalescer's open batch will flush this file (it holds back bytes).
+        self._batched = False
 
     @property
     def closed(self) -> bool:
@@ -162,11 +175,10 @@ class PeriodicSyncFile:
         if self._closed:
             return fail(SyncFileClosedError(f"{self.path} is closed"))
         coalescer = self._coalescer
-        if coalescer is not None:
-            if coalescer.depth:
-                return self._hold(coalescer, data)
-            if self._held:
-                self.flush()
+        if coalescer is not None and coalescer.depth:
+            return self._hold(coalescer, data)
+        if self._held:
+            self.flush()
         fd = self._fd
         try:
             written = self._os_write(fd, data)
@@ -191,9 +203,41 @@ class PeriodicSyncFile:
             self._timer = self._clock.callLater(policy, self._timer_fired)
         return d
 
+    def write_unseen(self, data: bytes) -> Deferred[None]:
+        """
+        Append C{data}, a record nobody may see before it is durable; return
+        a Deferred that fires when it is durable (as L{write}'s).
+
+        With a C{turn} (under policy 0.0 or a period), the bytes are held in
+        memory until the end of the reactor turn (or until anything else
+        needs the file first) and reach the OS there in one C{os.write} with
+        every record held in the turn (under 0.0 right before the turn's
+        fsync); if the OS refuses that write, the file is cut back to where
+        it stood before them and every one of their Deferreds fails.
+        Otherwise (C{never}, or no C{turn}) it is L{write}.
+        """
+        if not self._late or self._closed:
+            return self.write(data)
+        self._held.append(data)
+        self._held_size += len(data)
+        self.position += len(data)
+        d: Deferred[None] = Deferred()
+        self._held_waiters.append(d)
+        if self._on_fsync is not None:
+            self._held_times.append(self._clock.seconds())
+        if not self._sync_queued:
+            self._sync_at_turn_end()
+        if not self._turn_fsync and self._timer is None:
+            # (a period: fsynced within it of this call, as a write would be)
+            period = self._policy
+            assert period is not None
+            self._timer = self._clock.callLater(period, self._timer_fired)
+        return d
+
     def _hold(self, coalescer: WriteCoalescer, data: bytes) -> Deferred[None]:
         """Keep C{data} for the coalescer's flush; the Deferred is as L{write}'s."""
-        if not self._held:
+        if not self._batched:
+            self._batched = True
             coalescer.hold(self)
         self._held.append(data)
         self._held_size += len(data)
@@ -208,22 +252,41 @@ class PeriodicSyncFile:
 
     def flush(self) -> bool:
         """
-        Write the bytes held back by the coalescer to the OS now; whether they got there.
+        Write the bytes held back (by the coalescer, or by L{write_unseen})
+        to the OS now; whether they got there.
 
         On an OS error the file is cut back to where it stood before them,
         the error is logged, and the Deferreds of those writes that wait to
         be durable fail. Under C{sync_policy} 0.0 a successful flush starts
         the fsync that covers it.
         """
-        held = self._held
-        if not held:
+        if not self._held:
             return True
+        waiting = bool(self._held_waiters)
+        if not self._write_held():
+            return False
+        policy = self._policy
+        if waiting and policy is not None:
+            if policy <= 0.0:
+                self._sync_soon()
+            elif self._timer is None:
+                self._timer = self._clock.callLater(policy, self._timer_fired)
+        return True
+
+    def _write_held(self) -> bool:
+        """
+        Write the held bytes in one C{os.write}; their waiting Deferreds
+        join the pending writes. Whether they got there (on an OS error:
+        cut back, logged, those Deferreds failed, the error reported).
+        """
+        held = self._held
         size = self._held_size
         waiters = self._held_waiters
         times = self._held_times
         self._held = []
         self._held_size = 0
         self._held_waiters = []
+        self._batched = False
         if times:
             self._held_times = []
         data = held[0] if len(held) == 1 else b"".join(held)
@@ -249,11 +312,6 @@ class PeriodicSyncFile:
             self._pending.extend(waiters)
             if times:
                 self._pending_times.extend(times)
-            policy = self._policy
-            if policy is not None and policy <= 0.0:
-                self._sync_soon()
-            elif self._timer is None and policy is not None:
-                self._timer = self._clock.callLater(policy, self._timer_fired)
         return True
 
     def _cut_back(self) -> None:
@@ -285,7 +343,7 @@ class PeriodicSyncFile:
     def _timer_fired(self) -> None:
         self._timer = None
         if self._held:
-            self.flush()
+            self._write_held()  # (its writes join the fsync started below)
         if self._syncing:
             self._sync_again = True
         elif self._pending:
@@ -293,19 +351,22 @@ class PeriodicSyncFile:
 
     def _sync_soon(self) -> None:
         """
-        Under policy 0.0, have the pending writes fsynced as soon as the
-        policy allows: after the running fsync, at the end of the reactor
-        turn (with a C{turn}), or now.
+        Have the pending writes fsynced as soon as the policy allows: after
+        the running fsync, at the end of the reactor turn (with a C{turn}
+        under policy 0.0), or now.
         """
         if self._syncing:
             self._sync_again = True
-        elif self._turn is None:
+        elif not self._turn_fsync:
             self._start_sync()
         elif not self._sync_queued:
             self._sync_at_turn_end()
 
     def _sync_at_turn_end(self) -> None:
-        """Have the turn start the fsync of the pending writes once the turn's events are done."""
+        """
+        Once the turn's events are done, have the turn write the held
+        records and (under 0.0) start the fsync of the pending writes.
+        """
         assert self._turn is not None
         self._sync_queued = True
         self._turn.call(self._turn_ended)
@@ -314,6 +375,15 @@ class PeriodicSyncFile:
         self._sync_queued = False
         if self._closed:
             return  # close or abandon settled every pending write
+        if not self._turn_fsync:
+            self.flush()  # (a period: the turn's held records; its timer fsyncs them)
+            return
+        if self._held:
+            # The turn's held records, in one write right before its fsync
+            # (what a failed write's errbacks hold wait for the next turn).
+            self._write_held()
+            if self._closed:
+                return
         if self._syncing:
             self._sync_again = True
         elif self._pending:
@@ -479,6 +549,7 @@ class PeriodicSyncFile:
         waiting = [*self._held_waiters, *self._pending]
         self.position -= self._held_size
         self._held, self._held_size, self._held_waiters, self._held_times = [], 0, [], []
+        self._batched = False
         self._pending, self._pending_times = [], []
         failure = Failure(error)
         for d in waiting:

@@ -43,6 +43,10 @@ class ClosedWriter:
         """Fail: nothing can be written before the journal is replayed."""
         return fail(JournalNotOpenError("journal written before replay() opened it"))
 
+    def write_unseen(self, data: bytes) -> Deferred[None]:
+        """Fail, as L{write}."""
+        return self.write(data)
+
     def flush(self) -> bool:
         """Nothing is held back: nothing to flush."""
         return True

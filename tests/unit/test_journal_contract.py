@@ -122,6 +122,26 @@ def test_writes_fire_and_are_recorded_in_order(h: Harness) -> None:
     ]
 
 
+def test_unseen_adds_keep_their_place_among_other_records(h: Harness) -> None:
+    """Adds no reader sees before they are durable are journaled in call order with the rest,
+    across a rotation and a rewrite, and their Deferreds fire once they are durable."""
+    journal, recorded = h.journal, h.recorded
+    ds = [journal.add_unseen(QItem(b"1", 1)), journal.remove(),
+          journal.add_unseen(QItem(b"2", 2))]
+    journal.rotate([], False)
+    ds.append(journal.add_unseen(QItem(b"3", 3)))
+    h.settle()
+    assert all(succeeded(d) for d in ds)
+    assert recorded() == [rec.Add(b"1", 1, 0), rec.Remove(), rec.Add(b"2", 2, 0),
+                          rec.Add(b"3", 3, 0)]
+    ds = [journal.add_unseen(QItem(b"4", 4))]
+    journal.rewrite([], [QItem(b"2", 2), QItem(b"3", 3), QItem(b"4", 4)])
+    ds.append(journal.add_unseen(QItem(b"5", 5)))
+    h.settle()
+    assert all(succeeded(d) for d in ds)
+    assert queue_state(recorded()) == ([b"2", b"3", b"4", b"5"], {})
+
+
 def test_rotate_keeps_every_record(h: Harness) -> None:
     """Rotation changes files, not contents: the records replay in the same order."""
     journal, recorded = h.journal, h.recorded
