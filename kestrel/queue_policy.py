@@ -217,8 +217,11 @@ class Compactor:
         size = journal.size
         total = size + journal.archived_size
         # (within_limits, inlined: the common case, checked first: it runs per operation)
-        if ((total if cfg.disable_aggressive_rewrites else size) < cfg.default_journal_size
-                and size <= cfg.max_memory_size and total <= cfg.max_journal_size):
+        if size <= cfg.max_memory_size and total <= cfg.max_journal_size and (
+                (total if cfg.disable_aggressive_rewrites else size) < cfg.default_journal_size
+                or host.length):
+            # (within every limit; or past default_journal_size only, with
+            # items queued: compaction_step would find nothing to do either)
             return
         if not host.compacts or self._running or journal.maintaining:
             # (an acknowledgement fired by a rotation or rewrite in progress
