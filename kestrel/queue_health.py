@@ -299,7 +299,12 @@ class Unsettled:
         # (settled(d), inlined: a journal write's own Deferred is never paused)
         outcome = d.result if d.called else PENDING
         if outcome is None:  # (in the OS, durable: the usual case)
-            if note is not None and not self._journal.writes_now():
+            # Durable once written (no sync period), it need be kept only in
+            # a batch, until the flush; and a remove or an open not known to
+            # be handed out then would be ignored by a reload (it is not
+            # taken again): only closes, and handed removes and opens, are kept.
+            if note is not None and (handed or note[0] == CONFIRM or note[0] == ABORT) and (
+                    not self._journal.writes_now()):
                 what, xid, key = note
                 self._keep(what, xid, key, d, False, True, False, handed)
             return True

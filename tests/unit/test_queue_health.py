@@ -304,7 +304,9 @@ def test_a_record_durable_when_written_is_kept_only_while_a_batch_holds_it(clock
                                                                          machine) -> None:
     """
     A write durable at once (no sync period) leaves nothing to keep when no
-    batch is open; in a batch it is kept until the flush puts it in the OS.
+    batch is open; in a batch a close, or a remove or open already handed
+    out, is kept until the flush puts it in the OS. A remove or open not
+    handed out yet is not kept: a reload would not take it again.
     """
     health, journal, _, _ = machine
     unsettled = Unsettled("q", health, journal)
@@ -318,8 +320,11 @@ def test_a_record_durable_when_written_is_kept_only_while_a_batch_holds_it(clock
     assert written == [1] and len(unsettled) == 0
     journal.batch_open = True
     assert unsettled.write(write, 3, note=(REMOVE, 0, "c")) is True
-    unsettled.note(OPEN, 4, "d", succeed(None))
-    assert written == [1, 3] and len(unsettled) == 2
+    assert written == [1, 3] and len(unsettled) == 0
+    assert unsettled.write(write, 4, note=(REMOVE, 0, "d"), handed=True) is True
+    assert unsettled.write(write, 5, note=(CONFIRM, 5, None)) is True
+    unsettled.note(OPEN, 6, "e", succeed(None))
+    assert written == [1, 3, 4, 5] and len(unsettled) == 3
     journal.flush()
     assert len(unsettled) == 0
     assert unsettled.take() == []
