@@ -11,7 +11,7 @@ an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 Its parts each hold one idea: L{kestrel.queue_health} (the journal cannot
 be written), L{kestrel.queue_policy} (compaction), L{kestrel.open_reads},
 L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats},
-L{kestrel.queue_replay} (loading from the journal).
+L{kestrel.queue_replay} (loading from the journal, and reloading after a failure).
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -623,69 +623,6 @@ class PersistentQueue(QueueStats, QueueReplay):
         self.journal.erase()
 
     # ----- after a journal failure (what JournalHealth asks)
-
-    def reload(self) -> None:
-        """
-        Rebuild the items and open reads from the journal (just cut back to
-        what it surely holds), keeping counters, waiters and xids handed out;
-        then make again, in order, what clients were told and the journal
-        lacks (L{Unsettled}): closes of reads it still holds open, and opens
-        whose item reached a reader and is back at the head.
-        """
-        owed = self._records.take()
-        reads = self._reads
-        before_since = reads.clear()
-        xid_before = reads.xid_counter
-        counters = (self.total_items, self.put_items, self.put_bytes)
-        self._items = deque()
-        self._unsynced.drop()  # (the journal holds them only if they became durable)
-        self.length = self.bytes = self.memory_bytes = 0
-        reads.xid_counter = 0
-        self._replaying = True
-        try:
-            self.journal.replay(self._replay_apply, self._forget_replayed)
-        except BaseException:
-            self._records.restore(owed)
-            raise
-        finally:
-            self._replaying = False
-            (self.total_items, self.put_items, self.put_bytes) = counters
-            # Never hand out an xid twice: a client may hold one the journal lost.
-            reads.saw_xid(xid_before)
-        now = self._clock.seconds()
-        replayed = reads.items()
-        reads.clear()
-        for item in replayed:  # (opened when they were, for the timeout)
-            reads.open(item, item.xid, before_since.get(item.xid, now))
-        for what, xid, key, handed in owed:
-            if what == OPEN or what == REMOVE:
-                items = self._items
-                if (handed and xid not in reads and items and isinstance(key, QItem)
-                        and items[0].same_as(key)):
-                    self._take_again(what, xid, before_since.get(xid, now))
-            elif xid in reads:
-                if what == CONFIRM:
-                    reads.pop(xid)
-                    self._records.write(self.journal.confirm_remove, xid,
-                                        note=(CONFIRM, xid, None))
-                else:
-                    self._return_to_head(xid)
-                    self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
-        self._log.info("Reloaded {queue} from its journal: {items} items, {open} open reads",
-                       queue=self.name, items=self.length, open=len(reads))
-        self._open_reads_changed()
-        reads.timeout = self._config.open_transaction_timeout
-
-    def _take_again(self, what: int, xid: int, since: float) -> None:
-        """Take the head item again (removed, or opened under C{xid}): its record was cut."""
-        item = self._pop_head()
-        assert item is not None
-        if what == REMOVE:
-            self._records.write(self.journal.remove, note=(REMOVE, 0, item), handed=True)
-            return
-        self._reads.open(item, xid, since)
-        self._records.write(self.journal.remove_tentative, xid,
-                            note=(OPEN, xid, item), handed=True)
 
     def readable_again(self) -> None:
         """Memory agrees with the journal again: wake the next blocked reader."""

@@ -4,7 +4,9 @@ QueueReplay: how a queue loads itself from its journal.
 L{kestrel.queue.PersistentQueue} derives from it: L{QueueReplay.setup}
 replays the journal's records into memory (each record type an event of
 L{QueueEvents}, applied here), then aborts every read the journal leaves
-open. The reload after a journal failure replays through the same events.
+open. The reload after a journal failure (L{QueueReplay.reload}) replays
+through the same events, then makes again what clients were told and the
+journal lacks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Generator
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from kestrel.config import QueueConfig
@@ -20,8 +23,9 @@ from kestrel.journal import records as rec
 from kestrel.journal.events import QueueEvents
 from kestrel.journal.interface import IJournal
 from kestrel.open_reads import OpenReads
-from kestrel.queue_health import ABORT, Unsettled
+from kestrel.queue_health import ABORT, CONFIRM, OPEN, REMOVE, Unsettled
 from kestrel.read_behind import ReadBehind
+from kestrel.unsynced import Unsynced
 
 
 class QueueReplay(QueueEvents):
@@ -47,6 +51,11 @@ class QueueReplay(QueueEvents):
     _read_behind: ReadBehind
     _replaying: bool
     _replay_apply: Callable[[rec.Record], None]
+    _unsynced: Unsynced
+    _clock: IReactorTime
+    total_items: int
+    put_items: int
+    put_bytes: int
 
     def _store(self, item: QItem) -> None:
         raise NotImplementedError
@@ -55,6 +64,9 @@ class QueueReplay(QueueEvents):
         raise NotImplementedError
 
     def _return_to_head(self, xid: int) -> None:
+        raise NotImplementedError
+
+    def _open_reads_changed(self) -> None:
         raise NotImplementedError
 
     def setup(self) -> None:
@@ -136,6 +148,69 @@ class QueueReplay(QueueEvents):
     def xid_saved(self, xid: int) -> None:
         """Replay: set the xid counter."""
         self._reads.xid_counter = xid
+
+    def reload(self) -> None:
+        """
+        Rebuild the items and open reads from the journal (just cut back to
+        what it surely holds), keeping counters, waiters and xids handed out;
+        then make again, in order, what clients were told and the journal
+        lacks (L{Unsettled}): closes of reads it still holds open, and opens
+        whose item reached a reader and is back at the head.
+        """
+        owed = self._records.take()
+        reads = self._reads
+        before_since = reads.clear()
+        xid_before = reads.xid_counter
+        counters = (self.total_items, self.put_items, self.put_bytes)
+        self._items = deque()
+        self._unsynced.drop()  # (the journal holds them only if they became durable)
+        self.length = self.bytes = self.memory_bytes = 0
+        reads.xid_counter = 0
+        self._replaying = True
+        try:
+            self.journal.replay(self._replay_apply, self._forget_replayed)
+        except BaseException:
+            self._records.restore(owed)
+            raise
+        finally:
+            self._replaying = False
+            (self.total_items, self.put_items, self.put_bytes) = counters
+            # Never hand out an xid twice: a client may hold one the journal lost.
+            reads.saw_xid(xid_before)
+        now = self._clock.seconds()
+        replayed = reads.items()
+        reads.clear()
+        for item in replayed:  # (opened when they were, for the timeout)
+            reads.open(item, item.xid, before_since.get(item.xid, now))
+        for what, xid, key, handed in owed:
+            if what == OPEN or what == REMOVE:
+                items = self._items
+                if (handed and xid not in reads and items and isinstance(key, QItem)
+                        and items[0].same_as(key)):
+                    self._take_again(what, xid, before_since.get(xid, now))
+            elif xid in reads:
+                if what == CONFIRM:
+                    reads.pop(xid)
+                    self._records.write(self.journal.confirm_remove, xid,
+                                        note=(CONFIRM, xid, None))
+                else:
+                    self._return_to_head(xid)
+                    self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
+        self._log.info("Reloaded {queue} from its journal: {items} items, {open} open reads",
+                       queue=self.name, items=self.length, open=len(reads))
+        self._open_reads_changed()
+        reads.timeout = self._config.open_transaction_timeout
+
+    def _take_again(self, what: int, xid: int, since: float) -> None:
+        """Take the head item again (removed, or opened under C{xid}): its record was cut."""
+        item = self._pop_head()
+        assert item is not None
+        if what == REMOVE:
+            self._records.write(self.journal.remove, note=(REMOVE, 0, item), handed=True)
+            return
+        self._reads.open(item, xid, since)
+        self._records.write(self.journal.remove_tentative, xid,
+                            note=(OPEN, xid, item), handed=True)
 
     def _forget_replayed(self) -> None:
         """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
