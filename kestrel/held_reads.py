@@ -18,8 +18,7 @@ what the transport did.
 
 from __future__ import annotations
 
-import enum
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
@@ -32,18 +31,7 @@ if TYPE_CHECKING:
 
 _log = Logger()
 
-__all__ = ["MISSED", "HeldReads", "Missed"]
-
-
-class _Missed(enum.Enum):
-    MISSED = "missed"
-
-
-#: What L{HeldReads.peek_for_reply} returns for a read it answered as a miss.
-MISSED: Final = _Missed.MISSED
-
-#: The type of L{MISSED}.
-Missed = Literal[_Missed.MISSED]
+__all__ = ["HeldReads"]
 
 
 class HeldReads:
@@ -73,8 +61,7 @@ class HeldReads:
         """Open read C{xid} of C{name} goes into the next reply written."""
         self.pending.append((name, xid))
 
-    def peek_for_reply(self, name: str, holding: bool = True,
-                       no_wait: bool = False) -> QItem | Missed | None:
+    def peek_for_reply(self, name: str, holding: bool = True) -> QItem | None:
         """
         For a plain read (C{holding}) whose reply the protocol writes at the
         end of the pass serving it, before any other connection runs: the
@@ -89,10 +76,6 @@ class HeldReads:
         Any other read of the pass (C{holding} false, or no item held) first
         takes the items held so as open reads (L{open_peeked}), so that what
         it removes, or looks at, is what follows them.
-
-        A plain read that does not wait (C{no_wait}) of a queue that holds
-        nothing at all (no item in memory, on disk or unseen), with nothing
-        held in place, is answered here: L{MISSED}, counted as a miss.
         """
         if holding:
             collection = self._collection
@@ -103,10 +86,6 @@ class HeldReads:
             if queue is not None:
                 depth = self._depth
                 index = depth.get(name, 0) if self._peeked else 0
-                if no_wait and not queue.length and not self._peeked:
-                    queue.get_items_miss += 1
-                    collection.stats.get_misses += 1
-                    return MISSED
                 item = queue.plain_head(index)  # (a failed journal: None; the remove reports it)
                 if item is not None:
                     queue.get_items_hit += 1

@@ -291,14 +291,8 @@ class QueueMetrics:
 
     def item_added(self, size: int, queue_size: int) -> None:
         """Record a stored add: its C{request_size} (bytes) and the C{queue_size} after it."""
-        # (Histogram.add, inlined: this runs per add)
-        sizes = self.request_size.pending
-        sizes.append(size)
-        lengths = self.queue_size.pending
-        lengths.append(queue_size)
-        if len(sizes) >= SETTLE_AT or len(lengths) >= SETTLE_AT:
-            self.request_size.settle()
-            self.queue_size.settle()
+        self.request_size.add(size)
+        self.queue_size.add(queue_size)
 
     def item_removed(self, queue_size: int) -> None:
         """Record the C{queue_size} (items in memory) after a remove."""

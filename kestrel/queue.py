@@ -57,6 +57,7 @@ from kestrel.waiters import BlockingReads
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 
+
 class PersistentQueue(QueueStats, QueueReplay):
     """
     A named queue with journaled adds, removes and open reads.
@@ -187,11 +188,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         health = self._health
         if not health.takes_adds:
             return fail(health.unavailable())
-        items = self._items
-        if (((items and (items[0].expiry_ms or cfg.max_age is not None))
-             or (cfg.max_items is not None and self.length >= cfg.max_items)
-             or (cfg.max_size is not None and self.bytes >= cfg.max_size))
-                and not self._make_room()):  # (its tests, first inlined: an add runs them)
+        if not self._make_room():
             return succeed(False)
         now_ms = int(self._clock.seconds() * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
@@ -354,10 +351,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         Remove C{item} as a plain read (L{remove}) if it is the head that
         L{plain_head} would give now; return whether it was (else nothing changes).
         """
-        items = self._items
-        if (not items or items[0] is not item or self._closed or self._open_by_xid
-                or self._waiting or not self._health.readable
-                or self._config.max_age is not None or item.expiry_ms):
+        if self.plain_head() is not item:
             return False
         self.remove()
         return True

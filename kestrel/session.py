@@ -25,7 +25,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooManyOpenReads
-from kestrel.held_reads import MISSED, HeldReads
+from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
 from kestrel.queue_info import QueueInfo
 from kestrel.settled import PENDING, Pending, settled
@@ -289,11 +289,10 @@ class ClientSession:
         started = self._clock.seconds()
         holding = not (open_read or peeking)
         if reply_now:  # (a plain read is held in place; any other first takes those held)
-            item = self.held_reads.peek_for_reply(name, holding, deadline is None)
-            if item is not None:  # (answered at once: the usual plain get)
-                got = None if item is MISSED else item
-                self._record_read(name, started, got, False)
-                return got
+            item = self.held_reads.peek_for_reply(name, holding)
+            if item is not None:
+                self._record_read(name, started, item, False)
+                return item
         d = self._collection.remove(name, deadline, not peeking, peeking, holding)
         result = settled(d)
         if result is None or result.__class__ is QItem:  # (answered at once: the hot path)

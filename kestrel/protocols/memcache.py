@@ -139,8 +139,6 @@ class MemcacheProtocol(SessionProtocol):
         self._need_newline = False
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
-        # (its framing function, once the first byte chose the dialect)
-        self._frame: Callable[[bytes, int], tuple[int, Any, Any, int]] | None = None
         self._binary = BinaryHandler(self)
         meta = MetaHandler(self)
         self._waiting = False
@@ -288,11 +286,7 @@ class MemcacheProtocol(SessionProtocol):
         out = self._out
         queued = 0
         # (the loop frames only when there is input: frame is then its dialect's)
-        frame = self._frame
-        if frame is None:
-            frame = self._framer.frame
-            if size:
-                frame = self._frame = self._framer.framer_for(buf[0])
+        frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
         try:
             while (pos < size and not self._waiting and not self._closing
                    and not self.output_blocked):
@@ -526,13 +520,7 @@ class MemcacheProtocol(SessionProtocol):
         return session.read_item(name, deadline, req.open_read, req.peeking, True)
 
     def _get(self, req: GetRequest) -> Reply:
-        session = self.session
-        if req.plain and session is not None:  # (fetch's path for it, inlined: the usual get)
-            name = req.name
-            result: Fetched = (_READ_IS_OPEN if session.count_open_reads(name) > 0
-                               else session.read_item(name, None, False, False, True))
-        else:
-            result = self.fetch(req)
+        result = self.fetch(req)
         if result is None or result.__class__ is QItem:  # (answered at once: the usual case)
             return value_reply(result, req.key)
         if isinstance(result, bytes):
@@ -551,9 +539,7 @@ class MemcacheProtocol(SessionProtocol):
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
-        session = self.session
-        d = (session.set_item(req.name, data) if not req.exptime and session is not None
-             else self.enqueue(req.name, data, req.exptime))  # (the usual set, inlined)
+        d = self.enqueue(req.name, data, req.exptime)
         if d.called:  # (settled(d), inlined: an add answered at once is never paused)
             stored = d.result
             if stored is True or stored is False:

@@ -75,8 +75,7 @@ class GetRequest:
     C{timeout_ms} is None without C{t=}.
     """
 
-    __slots__ = ("aborting", "closing", "key", "name", "open_read", "peeking", "plain",
-                 "timeout_ms")
+    __slots__ = ("aborting", "closing", "key", "name", "open_read", "peeking", "timeout_ms")
 
     def __init__(self, key: bytes, timeout_ms: int | None = None, open_read: bool = False,
                  closing: bool = False, aborting: bool = False, peeking: bool = False,
@@ -88,8 +87,6 @@ class GetRequest:
         self.closing = closing
         self.aborting = aborting
         self.peeking = peeking
-        #: No option at all: a plain read that does not wait.
-        self.plain = timeout_ms is None and not (open_read or closing or aborting or peeking)
 
     def __repr__(self) -> str:
         return (f"GetRequest({self.key!r}, timeout_ms={self.timeout_ms}, open={self.open_read}, "
