@@ -179,19 +179,30 @@ class JournalHealth:
         if self._closed:
             return
         self._recovering = True
+        # (the cut-back settles an fsync's doubt; an fsync failing from now
+        # on, while it runs included, makes the next recovery's kind again)
+        kind, self._kind = self._kind, "write"
         try:
-            d = self._journal.recover(self._kind, OSError(self.reason))
+            d = self._journal.recover(kind, OSError(self.reason))
         except Exception as e:
             d = fail(e)
-        d.addCallbacks(self._recovered, self._recovery_failed)
+        d.addCallbacks(self._recovered, self._recovery_failed,
+                       callbackArgs=(self.failures,), errbackArgs=(kind,))
 
-    def _recovered(self, _kept: int) -> None:
-        """The journal is cut back: rebuild memory from it, then go read-only."""
+    def _recovered(self, _kept: int, failures: int) -> None:
+        """
+        The journal is cut back: rebuild memory from it, then go read-only;
+        unless a write or fsync failed while it was cut back (C{failures}: the
+        count when it began): then cut back again, later.
+        """
         if self._closed:
             self._recovering = False
             return
+        if self.failures != failures:
+            self._recovering = False
+            self._schedule(self._retry, self._recover)
+            return
         self.state = READ_ONLY
-        self._kind = "write"  # (the journal is cut back: an fsync's doubt is settled)
         try:
             self._host.reload()
         except Exception:
@@ -210,8 +221,11 @@ class JournalHealth:
         self._schedule(self._retry, self._probe)
         self._host.readable_again()
 
-    def _recovery_failed(self, failure: Failure) -> None:
+    def _recovery_failed(self, failure: Failure, kind: str = "write") -> None:
+        """The cut-back (C{kind}'s) or the reload failed: try again later."""
         self._recovering = False
+        if kind == "fsync":  # (not cut back: that doubt is still to settle)
+            self._kind = kind
         self.state = FAILED
         self.reason = reason_of(failure.value)
         if self._closed:

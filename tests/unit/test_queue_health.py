@@ -48,6 +48,8 @@ class ScriptedJournal:
     def recover(self, kind: str, error: Exception) -> Deferred[int]:
         self.recovered.append(kind)
         outcome = self.recover_outcomes.pop(0) if self.recover_outcomes else 0
+        if isinstance(outcome, Deferred):
+            return outcome
         return fail(outcome) if isinstance(outcome, Exception) else succeed(outcome)
 
     def probe(self, xid_counter: int) -> Deferred[None]:
@@ -166,6 +168,29 @@ def test_recovery_and_reload_failures_are_retried(clock: Clock, machine) -> None
         clock.advance(JOURNAL_RETRY_SECONDS)
     assert health.state == READ_ONLY and host.reloads == 2 and host.woken == 1
     assert journal.recovered == ["fsync", "fsync", "write"]
+
+
+def test_an_fsync_failing_while_the_journal_is_cut_back_is_recovered_as_one(
+        clock: Clock, machine) -> None:
+    """
+    An fsync failure reported while a cut-back runs (it ends later) is not
+    forgotten: memory is not reloaded from that cut-back, and the next
+    recovery cuts back to the last good fsync, not only to the last whole
+    record.
+    """
+    health, journal, host, _ = machine
+    cutting: Deferred[int] = Deferred()
+    journal.recover_outcomes = [cutting]
+    with capturedLogs():
+        health.failed("write", ENOSPC)
+        clock.advance(0)
+        health.failed("fsync", EIO)
+        cutting.callback(0)
+    assert health.state == FAILED and host.reloads == 0 and not health.readable
+    with capturedLogs():
+        clock.advance(JOURNAL_RETRY_SECONDS)
+    assert journal.recovered == ["write", "fsync"] and host.reloads == 1
+    assert health.state == READ_ONLY
 
 
 def test_a_reload_that_raises_is_retried(clock: Clock, machine) -> None:
