@@ -22,6 +22,7 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from kestrel import __version__
 from kestrel.config import dump_queue_config, parse_config
 from kestrel.journal.records import iter_records
+from kestrel.protocols.base import HTTP_REFUSED, looks_like_http
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
 from tests.support import StringClient, full_disk_writes, make_server
@@ -801,7 +802,8 @@ def test_a_line_read_whole_is_answered_once(line: bytes) -> None:
     Whatever a request line holds, once it is read whole it is answered, and
     the connection stays open and answers the next request, unless its word
     is unknown: then the line is answered ERROR and the connection closes
-    (storage commands, shutdown, quit and waits aside).
+    (storage commands, shutdown, quit and waits aside). An HTTP request
+    line is refused and closes the connection.
     """
     line = line.replace(b"\n", b"").replace(b"\r", b"")
     tokens = [t for t in line.split(b" ") if t]
@@ -809,6 +811,9 @@ def test_a_line_read_whole_is_answered_once(line: bytes) -> None:
     if word in _NOT_WHOLE or b"t=" in line or line[:1] == b"\x80":
         return
     out, still_open = reply_to([line + b"\r\nversion\r\n"])
+    if looks_like_http(line):
+        assert (out, still_open) == (b"CLIENT_ERROR %s\r\n" % HTTP_REFUSED.encode(), False)
+        return
     if tokens and word not in {w.lower() for w in _WORDS if w not in _UNKNOWN}:
         assert (out, still_open) == (b"ERROR\r\n", False), line
         return
