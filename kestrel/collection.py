@@ -452,19 +452,12 @@ class QueueCollection(Service):
         if queue is None:
             queue = self._create_queue(name)
         d = queue.add(data, expiry_ms)
-        if not d.called:  # (a durable acknowledgement: one callback counts it, and un-tracks)
-            self._pending.add(d)
-            return d.addBoth(self._add_settled, d)
-        if d.result is True:  # (the usual case; fired at once, so never paused)
+        # Counted once stored, as the queue counts its own: at once, or for
+        # a durable add (still waiting) once written; a stop closes the
+        # journals, whose last fsync answers it.
+        if not d.called or d.result is True:
             self.stats.total_items += 1
         return d
-
-    def _add_settled(self, result: T, d: Deferred[bool]) -> T:
-        """A durable add answered: count it if stored; stop waits for it no longer."""
-        self._pending.discard(d)
-        if result is True:
-            self.stats.total_items += 1
-        return result
 
     def remove(self, name: str, deadline: float | None = None, open_read: bool = False,
                peek: bool = False, held: bool = False) -> Deferred[QItem | None]:

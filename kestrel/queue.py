@@ -94,6 +94,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         #: seen by readers only then): C{durable_acks}, or C{sync_journal: always}.
         self.acks_durably = config.durable_acks or config.sync_journal == 0.0
         self._upkeep_from = upkeep_from(config)
+        self._add_upkeep_from = upkeep_from(config, adding=True)
         self._items: deque[QItem] = deque()
         # (durable adds' items, after _items, seen by no reader until their fsync)
         self._unsynced = Unsynced(self._show, self._all_shown)
@@ -133,6 +134,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         self._config = config
         self.acks_durably = config.durable_acks or config.sync_journal == 0.0
         self._upkeep_from = upkeep_from(config)
+        self._add_upkeep_from = upkeep_from(config, adding=True)
         self._reads.timeout = config.open_transaction_timeout
 
     @property
@@ -195,7 +197,8 @@ class PersistentQueue(QueueStats, QueueReplay):
                      expiry_ms if cfg.max_age is None else self._expiry_for(expiry_ms, now_ms))
         journal = self.journal
         if cfg.keep_journal and (
-                journal.size + journal.archived_size + size + RECORD_MARGIN >= self._upkeep_from
+                journal.size + journal.archived_size + size + RECORD_MARGIN
+                >= (self._add_upkeep_from if self.length else self._upkeep_from)
                 or self.bytes + size >= cfg.max_memory_size):
             # (in a write batch, once it is flushed: maintenance flushes files,
             # and a batch reaches the OS whole or not at all)

@@ -47,14 +47,19 @@ from kestrel.queue_observer import QueueObserver
 RECORD_MARGIN = 64
 
 
-def upkeep_from(config: QueueConfig) -> int:
+def upkeep_from(config: QueueConfig, adding: bool = False) -> int:
     """
     The journal size (current and rotated files) below which no compaction
     is due under C{config}: while the journal, with C{RECORD_MARGIN} more,
     stays below it, L{Compactor.check} returns at once, and an operation
     need not call it.
+
+    C{adding}: the size for an add to a queue that holds items already:
+    C{default_journal_size} asks for nothing then (a rewrite at that size
+    is for an empty queue, and the remove that empties it checks).
     """
-    return min(config.default_journal_size, config.max_memory_size, config.max_journal_size)
+    limit = min(config.max_memory_size, config.max_journal_size)
+    return limit if adding else min(limit, config.default_journal_size)
 
 
 class Pause(enum.Enum):

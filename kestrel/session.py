@@ -62,15 +62,12 @@ class SessionHost(Protocol):
 
     def session_opened(self) -> tuple[int, bool, bool]:
         """A session starts: its id and whether it refuses writes and reads."""
-        ...
 
     def session_closed(self) -> None:
         """A session ended."""
-        ...
 
     def delete_queue(self, name: str) -> None:
         """Delete queue C{name} and its journal (and its fanout children)."""
-        ...
 
 
 def _result_now(d: Deferred[_T]) -> _T | Failure | Pending:
@@ -532,13 +529,16 @@ class ClientSession:
 
     # -- writes ------------------------------------------------------------
 
-    def set_item(self, name: str, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
+    def set_item(self, name: str, data: bytes, expiry_ms: int = 0,
+                 answer: Callable[..., object] | None = None, *args: object) -> Deferred[bool]:
         """
         Add C{data} to C{name} (absolute expiry in epoch ms, 0: never); fire with
         whether it was stored. Raises L{AvailabilityError} when writes are blocked.
 
         Records C{set_latency_usec}: until the add answered, which for a
-        durable acknowledgement is after the fsync that covers it.
+        durable acknowledgement is after the fsync that covers it; then, if
+        given, C{answer(outcome, *args)} runs in that callback (outcome:
+        C{True}, C{False} or the L{Failure}), and the Deferred fires with its result.
         """
         if self.refuse_writes or self._status.blocks_writes:
             raise AvailabilityError("setItem")
@@ -550,12 +550,13 @@ class ClientSession:
             # Answered at once (the hot path): record directly, no callback.
             self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
             return d
-        return d.addBoth(self._record_set_done, name, started)
+        return d.addBoth(self._record_set_done, name, started, answer, args)
 
-    def _record_set_done(self, result: object, name: str, started: float) -> object:
+    def _record_set_done(self, result: object, name: str, started: float,
+                         answer: Callable[..., object] | None, args: tuple) -> object:
         """Record C{set_latency_usec} of an add that answered later (durable acks)."""
         self._metrics.record_set(name, (self._clock.seconds() - started) * 1e6)
-        return result
+        return result if answer is None else answer(result, *args)
 
     def set_items(self, name: str, items: Iterable[bytes], expiry_ms: int = 0, *,
                   stop_at_refusal: bool = False) -> Deferred[list[object]]:

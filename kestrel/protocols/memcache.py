@@ -527,33 +527,40 @@ class MemcacheProtocol(SessionProtocol):
             return b"ERROR %s\r\n" % result
         return result.addCallback(value_reply, req.key)  # type: ignore[union-attr]
 
-    def enqueue(self, name: str, data: bytes, exptime: int) -> Deferred[bool]:
-        """Add C{data} to queue C{name}; C{exptime} as memcache's (0: none), in any dialect."""
+    def enqueue(self, name: str, data: bytes, exptime: int,
+                answer: Callable[..., object] | None = None, *args: object) -> Deferred[bool]:
+        """
+        Add C{data} to queue C{name}; C{exptime} as memcache's (0: none), in
+        any dialect. C{answer} and C{args}: as L{Session.set_item}'s.
+        """
         session = self.session
         assert session is not None
         expiry_ms = 0
         if exptime:
             expiry_ms = memcache_expiry_ms(exptime, int(self.clock.seconds() * 1000))
-        return session.set_item(name, data, expiry_ms)
+        return session.set_item(name, data, expiry_ms, answer, *args)
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
-        d = self.enqueue(req.name, data, req.exptime)
+        # (a durable acknowledgement: _stored_later queues the reply from the
+        # session's own callback, not a reply Deferred for _serve to wait on)
+        d = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
         if d.called:  # (settled(d), inlined: an add answered at once is never paused)
             stored = d.result
             if stored is True or stored is False:
                 return b"" if req.noreply else _STORED if stored else _NOT_STORED
-        # A durable acknowledgement: one callback on the add's Deferred
-        # queues the reply (not a reply Deferred for _serve to wait on).
         self._waiting = True
-        d.addCallbacks(self._stored_later, self._error,
-                       callbackArgs=(req.noreply,), errbackArgs=(req,))
+        if d.called:  # (refused at once: answered now, as a refusal found later is)
+            d.addBoth(self._stored_later, req)
         return b""
 
-    def _stored_later(self, stored: bool, noreply: bool) -> None:
+    def _stored_later(self, outcome: object, req: SetRequest) -> None:
         """A set answered later (durable acknowledgement): queue its reply, carry on."""
-        self._async_reply(b"" if noreply else _STORED if stored else _NOT_STORED)
+        if outcome.__class__ is Failure:
+            self._error(outcome, req)
+        else:
+            self._async_reply(b"" if req.noreply else _STORED if outcome else _NOT_STORED)
 
     def _queue_command(self, req: QueueCommand) -> Reply:
         session = self.session

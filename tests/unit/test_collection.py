@@ -534,17 +534,18 @@ def test_stop_refuses_new_work_and_wakes_waiters(started, clock: Clock) -> None:
 
 
 def test_stop_waits_for_pending_fsyncs(started, tmp_path: Path, clock: Clock) -> None:
-    """With durable acks, stop fires only after the fsync of every acknowledged add."""
+    """With durable acks, stop finishes only after the fsync of every acknowledged add."""
     thread = ManualThread()
     c = started("journal_fsync: thread\ndefault: {sync_journal: always, durable_acks: true}\n",
                 run_in_thread=thread)
     acked = c.add("q", b"x")
     assert not acked.called
-    stopped = c.stopService()
-    assert not stopped.called
+    finished: list[object] = []
+    c.stopService().addBoth(finished.append)
+    assert not acked.called and finished == []  # (the journal's close waits for its fsync)
     thread.run_all()
     assert result_of(acked) is True
-    assert result_of(stopped) is None
+    assert finished == [None]
     c2 = started()
     assert drain(c2, "q") == [b"x"]
 

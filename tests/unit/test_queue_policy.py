@@ -19,11 +19,13 @@ from hypothesis import strategies as st
 
 from kestrel.config import QueueConfig
 from kestrel.queue_policy import (
+    RECORD_MARGIN,
     Compaction,
     Pause,
     compaction_step,
     rewrite_pauses,
     rotation_checkpoint,
+    upkeep_from,
 )
 
 LIMITS = dict(default_journal_size=100, max_memory_size=200, max_journal_size=1000)
@@ -165,3 +167,24 @@ def test_aggressive_rewrite_never_pauses_and_counts_the_current_file(
                            allow_rewrites=False, packing=False)
     assert (step is not None and step.rewrite) is (written >= 100)
     assert step is None or not rewrite_pauses(cfg, step.pause, kept)
+
+
+@given(gentle=st.booleans(), size=st.integers(0, 3000), archived=st.integers(0, 3000),
+       length=st.integers(0, 50), data_bytes=st.integers(0, 3000), allow=st.booleans(),
+       packing=st.booleans())
+def test_below_upkeep_from_no_step_is_skipped(gentle: bool, size: int, archived: int,
+                                             length: int, data_bytes: int, allow: bool,
+                                             packing: bool) -> None:
+    """
+    An operation may skip the compaction check only where it would find
+    nothing: below C{upkeep_from} always; below the higher size for an add
+    whenever the queue holds an item (an add checks before storing its own).
+    """
+    cfg = GENTLE if gentle else AGGRESSIVE
+    step = compaction_step(cfg, size=size, archived=archived, length=length,
+                           data_bytes=data_bytes, allow_rewrites=allow, packing=packing)
+    if size + archived + RECORD_MARGIN < upkeep_from(cfg):
+        assert step is None
+    if length and size + archived + RECORD_MARGIN < upkeep_from(cfg, adding=True):
+        assert step is None
+    assert upkeep_from(cfg) == 100 and upkeep_from(cfg, adding=True) == 200
