@@ -160,27 +160,57 @@ class ClientSession(ThriftReads):
         self._collection.unremove(name, fifo.popleft())
         return True
 
-    def close_read(self, name: str) -> bool:
-        """Confirm the oldest open read on C{name}; whether one existed."""
+    def close_read(self, name: str) -> bool | Deferred[bool]:
+        """
+        Confirm the oldest open read on C{name}; whether one existed. On a
+        queue that acknowledges durably, a Deferred instead (see L{close_reads}).
+        """
         fifo = self._open_reads.get(name)
         if not fifo:
             return False
-        self._collection.confirm_remove(name, fifo.popleft())
-        return True
+        xid = fifo.popleft()
+        done = self._collection.confirm_read(name, xid)
+        return True if done is None else self._confirms([(xid, done)], name)
 
-    def close_reads(self, name: str, count: int) -> bool:
+    def close_reads(self, name: str, count: int) -> bool | Deferred[bool]:
         """
         Confirm the C{count} oldest open reads on C{name}, all or nothing.
 
         Returns false (confirming nothing) if fewer than C{count} are open or
-        C{count} is not positive.
+        C{count} is not positive. On a queue that acknowledges durably
+        (L{kestrel.queue.PersistentQueue.confirm_durably}), a Deferred firing
+        C{True} once every confirm is durable; if one is refused or its record
+        lost, it fails (L{kestrel.errors.JournalUnavailable}) and those reads
+        are this session's again, at the front of its reads in their order
+        (aborted if the session has finished).
         """
         fifo = self._open_reads.get(name)
         if count <= 0 or not fifo or len(fifo) < count:
             return False
+        confirm = self._collection.confirm_read
+        waits = []
         for _ in range(count):
-            self._collection.confirm_remove(name, fifo.popleft())
-        return True
+            xid = fifo.popleft()
+            done = confirm(name, xid)
+            if done is not None:
+                waits.append((xid, done))
+        return True if not waits else self._confirms(waits, name)
+
+    def _confirms(self, waits: list[tuple[int, Deferred[None]]], name: str) -> Deferred[bool]:
+        """Durable confirms of C{name}'s reads: C{True} once all are durable (L{close_reads})."""
+        def settled_all(results: list[tuple[bool, object]]) -> bool | Failure:
+            lost = [xid for (xid, _), (ok, _) in zip(waits, results, strict=True) if not ok]
+            if not lost:
+                return True
+            if self.finished:  # (nobody to confirm them: back to the queue, the first first)
+                for xid in reversed(lost):
+                    self._collection.unremove(name, xid)
+            else:
+                self._open_reads.setdefault(name, deque()).extendleft(reversed(lost))
+            failure = next(result for ok, result in results if not ok)
+            assert isinstance(failure, Failure)
+            return failure
+        return DeferredList([d for _, d in waits], consumeErrors=True).addCallback(settled_all)
 
     def close_all_reads(self, name: str, after_replies: bool = False) -> int:
         """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -110,15 +110,28 @@ class ThriftReads:
         else:
             self._external_counts.pop(name, None)
 
-    def confirm_ids(self, name: str, ids: Iterable[int]) -> int:
+    def external_reopened(self, name: str) -> None:
+        """A confirm of one of this session's external reads on C{name} failed: open again."""
+        self._external_counts[name] = self._external_counts.get(name, 0) + 1
+
+    def confirm_ids(self, name: str, ids: Iterable[int]) -> int | Deferred[int]:
         """
         Thrift C{confirm}: confirm every open external id of C{ids}; return how many.
 
         Each id is confirmed on the queue it was opened on, whoever opened it;
-        C{name} is not used to find it. Unknown ids are ignored.
+        C{name} is not used to find it. Unknown ids are ignored. If a queue
+        acks durably, a Deferred of the count once those confirms are durable;
+        if one is refused or lost it fails (L{kestrel.errors.JournalUnavailable})
+        and the ids it concerns are open again.
         """
         table = self.server.external_reads
-        return sum(1 for external_id in set(ids) if table.close(external_id, confirm=True))
+        closed = [table.close(external_id, confirm=True) for external_id in set(ids)]
+        count = sum(1 for done in closed if done)
+        waits = [done for done in closed if done.__class__ is not bool]
+        if not waits:
+            return count
+        return DeferredList(waits, fireOnOneErrback=True, consumeErrors=True).addCallbacks(
+            lambda _: count, lambda f: f.value.subFailure)  # type: ignore[arg-type]
 
     def abort_ids(self, name: str, ids: Iterable[int]) -> int:
         """
