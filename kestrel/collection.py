@@ -525,15 +525,15 @@ class QueueCollection(Service):
     def confirm_read(self, name: str, xid: int) -> Deferred[None] | None:
         """A client's confirm: a durable queue's Deferred (L{PersistentQueue.confirm_durably})."""
         queue = None if self._stopping else self._queues.get(name)
-        if queue is None or not queue.acks_durably:
-            return self.confirm_remove(name, xid)  # type: ignore[func-returns-value]
-        return self._track(queue.confirm_durably(xid))
+        if queue is not None and queue.acks_durably:
+            return self._track(queue.confirm_durably(xid))
+        return None if queue is None else self._track_maybe(  # type: ignore[func-returns-value]
+            queue.confirm_remove, xid)
 
     def _track_maybe(self, op: Callable[[int], object], xid: int) -> None:
         result = op(xid)  # (a Deferred while a journal write is in flight)
         if isinstance(result, Deferred):
-            self._track(result).addErrback(
-                lambda f: self._log.failure("Journal write failed", f))
+            self._track(result).addErrback(lambda f: self._log.failure("Journal write failed", f))
 
     def flush(self, name: str) -> None:
         """Remove every item of queue C{name}; a missing queue or an alias is left alone."""
