@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -101,6 +101,8 @@ class ClientSession(ThriftReads):
     """
 
     _log = Logger()
+
+    server: SessionHost  # (more than ThriftReads needs)
 
     def __init__(self, server: SessionHost, protocol_name: str = "memcache") -> None:
         self.server = server
@@ -195,7 +197,7 @@ class ClientSession(ThriftReads):
 
     def _confirms(self, waits: list[tuple[int, Deferred[None]]], name: str) -> Deferred[bool]:
         """Durable confirms of C{name}'s reads: C{True} once all are durable (L{close_reads})."""
-        def settled_all(results: list[tuple[bool, object]]) -> bool | Failure:
+        def settled_all(results: Any) -> bool:
             lost = [xid for (xid, _), (ok, _) in zip(waits, results, strict=True) if not ok]
             if not lost:
                 return True
@@ -206,7 +208,7 @@ class ClientSession(ThriftReads):
                 self._open_reads.setdefault(name, deque()).extendleft(reversed(lost))
             failure = next(result for ok, result in results if not ok)
             assert isinstance(failure, Failure)
-            return failure
+            failure.raiseException()
         return DeferredList([d for _, d in waits], consumeErrors=True).addCallback(settled_all)
 
     def close_all_reads(self, name: str, after_replies: bool = False) -> int:

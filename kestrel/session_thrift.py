@@ -9,7 +9,7 @@ L{kestrel.session.ClientSession} inherits it; it knows nothing of sockets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -46,6 +46,13 @@ class ThriftReads:
     held_reads: HeldReads
     finished: bool
     input_closed: bool
+
+    if TYPE_CHECKING:  # (the session's, which mixes this in)
+        def _check_reads(self, op: str) -> None: ...
+
+        def _monitor(self, name: str, deadline: float | None, max_items: int,
+                     open_read: bool, got_item: Callable[[QItem, int], None],
+                     record: Callable[[str, int], int | None] | None) -> Deferred[None]: ...
 
     def get_items(self, name: str, max_items: int, deadline: float | None,
                   auto_abort_ms: int) -> Deferred[list[tuple[int, QItem]]]:
@@ -127,11 +134,11 @@ class ThriftReads:
         table = self.server.external_reads
         closed = [table.close(external_id, confirm=True) for external_id in set(ids)]
         count = sum(1 for done in closed if done)
-        waits = [done for done in closed if done.__class__ is not bool]
+        waits = [done for done in closed if isinstance(done, Deferred)]
         if not waits:
             return count
         return DeferredList(waits, fireOnOneErrback=True, consumeErrors=True).addCallbacks(
-            lambda _: count, lambda f: f.value.subFailure)  # type: ignore[arg-type]
+            lambda _: count, lambda f: f.value.subFailure)
 
     def abort_ids(self, name: str, ids: Iterable[int]) -> int:
         """

@@ -593,7 +593,7 @@ class MemcacheProtocol(SessionProtocol):
         closed = session.close_reads(req.name, req.count) if req.count > 0 else False
         if not closed:
             return b"ERROR\r\n"
-        return _END if closed is True else closed.addCallback(lambda _: _END)  # type: ignore
+        return _END if closed is True else closed.addCallback(lambda _: _END)
 
     def _monitor(self, req: MonitorRequest) -> Reply:
         session = self.session

@@ -429,7 +429,7 @@ class TextProtocol(SessionProtocol):
         if closed is True:
             return count_reply(count)
         # (a queue acking durably: the count once the confirms are durable)
-        return closed.addCallback(lambda _: count_reply(count))  # type: ignore[union-attr]
+        return closed.addCallback(lambda _: count_reply(count))
 
     def _flush(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{flush <q>}: C{+0}."""
