@@ -518,10 +518,11 @@ class QueueCollection(Service):
     def confirm_read(self, name: str, xid: int) -> Deferred[None] | None:
         """A client's confirm: a durable queue's Deferred (L{PersistentQueue.confirm_durably})."""
         queue = None if self._stopping else self._queues.get(name)
-        if queue is not None and queue.acks_durably:
-            return self._track(queue.confirm_durably(xid))
-        return None if queue is None else self._track_maybe(  # type: ignore[func-returns-value]
-            queue.confirm_remove, xid)
+        if queue is not None:
+            if queue.acks_durably:
+                return self._track(queue.confirm_durably(xid))
+            self._track_maybe(queue.confirm_remove, xid)
+        return None
 
     def _track_maybe(self, op: Callable[[int], object], xid: int) -> None:
         result = op(xid)  # (a Deferred while a journal write is in flight)
