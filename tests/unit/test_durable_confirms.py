@@ -250,3 +250,35 @@ def test_memcache_close_refused_gets_server_error(tmp_path, clock: Clock, dialec
     assert reply in (b"VALUE q/close/open 0 1\r\nb\r\nEND\r\n", b"VA 1\r\nb\r\n")
     assert server.collection.queue("q").open_read_count == 1
     server.collection.stopService()
+
+
+def test_binary_close_refused_gets_its_status(tmp_path, clock: Clock) -> None:
+    """
+    A binary Get of C{q/close/open} refused: status 0x0086 with the reason, no
+    open made, the connection kept; after healing the same request closes
+    the read and opens the next item.
+    """
+    from kestrel.protocols.memcache import MemcacheFactory
+    from tests.unit.test_memcache_binary import GET, request, split
+
+    server, disk = server_with_disk(clock, tmp_path)
+    client = StringClient(MemcacheFactory(server))
+    [(_, status, _, data)] = split(client.send(request(GET, b"q/open")))
+    assert (status, data[-1:]) == (0, b"a")
+    clock.advance(0)
+    disk.write_fails = True
+    with capturedLogs():
+        failed = server.collection.add("q", b"x")
+        clock.advance(0)
+        assert isinstance(failed_with(failed), JournalUnavailable)
+        [(_, status, _, data)] = split(client.send(request(GET, b"q/close/open")))
+    assert status == 0x0086 and data.startswith(b"queue q is ")
+    assert client.connected
+    assert server.collection.queue("q").open_read_count == 1
+    heal(server, disk, clock)
+    client.send(request(GET, b"q/close/open"))
+    clock.advance(0)
+    [(_, status, _, data)] = split(client.take())
+    assert (status, data[-1:]) == (0, b"b")
+    assert server.collection.queue("q").open_read_count == 1
+    server.collection.stopService()
