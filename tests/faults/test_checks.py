@@ -54,40 +54,34 @@ def test_a_write_fault_opens_no_window() -> None:
     assert ledger.verdict()["lost"] == 1
 
 
-@pytest.mark.parametrize("policy", ["always", "always+durable", "period+durable"])
-def test_under_a_durable_policy_a_confirmed_item_back_is_reappeared(policy: str) -> None:
-    """Confirmations wait for their fsync there: one undone by a failed fsync is wrong."""
+def confirmed_in_a_window_then_back(policy: str, durable: bool = True) -> FaultLedger:
+    """C{x} delivered, confirmed inside an fsync fault's window, then delivered again."""
     ledger = FaultLedger(POLICIES[policy])
     ledger.acknowledged([b"x"])
     ledger.delivered(b"x")
     ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=True)
-    ledger.confirmed_all([b"x"])
+    ledger.confirmed_all([b"x"], durable=durable)
     ledger.delivered(b"x")
-    verdict = ledger.verdict()
+    return ledger
+
+
+@pytest.mark.parametrize("policy", ["always", "always+durable", "period+durable"])
+def test_under_a_durable_policy_a_confirmed_item_back_is_reappeared(policy: str) -> None:
+    """Confirmations wait for their fsync there: one undone by a failed fsync is wrong."""
+    verdict = confirmed_in_a_window_then_back(policy).verdict()
     assert (verdict["reappeared"], verdict["undone_confirms"]) == (1, 0)
 
 
 @pytest.mark.parametrize("policy", ["always+durable", "period"])
 def test_an_implicit_confirmation_may_be_undone_in_the_window(policy: str) -> None:
     """Text's implicit confirmation is never durable first: undone once is allowed."""
-    ledger = FaultLedger(POLICIES[policy])
-    ledger.acknowledged([b"x"])
-    ledger.delivered(b"x")
-    ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=True)
-    ledger.confirmed_all([b"x"], durable=False)
-    ledger.delivered(b"x")
-    verdict = ledger.verdict()
+    verdict = confirmed_in_a_window_then_back(policy, durable=False).verdict()
     assert (verdict["reappeared"], verdict["undone_confirms"]) == (0, 1)
 
 
 def test_a_confirmed_item_back_twice_is_reappeared_even_in_the_window() -> None:
     """A confirmation undone by a failed fsync brings its item back once at most."""
-    ledger = FaultLedger(POLICIES["period"])
-    ledger.acknowledged([b"x"])
-    ledger.delivered(b"x")
-    ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=True)
-    ledger.confirmed_all([b"x"])
-    ledger.delivered(b"x")
+    ledger = confirmed_in_a_window_then_back("period")
     verdict = ledger.verdict()
     assert (verdict["reappeared"], verdict["undone_confirms"]) == (0, 1)
     ledger.delivered(b"x")

@@ -50,6 +50,15 @@ def server_with_disk(clock: Clock, tmp_path, yaml: str = ALWAYS):
     return server, disk
 
 
+def fail_writes(server, disk: Disk, clock: Clock) -> None:
+    """From now on the journal's writes fail; an add of C{x} finds it and fails the queue."""
+    disk.write_fails = True
+    with capturedLogs():
+        failed = server.collection.add("q", b"x")
+        clock.advance(0)
+        assert isinstance(failed_with(failed), JournalUnavailable)
+
+
 def heal(server, disk: Disk, clock: Clock) -> None:
     disk.write_fails = disk.fsync_fails = False
     with capturedLogs():
@@ -61,14 +70,19 @@ def heal(server, disk: Disk, clock: Clock) -> None:
 # -- the queue -------------------------------------------------------------------------
 
 
-def test_durable_confirm_waits_for_its_fsync(tmp_path, clock: Clock) -> None:
-    """Under a period with durable_acks the confirm fires at the period's fsync."""
+def durable_queue_with_an_open_read(tmp_path, clock: Clock):
+    """A queue under a 0.5 s period with durable_acks, C{a} added and open: (queue, disk, read)."""
     disk = Disk()
     q = open_queue(tmp_path, clock, disk, sync_policy=0.5, durable_acks=True)
     d = q.add(b"a")
     clock.advance(0.5)
     assert value(d) is True
-    item = q.remove(open_read=True)
+    return q, disk, q.remove(open_read=True)
+
+
+def test_durable_confirm_waits_for_its_fsync(tmp_path, clock: Clock) -> None:
+    """Under a period with durable_acks the confirm fires at the period's fsync."""
+    q, disk, item = durable_queue_with_an_open_read(tmp_path, clock)
     done = q.confirm_durably(item.xid)
     assert not done.called
     clock.advance(0.5)
@@ -80,12 +94,7 @@ def test_durable_confirm_waits_for_its_fsync(tmp_path, clock: Clock) -> None:
 def test_durable_confirm_refused_while_the_journal_cannot_be_written(tmp_path,
                                                                     clock: Clock) -> None:
     """Nothing is kept: the read stays open, and a restart on the full disk still has it."""
-    disk = Disk()
-    q = open_queue(tmp_path, clock, disk, sync_policy=0.5, durable_acks=True)
-    d = q.add(b"a")
-    clock.advance(0.5)
-    assert value(d) is True
-    item = q.remove(open_read=True)
+    q, disk, item = durable_queue_with_an_open_read(tmp_path, clock)
     clock.advance(0.5)
     disk.write_fails = True
     with capturedLogs():
@@ -137,11 +146,7 @@ def test_session_close_refused_keeps_the_read_at_the_front(tmp_path, clock: Cloc
     first = session.read_item("q", None, True, False)
     second = session.read_item("q", None, True, False)
     clock.advance(0)
-    disk.write_fails = True
-    with capturedLogs():
-        failed = server.collection.add("q", b"x")
-        clock.advance(0)
-        assert isinstance(failed_with(failed), JournalUnavailable)
+    fail_writes(server, disk, clock)
     assert isinstance(failed_with(session.close_reads("q", 2)), JournalUnavailable)
     assert list(session._open_reads["q"]) == [first.xid, second.xid]
     assert isinstance(failed_with(session.close_read("q")), JournalUnavailable)
@@ -154,17 +159,25 @@ def test_session_close_refused_keeps_the_read_at_the_front(tmp_path, clock: Cloc
     server.collection.stopService()
 
 
-def test_lost_confirm_is_open_again_and_the_sessions(tmp_path, clock: Clock) -> None:
-    """A failed fsync: the error, the read open after the reload and the session's again."""
+def lose_a_confirm(tmp_path, clock: Clock, finish: bool):
+    """A session opens C{a} and closes it while fsyncs fail (ending first if C{finish})."""
     server, disk = server_with_disk(clock, tmp_path)
     session = ClientSession(server)
     item = session.read_item("q", None, True, False)
     clock.advance(0)
     disk.fsync_fails = True
     done = session.close_read("q")
+    if finish:
+        session.finish()
     with capturedLogs():
         clock.advance(0)
     assert isinstance(failed_with(done), JournalUnavailable)
+    return server, disk, session, item
+
+
+def test_lost_confirm_is_open_again_and_the_sessions(tmp_path, clock: Clock) -> None:
+    """A failed fsync: the error, the read open after the reload and the session's again."""
+    server, disk, session, item = lose_a_confirm(tmp_path, clock, finish=False)
     assert list(session._open_reads["q"]) == [item.xid]
     heal(server, disk, clock)
     q = server.collection.queue("q")
@@ -177,16 +190,7 @@ def test_lost_confirm_is_open_again_and_the_sessions(tmp_path, clock: Clock) -> 
 
 def test_lost_confirm_of_a_finished_session_is_aborted(tmp_path, clock: Clock) -> None:
     """The session ended while its confirm was in flight: the read goes back to the queue."""
-    server, disk = server_with_disk(clock, tmp_path)
-    session = ClientSession(server)
-    item = session.read_item("q", None, True, False)
-    clock.advance(0)
-    disk.fsync_fails = True
-    done = session.close_read("q")
-    session.finish()
-    with capturedLogs():
-        clock.advance(0)
-    assert isinstance(failed_with(done), JournalUnavailable)
+    server, disk, _, item = lose_a_confirm(tmp_path, clock, finish=True)
     heal(server, disk, clock)
     q = server.collection.queue("q")
     assert q.open_read_count == 0 and [i.data for i in q._items] == [b"a", b"b"]
@@ -203,11 +207,7 @@ def test_thrift_confirm_refused_keeps_the_id_open(tmp_path, clock: Clock) -> Non
     session = ClientSession(server, "thrift")
     [(external, item)] = value(session.get_items("q", 1, None, 60_000))
     clock.advance(0)
-    disk.write_fails = True
-    with capturedLogs():
-        failed = server.collection.add("q", b"x")
-        clock.advance(0)
-        assert isinstance(failed_with(failed), JournalUnavailable)
+    fail_writes(server, disk, clock)
     assert isinstance(failed_with(session.confirm_ids("q", [external])), JournalUnavailable)
     assert external in server.external_reads and session.count_open_reads("q") == 1
     heal(server, disk, clock)
@@ -233,12 +233,9 @@ def test_memcache_close_refused_gets_server_error(tmp_path, clock: Clock, dialec
     else:
         assert client.send(b"mg q/open v\r\n") == b"VA 1\r\na\r\n"
     clock.advance(0)
-    disk.write_fails = True
+    fail_writes(server, disk, clock)
+    request = b"get q/close/open\r\n" if dialect == "text" else b"mg q/close/open v\r\n"
     with capturedLogs():
-        failed = server.collection.add("q", b"x")
-        clock.advance(0)
-        assert isinstance(failed_with(failed), JournalUnavailable)
-        request = b"get q/close/open\r\n" if dialect == "text" else b"mg q/close/open v\r\n"
         reply = client.send(request)
     assert reply.startswith(b"SERVER_ERROR queue q is ") and reply.endswith(b"\r\n")
     assert client.connected
@@ -266,11 +263,8 @@ def test_binary_close_refused_gets_its_status(tmp_path, clock: Clock) -> None:
     [(_, status, _, data)] = split(client.send(request(GET, b"q/open")))
     assert (status, data[-1:]) == (0, b"a")
     clock.advance(0)
-    disk.write_fails = True
+    fail_writes(server, disk, clock)
     with capturedLogs():
-        failed = server.collection.add("q", b"x")
-        clock.advance(0)
-        assert isinstance(failed_with(failed), JournalUnavailable)
         [(_, status, _, data)] = split(client.send(request(GET, b"q/close/open")))
     assert status == 0x0086 and data.startswith(b"queue q is ")
     assert client.connected
