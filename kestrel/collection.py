@@ -39,12 +39,7 @@ from kestrel.journal.memory import MemoryJournal
 from kestrel.journal.runner import SyncTurn, run_inline
 from kestrel.journal.syncfile import FsyncObserver
 from kestrel.limits import check_room, descriptors_for
-from kestrel.loading import (
-    REPLAY_SLICE_SECONDS,
-    REPLAY_STEP_BYTES,
-    JournalLoader,
-    LoadingQueue,
-)
+from kestrel.loading import REPLAY_SLICE_SECONDS, REPLAY_STEP_BYTES, JournalLoader, LoadingQueue
 from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
 from kestrel.queue_folder import ensure_queue_path, refuse_foreign_journal
@@ -520,11 +515,19 @@ class QueueCollection(Service):
         if queue is not None:
             self._track_maybe(queue.confirm_remove, xid)
 
+    def confirm_read(self, name: str, xid: int) -> Deferred[None] | None:
+        """A client's confirm: a durable queue's Deferred (L{PersistentQueue.confirm_durably})."""
+        queue = None if self._stopping else self._queues.get(name)
+        if queue is not None:
+            if queue.acks_durably:
+                return self._track(queue.confirm_durably(xid))
+            self._track_maybe(queue.confirm_remove, xid)
+        return None
+
     def _track_maybe(self, op: Callable[[int], object], xid: int) -> None:
         result = op(xid)  # (a Deferred while a journal write is in flight)
         if isinstance(result, Deferred):
-            self._track(result).addErrback(
-                lambda f: self._log.failure("Journal write failed", f))
+            self._track(result).addErrback(lambda f: self._log.failure("Journal write failed", f))
 
     def flush(self, name: str) -> None:
         """Remove every item of queue C{name}; a missing queue or an alias is left alone."""
@@ -558,9 +561,8 @@ class QueueCollection(Service):
         queue = self._queues.pop(name, None)
         if queue is not None:
             queue.evict_waiters()
-            self._track(queue.close()).addErrback(
-                lambda f: self._log.failure("Closing deleted queue {queue} failed", f,
-                                            queue=name))
+            self._track(queue.close()).addErrback(lambda f: self._log.failure(
+                "Closing deleted queue {queue} failed", f, queue=name))
             queue.destroy_journal()
             self.stats.queue_deletes += 1
             self._log.info("Queue {queue} deleted", queue=name)

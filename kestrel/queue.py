@@ -106,6 +106,8 @@ class PersistentQueue(QueueStats, QueueReplay):
         self._open_by_xid = self._reads.by_xid
         self._waiting = self._blocked.waiting
         self._closed = False
+        # (xids of durable confirms that failed, open again once memory is reloaded)
+        self._reopening: set[int] = set()
         self._replaying = False
         self._last_wait_ms = 0
         # What happens when the journal cannot be written, and what the
@@ -478,6 +480,8 @@ class PersistentQueue(QueueStats, QueueReplay):
             self._records.write(self.journal.unremove, xid, note=(ABORT, xid, None))
             self.canceled_transactions += 1
             self._open_reads_changed()
+        elif xid in self._reopening:  # (a confirm that failed: the reload reopens it)
+            self._records.note(ABORT, xid, None, None)
         else:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
@@ -499,7 +503,8 @@ class PersistentQueue(QueueStats, QueueReplay):
         """
         Confirm open read C{xid}: its item is gone for good. An unknown xid is
         logged. While memory is being rebuilt after a journal failure, the
-        confirm is kept and applied by the reload.
+        confirm is kept and applied by the reload. (A client's own confirm
+        on a queue that L{acks_durably} is L{confirm_durably}.)
         """
         if self._closed:
             return
@@ -512,6 +517,39 @@ class PersistentQueue(QueueStats, QueueReplay):
         else:
             self._log.warn("{queue}: confirm of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
+
+    def confirm_durably(self, xid: int) -> Deferred[None]:
+        """
+        A client's confirm of open read C{xid} on a queue that L{acks_durably},
+        acknowledged like a durable add: refused
+        (failing with L{JournalUnavailable}, the read left open) unless the
+        journal takes writes; otherwise the read is closed and its record
+        written, and the Deferred fires once that record is durable. If its
+        write or fsync fails, the Deferred fails with L{JournalUnavailable}
+        and the reload rebuilds the read as open under C{xid} (an abort of it
+        made meanwhile is kept for that reload).
+        """
+        health = self._health
+        if self._closed:
+            return succeed(None)
+        if not health.takes_adds:
+            return fail(health.unavailable())
+        if self._reads.pop(xid) is None:
+            self._log.warn("{queue}: confirm of xid {xid}, which is not open",
+                           queue=self.name, xid=xid)
+            return succeed(None)
+        self._open_reads_changed()
+        try:
+            d = self.journal.confirm_remove(xid)
+        except Exception as e:
+            self._log.failure("Journal write failed for {queue}", queue=self.name)
+            d = fail(e)
+        return d.addErrback(self._confirm_failed, xid)
+
+    def _confirm_failed(self, failure: Failure, xid: int) -> NoReturn:
+        """A durable confirm's record was lost: the reload opens C{xid} again; say why."""
+        self._reopening.add(xid)
+        self._durable_add_failed(failure)
 
     def _open_reads_changed(self) -> None:
         """Tell the observer (if any) the size of the open-read table and of its timed part."""
@@ -623,6 +661,7 @@ class PersistentQueue(QueueStats, QueueReplay):
 
     def readable_again(self) -> None:
         """Memory agrees with the journal again: wake the next blocked reader."""
+        self._reopening.clear()  # (the reload opened them again)
         self._blocked.wake()
 
     # ----- journal maintenance

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -28,6 +28,7 @@ from kestrel.errors import AvailabilityError, ControlRefused, KestrelError, TooM
 from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
 from kestrel.queue_info import QueueInfo
+from kestrel.session_thrift import ThriftReads
 from kestrel.settled import PENDING, Pending, settled
 from kestrel.status import Status
 
@@ -79,7 +80,7 @@ def _result_now(d: Deferred[_T]) -> _T | Failure | Pending:
     return box[0]
 
 
-class ClientSession:
+class ClientSession(ThriftReads):
     """
     One connection's view of the server (Kestrel's C{KestrelHandler}).
 
@@ -100,6 +101,8 @@ class ClientSession:
     """
 
     _log = Logger()
+
+    server: SessionHost  # (more than ThriftReads needs)
 
     def __init__(self, server: SessionHost, protocol_name: str = "memcache") -> None:
         self.server = server
@@ -156,27 +159,57 @@ class ClientSession:
         self._collection.unremove(name, fifo.popleft())
         return True
 
-    def close_read(self, name: str) -> bool:
-        """Confirm the oldest open read on C{name}; whether one existed."""
+    def close_read(self, name: str) -> bool | Deferred[bool]:
+        """
+        Confirm the oldest open read on C{name}; whether one existed. On a
+        queue that acknowledges durably, a Deferred instead (see L{close_reads}).
+        """
         fifo = self._open_reads.get(name)
         if not fifo:
             return False
-        self._collection.confirm_remove(name, fifo.popleft())
-        return True
+        xid = fifo.popleft()
+        done = self._collection.confirm_read(name, xid)
+        return True if done is None else self._confirms([(xid, done)], name)
 
-    def close_reads(self, name: str, count: int) -> bool:
+    def close_reads(self, name: str, count: int) -> bool | Deferred[bool]:
         """
         Confirm the C{count} oldest open reads on C{name}, all or nothing.
 
         Returns false (confirming nothing) if fewer than C{count} are open or
-        C{count} is not positive.
+        C{count} is not positive. On a queue that acknowledges durably
+        (L{kestrel.queue.PersistentQueue.confirm_durably}), a Deferred firing
+        C{True} once every confirm is durable; if one is refused or its record
+        lost, it fails (L{kestrel.errors.JournalUnavailable}) and those reads
+        are this session's again, at the front of its reads in their order
+        (aborted if the session has finished).
         """
         fifo = self._open_reads.get(name)
         if count <= 0 or not fifo or len(fifo) < count:
             return False
+        confirm = self._collection.confirm_read
+        waits = []
         for _ in range(count):
-            self._collection.confirm_remove(name, fifo.popleft())
-        return True
+            xid = fifo.popleft()
+            done = confirm(name, xid)
+            if done is not None:
+                waits.append((xid, done))
+        return True if not waits else self._confirms(waits, name)
+
+    def _confirms(self, waits: list[tuple[int, Deferred[None]]], name: str) -> Deferred[bool]:
+        """Durable confirms of C{name}'s reads: C{True} once all are durable (L{close_reads})."""
+        def settled_all(results: Any) -> bool:
+            lost = [xid for (xid, _), (ok, _) in zip(waits, results, strict=True) if not ok]
+            if not lost:
+                return True
+            if self.finished:  # (nobody to confirm them: back to the queue, the first first)
+                for xid in reversed(lost):
+                    self._collection.unremove(name, xid)
+            else:
+                self._open_reads.setdefault(name, deque()).extendleft(reversed(lost))
+            failure = next(result for ok, result in results if not ok)
+            assert isinstance(failure, Failure)
+            failure.raiseException()
+        return DeferredList([d for _, d in waits], consumeErrors=True).addCallback(settled_all)
 
     def close_all_reads(self, name: str, after_replies: bool = False) -> int:
         """
@@ -435,90 +468,6 @@ class ClientSession:
 
         step(max_items)
         return done
-
-    def get_items(self, name: str, max_items: int, deadline: float | None,
-                  auto_abort_ms: int) -> Deferred[list[tuple[int, QItem]]]:
-        """
-        Thrift C{get}: collect up to C{max_items} items of C{name}, waiting
-        until C{deadline} for more; fire with C{(external_id, item)} pairs.
-
-        With C{auto_abort_ms > 0} every item is an open read with a new
-        process-wide external id, aborted after C{auto_abort_ms} unless
-        confirmed or aborted first (from any connection); otherwise items are
-        held (L{held_reads}) until the protocol has the reply in the kernel,
-        then removed for good; their id is 0. C{max_items == 0} gives [].
-        """
-        self._check_reads("monitorUntil")
-        if max_items == 0:
-            return succeed([])
-        self._stats.cmd_monitor += 1
-        open_read = auto_abort_ms > 0
-        # A get that removes for good holds what it collects as open reads
-        # until its reply is in the kernel: if the client goes away first,
-        # they go back to the head instead of into a reply nobody reads.
-        holding = not open_read
-        items: list[tuple[int, QItem]] = []
-        d = self._monitor(name, deadline, max_items, open_read or holding,
-                          lambda item, external: items.append((external, item)),
-                          self._add_external_read if open_read else None)
-
-        def finished(_: object) -> list[tuple[int, QItem]]:
-            if open_read:
-                table = self.server.external_reads
-                for external, _item in items:
-                    table.set_timer(external, auto_abort_ms / 1000.0)
-            elif holding:
-                collection = self._collection
-                if self.finished or self.input_closed:
-                    for _external, item in reversed(items):
-                        collection.unremove(name, item.xid)
-                    self._log.debug("thrift get on {queue} cut by a close: {n} items put back",
-                                    queue=name, n=len(items))
-                    return []
-                self.held_reads.pending.extend((name, item.xid) for _external, item in items)
-            return items
-
-        def failed(failure: Failure) -> Failure:
-            for external, item in reversed(items):  # (the client gets the error, not them)
-                if open_read:  # (it never learns these ids: no timer, nobody to close them)
-                    self.server.external_reads.close(external, confirm=False)
-                else:
-                    self._collection.unremove(name, item.xid)
-            return failure
-        return d.addCallbacks(finished, failed)
-
-    def _add_external_read(self, name: str, xid: int) -> int:
-        self._external_counts[name] = self._external_counts.get(name, 0) + 1
-        return self.server.external_reads.open(name, xid, self)
-
-    def external_closed(self, name: str) -> None:
-        """One of this session's external reads on queue C{name} was confirmed or aborted."""
-        count = self._external_counts.get(name, 0)
-        if count > 1:
-            self._external_counts[name] = count - 1
-        else:
-            self._external_counts.pop(name, None)
-
-    def confirm_ids(self, name: str, ids: Iterable[int]) -> int:
-        """
-        Thrift C{confirm}: confirm every open external id of C{ids}; return how many.
-
-        Each id is confirmed on the queue it was opened on, whoever opened it;
-        C{name} is not used to find it. Unknown ids are ignored.
-        """
-        table = self.server.external_reads
-        return sum(1 for external_id in set(ids) if table.close(external_id, confirm=True))
-
-    def abort_ids(self, name: str, ids: Iterable[int]) -> int:
-        """
-        Thrift C{abort}: like L{confirm_ids}, but the items go back to their queue's head.
-
-        Higher ids go back first, so that of the items aborted together the one
-        handed out first is delivered first again.
-        """
-        table = self.server.external_reads
-        return sum(1 for external_id in sorted(set(ids), reverse=True)
-                   if table.close(external_id, confirm=False))
 
     def queue_info(self, name: str) -> QueueInfo | None:
         """

@@ -509,7 +509,9 @@ class MemcacheProtocol(SessionProtocol):
             session.abort_read(name)
             return None
         if req.closing:
-            session.close_read(name)
+            closed = session.close_read(name)
+            if closed.__class__ is not bool:  # (durable: the next open waits for the close)
+                return closed.addCallback(self._closed_read, req)  # type: ignore[union-attr]
             if not req.open_read:
                 return None
         elif not req.open_read and not req.peeking and session.count_open_reads(name) > 0:
@@ -518,6 +520,14 @@ class MemcacheProtocol(SessionProtocol):
         deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         # (Its reply is written at the end of this pass, before another connection runs.)
         return session.read_item(name, deadline, req.open_read, req.peeking, True)
+
+    def _closed_read(self, _: bool, req: GetRequest) -> QItem | None | Deferred:
+        """A durable close of C{req} is durable: its open (if any) runs now."""
+        if not req.open_read or self.session is None:
+            return None
+        timeout_ms = req.timeout_ms
+        deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
+        return self.session.read_item(req.name, deadline, True, req.peeking)
 
     def _get(self, req: GetRequest) -> Reply:
         result = self.fetch(req)
@@ -580,9 +590,10 @@ class MemcacheProtocol(SessionProtocol):
     def _confirm(self, req: ConfirmRequest) -> Reply:
         session = self.session
         assert session is not None
-        if req.count <= 0 or not session.close_reads(req.name, req.count):
+        closed = session.close_reads(req.name, req.count) if req.count > 0 else False
+        if not closed:
             return b"ERROR\r\n"
-        return _END
+        return _END if closed is True else closed.addCallback(lambda _: _END)
 
     def _monitor(self, req: MonitorRequest) -> Reply:
         session = self.session

@@ -414,7 +414,7 @@ class TextProtocol(SessionProtocol):
             name, deadline, self.server.max_open_transactions, True, got_item)
         return done.addCallback(lambda _: _NO_ITEM)
 
-    def _confirm(self, args: list[bytes], items: list[bytes]) -> bytes:
+    def _confirm(self, args: list[bytes], items: list[bytes]) -> bytes | Deferred[bytes]:
         """
         C{confirm <q> <count>}: confirm the C{count} oldest open reads on q; if
         fewer are open (or count < 1) nothing is confirmed.
@@ -423,9 +423,13 @@ class TextProtocol(SessionProtocol):
             raise BadRequest("Queue name & count required.")
         name = args[0].decode("latin-1")
         count = parse_int(args[1], "count")
-        if not self.live_session.close_reads(name, count):
+        closed = self.live_session.close_reads(name, count)
+        if not closed:
             raise BadRequest("Not that many transactions open.")
-        return count_reply(count)
+        if closed is True:
+            return count_reply(count)
+        # (a queue acking durably: the count once the confirms are durable)
+        return closed.addCallback(lambda _: count_reply(count))
 
     def _flush(self, args: list[bytes], items: list[bytes]) -> bytes:
         """C{flush <q>}: C{+0}."""

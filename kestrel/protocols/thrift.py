@@ -295,7 +295,7 @@ class ThriftCalls:
         return d.addCallback(
             lambda pairs: [item_class(data=item.data, id=xid) for xid, item in pairs])
 
-    def confirm(self, queue_name: str, ids: Iterable[int]) -> int:
+    def confirm(self, queue_name: str, ids: Iterable[int]) -> int | Deferred[int]:
         """Confirm the open reads C{ids} (from any connection); the result counts those found."""
         return self._session.confirm_ids(queue_name, set(ids))
 

@@ -20,18 +20,27 @@ before the fault began until it ended, and:
     policy that answers adds before their fsync (a period without
     C{durable_acks}); under C{always} or with C{durable_acks} adds wait;
   - a confirmation acknowledged in it may be undone, the item delivered once
-    more (C{undone_confirms}), under every policy that fsyncs: confirmations
-    never wait for their fsync;
+    more (C{undone_confirms}), only under a policy that does not acknowledge
+    durably (a period without C{durable_acks}): under C{always} or with
+    C{durable_acks} a client's confirmation is answered only once its record
+    is durable, and one undone counts as C{reappeared};
   - under C{never} nothing may be undone.
 
-One more window, under every policy: while a journal cannot be written the
-server keeps confirmations in memory and acknowledges them (they never wait
-for the disk); a restart before they could be written (a kill, or a stop
-with the disk still full) may undo them, each item delivered once more
-I{after} that restart. So a restart during a fault opens a window for
-confirmations from the fault's start to the restart (L{restarted_in_fault});
-an item confirmed there and delivered again before the restart is not
-excused by it.
+One more window, under the policies that do not acknowledge durably: while
+a journal cannot be written the server keeps confirmations in memory and
+acknowledges them (they never wait for the disk); a restart before they
+could be written (a kill, or a stop with the disk still full) may undo them,
+each item delivered once more I{after} that restart. So a restart during a
+fault opens a window for confirmations from the fault's start to the restart
+(L{restarted_in_fault}); an item confirmed there and delivered again before
+the restart is not excused by it. Under a durable policy such a
+confirmation is refused (an error reply: the consumer holds the read still,
+not confirmed).
+
+One kind of confirmation is not a durable acknowledgement under any policy:
+the text protocol's implicit one (the next C{get} on the queue confirms what
+the connection held, once that reply is in the kernel; protocols.md). Those
+are recorded with C{durable=False} and judged as under a non-durable policy.
 
 Outside the windows nothing may be undone, under any policy.
 
@@ -80,6 +89,11 @@ class Policy:
     def fsyncs(self) -> bool:
         """Whether the server fsyncs (and, after a failed fsync, cuts back) journals."""
         return self.queue_config.get("sync_journal") != "never"
+
+    @property
+    def confirms_durably(self) -> bool:
+        """Whether a client's confirmation is answered only once durable (C{acks_durably})."""
+        return self.fsyncs and (self.period == 0 or bool(self.queue_config.get("durable_acks")))
 
     @property
     def adds_before_fsync(self) -> bool:
@@ -174,12 +188,15 @@ class FaultLedger(Ledger):
                     last[2] = time.monotonic()
         super().delivered(item)
 
-    def confirmed_all(self, items: list[bytes]) -> None:
-        """The confirmations of these reads were acknowledged (now)."""
+    def confirmed_all(self, items: list[bytes], durable: bool = True) -> None:
+        """
+        The confirmations of these reads were acknowledged (now); C{durable}
+        false for one the server never makes durable first (text's implicit one).
+        """
         now = time.monotonic()
         with self._lock:
             for item in items:
-                self.confirms.setdefault(item, []).append([now, 0, 0.0])
+                self.confirms.setdefault(item, []).append([now, 0, 0.0, float(durable)])
         super().confirmed_all(items)
 
     def fault(self, started: float, ended: float, injected: int, fsync: bool) -> None:
@@ -203,13 +220,14 @@ class FaultLedger(Ledger):
             self.injected += count
 
     def in_doubt(self, when: float | None, confirm: bool = False,
-                 again: float | None = None) -> bool:
+                 again: float | None = None, durable: bool = True) -> bool:
         """
         Whether the policy allows undoing an add (or C{confirm}ation)
         acknowledged at C{when} (for a confirmation: whose item came C{again}
-        at that time).
+        at that time; C{durable}: one the server makes durable first under
+        a durable policy).
         """
-        if when is None:
+        if when is None or (confirm and durable and self.policy.confirms_durably):
             return False
         if confirm and again is not None and any(
                 start <= when <= restart <= again for start, restart in self.confirm_windows):
@@ -236,8 +254,9 @@ class FaultLedger(Ledger):
         undone: Counter[bytes] = Counter()
         for item, confirms in self.confirms.items():
             unexcused = 0
-            for when, after, again in confirms:
-                if after == 1 and self.in_doubt(when, confirm=True, again=again):
+            for when, after, again, durable in confirms:
+                if after == 1 and self.in_doubt(when, confirm=True, again=again,
+                                                durable=bool(durable)):
                     undone[item] += 1
                 else:
                     unexcused += int(after)

@@ -54,14 +54,34 @@ def test_a_write_fault_opens_no_window() -> None:
     assert ledger.verdict()["lost"] == 1
 
 
-def test_a_confirmed_item_back_twice_is_reappeared_even_in_the_window() -> None:
-    """A confirmation undone by a failed fsync brings its item back once at most."""
-    ledger = FaultLedger(POLICIES["always+durable"])
+def confirmed_in_a_window_then_back(policy: str, durable: bool = True) -> FaultLedger:
+    """C{x} delivered, confirmed inside an fsync fault's window, then delivered again."""
+    ledger = FaultLedger(POLICIES[policy])
     ledger.acknowledged([b"x"])
     ledger.delivered(b"x")
     ledger.fault(time.monotonic() - 1, time.monotonic() + 1, 1, fsync=True)
-    ledger.confirmed_all([b"x"])
+    ledger.confirmed_all([b"x"], durable=durable)
     ledger.delivered(b"x")
+    return ledger
+
+
+@pytest.mark.parametrize("policy", ["always", "always+durable", "period+durable"])
+def test_under_a_durable_policy_a_confirmed_item_back_is_reappeared(policy: str) -> None:
+    """Confirmations wait for their fsync there: one undone by a failed fsync is wrong."""
+    verdict = confirmed_in_a_window_then_back(policy).verdict()
+    assert (verdict["reappeared"], verdict["undone_confirms"]) == (1, 0)
+
+
+@pytest.mark.parametrize("policy", ["always+durable", "period"])
+def test_an_implicit_confirmation_may_be_undone_in_the_window(policy: str) -> None:
+    """Text's implicit confirmation is never durable first: undone once is allowed."""
+    verdict = confirmed_in_a_window_then_back(policy, durable=False).verdict()
+    assert (verdict["reappeared"], verdict["undone_confirms"]) == (0, 1)
+
+
+def test_a_confirmed_item_back_twice_is_reappeared_even_in_the_window() -> None:
+    """A confirmation undone by a failed fsync brings its item back once at most."""
+    ledger = confirmed_in_a_window_then_back("period")
     verdict = ledger.verdict()
     assert (verdict["reappeared"], verdict["undone_confirms"]) == (0, 1)
     ledger.delivered(b"x")
@@ -84,7 +104,7 @@ def test_each_confirmation_in_the_window_may_be_undone_once() -> None:
 
 def test_a_restart_excuses_only_what_comes_back_after_it() -> None:
     """A confirmation kept in memory may be undone by a restart, not before it."""
-    ledger = FaultLedger(POLICIES["always+durable"])
+    ledger = FaultLedger(POLICIES["period"])
     ledger.acknowledged([b"before", b"after"])
     started = time.monotonic()
     for item in (b"before", b"after"):
@@ -95,6 +115,19 @@ def test_a_restart_excuses_only_what_comes_back_after_it() -> None:
     ledger.delivered(b"after")
     verdict = ledger.verdict()
     assert (verdict["reappeared"], verdict["undone_confirms"]) == (1, 1)
+
+
+def test_under_a_durable_policy_a_restart_excuses_no_confirmation() -> None:
+    """Such a confirmation is refused while the disk is full: one undone is wrong."""
+    ledger = FaultLedger(POLICIES["always"])
+    ledger.acknowledged([b"x"])
+    started = time.monotonic()
+    ledger.delivered(b"x")
+    ledger.confirmed_all([b"x"])
+    ledger.restarted_in_fault(started)
+    ledger.delivered(b"x")
+    verdict = ledger.verdict()
+    assert (verdict["reappeared"], verdict["undone_confirms"]) == (1, 0)
 
 
 def test_a_refused_item_served_is_counted() -> None:

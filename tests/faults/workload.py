@@ -191,8 +191,8 @@ def any_consumer(run: Run, load: Load, queue: str, protocol: str) -> Callable[[]
             if protocol == "text":
                 client = TextClient(host, port)
                 while not load.stop.is_set():
-                    got = client.get(queue, 100)  # confirms what it held
-                    ledger.confirmed_all(holding)
+                    got = client.get(queue, 100)  # confirms what it held (not durably)
+                    ledger.confirmed_all(holding, durable=False)
                     holding = [key(queue, got)] if got is not None else []
                     if got is not None:
                         ledger.delivered(holding[0])
