@@ -178,7 +178,12 @@ class PeriodicSyncFile:
         if coalescer is not None and coalescer.depth:
             return self._hold(coalescer, data)
         if self._held:
-            self.flush()
+            error = self._flush()
+            if error is not None:
+                # (refused too: written after the refused records, it would
+                # be the one record of the turn the cut-back keeps, and a
+                # reader it was for would never hear of it)
+                return fail(error)
         fd = self._fd
         try:
             written = self._os_write(fd, data)
@@ -260,24 +265,30 @@ class PeriodicSyncFile:
         be durable fail. Under C{sync_policy} 0.0 a successful flush starts
         the fsync that covers it.
         """
+        return self._flush() is None
+
+    def _flush(self) -> OSError | None:
+        """L{flush}: C{None} if the held bytes got there, else the OS error."""
         if not self._held:
-            return True
+            return None
         waiting = bool(self._held_waiters)
-        if not self._write_held():
-            return False
+        error = self._write_held()
+        if error is not None:
+            return error
         policy = self._policy
         if waiting and policy is not None:
             if policy <= 0.0:
                 self._sync_soon()
             elif self._timer is None:
                 self._timer = self._clock.callLater(policy, self._timer_fired)
-        return True
+        return None
 
-    def _write_held(self) -> bool:
+    def _write_held(self) -> OSError | None:
         """
         Write the held bytes in one C{os.write}; their waiting Deferreds
-        join the pending writes. Whether they got there (on an OS error:
-        cut back, logged, those Deferreds failed, the error reported).
+        join the pending writes. C{None} if they got there, else the OS
+        error (the file cut back, logged, those Deferreds failed, the error
+        reported).
         """
         held = self._held
         size = self._held_size
@@ -307,12 +318,12 @@ class PeriodicSyncFile:
             for d in waiters:
                 d.errback(failure)
             self._report_error("write", e)
-            return False
+            return e
         if waiters:
             self._pending.extend(waiters)
             if times:
                 self._pending_times.extend(times)
-        return True
+        return None
 
     def _cut_back(self) -> None:
         """Drop any partial write beyond C{position} so the file ends at a record boundary."""

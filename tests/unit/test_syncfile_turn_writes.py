@@ -38,11 +38,15 @@ class Writes:
         self.calls: list[bytes] = []
         #: Fail the next write after writing this many of its bytes (None: never fail).
         self.fail_after: int | None = None
+        #: Fail only that one write (the disk has room again right after).
+        self.once = False
 
     def __call__(self, fd: int, data: bytes) -> int:
         if self.fail_after is not None:
             if self.fail_after:
                 os.write(fd, data[:self.fail_after])  # (a partial write, then the error)
+            if self.once:
+                self.fail_after = None
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.calls.append(bytes(data))
         return os.write(fd, data)
@@ -116,6 +120,29 @@ def test_a_failed_turn_write_fails_exactly_its_records(tmp_path: Path, clock: Cl
     later = f.write_unseen(b"c")
     clock.advance(0)
     assert outcome(later) is None and on_disk(tmp_path) == b"Rc"
+    f.close()
+
+
+def test_a_record_written_after_held_records_that_fail_is_refused_too(
+        tmp_path: Path, clock: Clock) -> None:
+    """
+    A remove needs the file while durable adds are held; writing them fails,
+    though the remove alone would fit: the remove is refused too and never
+    reaches the file, so the cut-back that follows cannot keep it (a read
+    opened by it would be replayed open, with no reader told of it).
+    """
+    errors: list[tuple[str, OSError]] = []
+    f, writes, fsync = make(tmp_path, clock, on_error=lambda k, e: errors.append((k, e)))
+    held = f.write_unseen(b"aaaa")
+    writes.fail_after, writes.once = 2, True
+    remove = f.write(b"R")
+    refusals = [outcome(d) for d in (held, remove)]
+    assert [(type(e), e.errno) for e in refusals] == [(OSError, errno.ENOSPC)] * 2
+    assert on_disk(tmp_path) == b"" and f.position == 0
+    assert [(k, e.errno) for k, e in errors] == [("write", errno.ENOSPC)]
+    later = f.write(b"S")
+    clock.advance(0)
+    assert outcome(later) is None and on_disk(tmp_path) == b"S"
     f.close()
 
 
