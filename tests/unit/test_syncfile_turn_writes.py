@@ -385,6 +385,36 @@ def test_a_refused_turn_write_refuses_its_sets_and_the_queue_recovers(tmp_path: 
     again.collection.stopService()
 
 
+def test_an_open_refused_with_the_held_sets_leaves_no_read_open(tmp_path: Path,
+                                                                clock: Clock) -> None:
+    """
+    A reader's /open needs the file while a set is held; writing the set
+    fails (the disk is full), though the reader's OPEN alone would fit: both
+    get SERVER_ERROR, and after the recovery the item is queued, not open
+    with nobody holding it, in memory and in the journal.
+    """
+    server, factory, writes = durable_server(tmp_path, clock)
+    q = server.collection.queue("q")
+    producer, reader = StringClient(factory), StringClient(factory)
+    assert producer.send(b"set q 0 0 4\r\nheld\r\n") == b""
+    writes.fail_after, writes.once = 2, True
+    with capturedLogs():
+        assert reader.send(b"get q/open\r\n").startswith(b"SERVER_ERROR")
+        clock.advance(0)
+    assert producer.take().startswith(b"SERVER_ERROR")
+    with capturedLogs():
+        for _ in range(3):
+            clock.advance(JOURNAL_RETRY_SECONDS)
+    assert q.journal_state == "ok"
+    assert (q.open_read_count, q.length) == (0, 1)
+    assert StringClient(factory).send(b"get q\r\n") == b"VALUE q 0 3\r\nold\r\nEND\r\n"
+    server.collection.stopService()
+    again = make_server(clock, tmp_path)
+    assert value(again.collection.remove("q")) is None
+    assert again.collection.queue("q").open_read_count == 0
+    again.collection.stopService()
+
+
 def test_durable_acks_with_a_period_write_once_per_turn(tmp_path: Path, clock: Clock) -> None:
     """durable_acks under a period: a turn's sets cost one write; STORED after the fsync."""
     server, factory, writes = durable_server(
