@@ -139,6 +139,7 @@ class MemcacheProtocol(SessionProtocol):
         self._need_newline = False
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
+        self._frame: Callable[[bytes, int], tuple[int, Any, Any, int]] | None = None
         self._binary = BinaryHandler(self)
         meta = MetaHandler(self)
         self._waiting = False
@@ -215,7 +216,8 @@ class MemcacheProtocol(SessionProtocol):
 
     def dataReceived(self, data: bytes) -> None:
         """Buffer C{data} and serve every complete request it holds, in order."""
-        self.stats.bytes_read += len(data)
+        size = len(data)
+        self.stats.bytes_read += size
         if self._idle_call is not None:
             self._last_active = self.clock.seconds()
         if self._closing:
@@ -224,10 +226,10 @@ class MemcacheProtocol(SessionProtocol):
         # so that a large payload arriving in many reads is not copied per read.
         if self._buf or self._parts:
             self._parts.append(data)
-            self._have += len(data)
+            self._have += size
         else:
             self._buf = data
-            self._have = len(data)
+            self._have = size
         # A small read with nothing held before is served before this call
         # returns, so it is not counted; what it leaves buffered is counted
         # after serving (below, in _process_batch), and a request that
@@ -285,8 +287,13 @@ class MemcacheProtocol(SessionProtocol):
         need_newline = False
         out = self._out
         queued = 0
-        # (the loop frames only when there is input: frame is then its dialect's)
-        frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
+        # (the loop frames only when there is input: frame is then its dialect's,
+        # chosen by the connection's first byte and kept)
+        frame = self._frame
+        if frame is None:
+            frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
+            if size:
+                self._frame = frame
         try:
             while (pos < size and not self._waiting and not self._closing
                    and not self.output_blocked):
@@ -322,7 +329,7 @@ class MemcacheProtocol(SessionProtocol):
                     break
         finally:
             self._buf = buf[pos:] if pos else buf
-            self._have = len(self._buf)
+            self._have = size - pos
             self._need = need
             self._need_newline = need_newline and bool(self._buf)
             self._in_process = False
@@ -555,7 +562,11 @@ class MemcacheProtocol(SessionProtocol):
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
-        d = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
+        session = self.session
+        assert session is not None
+        exptime = req.exptime  # (as enqueue does, called directly: the hot path)
+        d = session.set_item(req.name, data, memcache_expiry_ms(
+            exptime, int(self.clock.seconds() * 1000)) if exptime else 0, self._stored_later, req)
         if d.called:  # (settled(d), inlined: an add answered at once is never paused)
             stored = d.result
             if stored is True or stored is False:
