@@ -235,7 +235,8 @@ class PersistentQueue(QueueStats, QueueReplay):
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
-        self._blocked.wake()
+        if self._waiting:  # (wake's own test, inlined: a read waits)
+            self._blocked.wake()
         if not d.called:
             d.addErrback(self._records.write_failed)
         return succeed(True)

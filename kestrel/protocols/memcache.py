@@ -388,7 +388,7 @@ class MemcacheProtocol(SessionProtocol):
         except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
             self._error(Failure(exc), request)
             return
-        if isinstance(reply, bytes):
+        if reply.__class__ is bytes or isinstance(reply, bytes):  # (the usual case first)
             if reply:
                 self._out.append(reply)
             return
