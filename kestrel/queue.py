@@ -192,7 +192,11 @@ class PersistentQueue(QueueStats, QueueReplay):
         health = self._health
         if not health.takes_adds:
             return fail(health.unavailable())
-        if not self._make_room():
+        # (_make_room's own tests, inlined: on this path the call costs more than they do)
+        items = self._items
+        if (((items and (items[0].expiry_ms or cfg.max_age is not None))
+             or cfg.max_items is not None or cfg.max_size is not None)
+                and not self._make_room()):
             return succeed(False)
         now_ms = int(self._clock.seconds() * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
@@ -231,7 +235,8 @@ class PersistentQueue(QueueStats, QueueReplay):
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
-        self._blocked.wake()
+        if self._waiting:  # (wake's own test, inlined: a read waits)
+            self._blocked.wake()
         if not d.called:
             d.addErrback(self._records.write_failed)
         return succeed(True)
@@ -350,16 +355,6 @@ class PersistentQueue(QueueStats, QueueReplay):
                 or items[index].expiry_ms):
             return None
         return items[index]
-
-    def take_plain(self, item: QItem) -> bool:
-        """
-        Remove C{item} as a plain read (L{remove}) if it is the head that
-        L{plain_head} would give now; return whether it was (else nothing changes).
-        """
-        if self.plain_head() is not item:
-            return False
-        self.remove()
-        return True
 
     def remove(self, open_read: bool = False) -> QItem | None:
         """

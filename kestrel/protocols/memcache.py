@@ -139,6 +139,7 @@ class MemcacheProtocol(SessionProtocol):
         self._need_newline = False
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
+        self._frame: Callable[[bytes, int], tuple[int, Any, Any, int]] | None = None
         self._binary = BinaryHandler(self)
         meta = MetaHandler(self)
         self._waiting = False
@@ -215,7 +216,8 @@ class MemcacheProtocol(SessionProtocol):
 
     def dataReceived(self, data: bytes) -> None:
         """Buffer C{data} and serve every complete request it holds, in order."""
-        self.stats.bytes_read += len(data)
+        size = len(data)
+        self.stats.bytes_read += size
         if self._idle_call is not None:
             self._last_active = self.clock.seconds()
         if self._closing:
@@ -224,10 +226,10 @@ class MemcacheProtocol(SessionProtocol):
         # so that a large payload arriving in many reads is not copied per read.
         if self._buf or self._parts:
             self._parts.append(data)
-            self._have += len(data)
+            self._have += size
         else:
             self._buf = data
-            self._have = len(data)
+            self._have = size
         # A small read with nothing held before is served before this call
         # returns, so it is not counted; what it leaves buffered is counted
         # after serving (below, in _process_batch), and a request that
@@ -251,19 +253,6 @@ class MemcacheProtocol(SessionProtocol):
 
     def _process(self) -> None:
         """
-        Serve the buffered requests (L{_serve_buffer}); a bug there (bad input
-        is answered, never raised) is logged, the client is told, and the
-        server lives on.
-        """
-        try:
-            self._serve_buffer()
-        except Exception:
-            self._log.failure("Memcache connection failed")
-            if not self._closing:
-                self._fail(b"SERVER_ERROR internal error\r\n")
-
-    def _serve_buffer(self) -> None:
-        """
         Serve buffered requests until the buffer runs dry or one must wait.
 
         The framer (L{kestrel.protocols.framing.RequestFramer}) says where each
@@ -273,72 +262,85 @@ class MemcacheProtocol(SessionProtocol):
         writes are held back and reach the OS (one write per journal file)
         before the replies are written. Only a held-back write of this batch
         failing drops this batch's replies.
+
+        A bug here (bad input is answered, never raised) is logged, the client
+        is told, and the server lives on.
         """
-        self._in_process = True
-        if self._parts:
-            self._buf = b"".join([self._buf, *self._parts])
-            self._parts = []
-        buf = self._buf
-        size = len(buf)
-        pos = 0
-        need = 0
-        need_newline = False
-        out = self._out
-        queued = 0
-        # (the loop frames only when there is input: frame is then its dialect's)
-        frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
         try:
-            while (pos < size and not self._waiting and not self._closing
-                   and not self.output_blocked):
-                if out:
-                    # A client that does not read stops being served (and read)
-                    # once max_client_output bytes of replies wait for it.
-                    queued += len(out[-1])
-                    if queued > self._output_limit:
-                        self._flush()
-                        queued = 0
-                        continue
-                if self.awaiting_first_line and self._http_first_line(buf, pos):
-                    break
-                kind, request, data, end = frame(buf, pos)
-                if kind == SERVE:
-                    pos = end
-                    self._serve(request, data, pos < size)
-                elif kind == REFUSE:
-                    pos = end
-                    out.append(request)
-                elif kind == NEED:
-                    need = request
-                    need_newline = not need
-                    # Held input counts from the start of buf: reserve a declared
-                    # data block before it is read.
-                    reserve = pos + data
-                    if (data and reserve > size and reserve > self._input_held
-                            and not self.hold_input(reserve)):
-                        self._fail(_OUT_OF_MEMORY)
-                    break
-                else:
-                    self._fail(request)
-                    break
-        finally:
-            self._buf = buf[pos:] if pos else buf
-            self._have = len(self._buf)
-            self._need = need
-            self._need_newline = need_newline and bool(self._buf)
-            self._in_process = False
+            self._in_process = True
+            if self._parts:
+                self._buf = b"".join([self._buf, *self._parts])
+                self._parts = []
+            buf = self._buf
+            size = len(buf)
+            pos = 0
+            need = 0
+            need_newline = False
+            out = self._out
+            queued = 0
+            # (the loop frames only when there is input: frame is then its dialect's,
+            # chosen by the connection's first byte and kept)
+            frame = self._frame
+            if frame is None:
+                frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
+                if size:
+                    self._frame = frame
             try:
-                self._flush()
+                while (pos < size and not self._waiting and not self._closing
+                       and not self.output_blocked):
+                    if out:
+                        # A client that does not read stops being served (and read)
+                        # once max_client_output bytes of replies wait for it.
+                        queued += len(out[-1])
+                        if queued > self._output_limit:
+                            self._flush()
+                            queued = 0
+                            continue
+                    if self.awaiting_first_line and self._http_first_line(buf, pos):
+                        break
+                    kind, request, data, end = frame(buf, pos)
+                    if kind == SERVE:
+                        pos = end
+                        self._serve(request, data, pos < size)
+                    elif kind == REFUSE:
+                        pos = end
+                        out.append(request)
+                    elif kind == NEED:
+                        need = request
+                        need_newline = not need
+                        # Held input counts from the start of buf: reserve a declared
+                        # data block before it is read.
+                        reserve = pos + data
+                        if (data and reserve > size and reserve > self._input_held
+                                and not self.hold_input(reserve)):
+                            self._fail(_OUT_OF_MEMORY)
+                        break
+                    else:
+                        self._fail(request)
+                        break
             finally:
-                if self._batch_open:
-                    self._batch_open = False
-                    self.end_write_batch()
-            if not self._closing and (self._input_held or self._have or need):
-                self.hold_input(max(self._have, need))
-        if self._read_closed and not self._waiting and not self._closing:
-            self.close_connection()
-        if self._paused and not self._waiting and not self._closing:
-            self._paused = False
-            self.resume_input()
+                self._buf = buf[pos:] if pos else buf
+                self._have = size - pos
+                self._need = need
+                self._need_newline = need_newline and bool(self._buf)
+                self._in_process = False
+                try:
+                    self._flush()
+                finally:
+                    if self._batch_open:
+                        self._batch_open = False
+                        self.end_write_batch()
+                if not self._closing and (self._input_held or self._have or need):
+                    self.hold_input(max(self._have, need))
+            if self._read_closed and not self._waiting and not self._closing:
+                self.close_connection()
+            if self._paused and not self._waiting and not self._closing:
+                self._paused = False
+                self.resume_input()
+        except Exception:
+            self._log.failure("Memcache connection failed")
+            if not self._closing:
+                self._fail(b"SERVER_ERROR internal error\r\n")
 
     def _http_first_line(self, buf: bytes, pos: int) -> bool:
         """
@@ -381,7 +383,7 @@ class MemcacheProtocol(SessionProtocol):
         except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
             self._error(Failure(exc), request)
             return
-        if isinstance(reply, bytes):
+        if reply.__class__ is bytes or isinstance(reply, bytes):  # (the usual case first)
             if reply:
                 self._out.append(reply)
             return
@@ -555,7 +557,11 @@ class MemcacheProtocol(SessionProtocol):
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
-        d = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
+        session = self.session
+        assert session is not None
+        exptime = req.exptime  # (as enqueue does, called directly: the hot path)
+        d = session.set_item(req.name, data, memcache_expiry_ms(
+            exptime, int(self.clock.seconds() * 1000)) if exptime else 0, self._stored_later, req)
         if d.called:  # (settled(d), inlined: an add answered at once is never paused)
             stored = d.result
             if stored is True or stored is False:
