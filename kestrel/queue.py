@@ -192,11 +192,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         health = self._health
         if not health.takes_adds:
             return fail(health.unavailable())
-        # (_make_room's own tests, inlined: on this path the call costs more than they do)
-        items = self._items
-        if (((items and (items[0].expiry_ms or cfg.max_age is not None))
-             or cfg.max_items is not None or cfg.max_size is not None)
-                and not self._make_room()):
+        if not self._make_room():
             return succeed(False)
         now_ms = int(self._clock.seconds() * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
@@ -235,8 +231,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
-        if self._waiting:  # (wake's own test, inlined: a read waits)
-            self._blocked.wake()
+        self._blocked.wake()
         if not d.called:
             d.addErrback(self._records.write_failed)
         return succeed(True)

@@ -383,7 +383,7 @@ class MemcacheProtocol(SessionProtocol):
         except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
             self._error(Failure(exc), request)
             return
-        if reply.__class__ is bytes or isinstance(reply, bytes):  # (the usual case first)
+        if isinstance(reply, bytes):
             if reply:
                 self._out.append(reply)
             return
@@ -510,25 +510,25 @@ class MemcacheProtocol(SessionProtocol):
         if req.aborting:
             session.abort_read(name)
             return None
+        timeout_ms = req.timeout_ms
+        deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         if req.closing:
             closed = session.close_read(name)
             if closed.__class__ is not bool:  # (durable: the next open waits for the close)
-                return closed.addCallback(self._closed_read, req)  # type: ignore[union-attr]
+                return closed.addCallback(  # type: ignore[union-attr]
+                    self._closed_read, req, deadline)
             if not req.open_read:
                 return None
         elif not req.open_read and not req.peeking and session.count_open_reads(name) > 0:
             return _READ_IS_OPEN
-        timeout_ms = req.timeout_ms
-        deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         # (Its reply is written at the end of this pass, before another connection runs.)
         return session.read_item(name, deadline, req.open_read, req.peeking, True)
 
-    def _closed_read(self, _: bool, req: GetRequest) -> QItem | None | Deferred:
-        """A durable close of C{req} is durable: its open (if any) runs now."""
+    def _closed_read(self, _: bool, req: GetRequest,
+                     deadline: float | None) -> QItem | None | Deferred:
+        """A durable close of C{req} is durable: its open (if any) runs now, until C{deadline}."""
         if not req.open_read or self.session is None:
             return None
-        timeout_ms = req.timeout_ms
-        deadline = None if timeout_ms is None else self.clock.seconds() + timeout_ms / 1000.0
         return self.session.read_item(req.name, deadline, True, req.peeking)
 
     def _get(self, req: GetRequest) -> Reply:
@@ -557,11 +557,7 @@ class MemcacheProtocol(SessionProtocol):
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
-        session = self.session
-        assert session is not None
-        exptime = req.exptime  # (as enqueue does, called directly: the hot path)
-        d = session.set_item(req.name, data, memcache_expiry_ms(
-            exptime, int(self.clock.seconds() * 1000)) if exptime else 0, self._stored_later, req)
+        d = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
         if d.called:  # (settled(d), inlined: an add answered at once is never paused)
             stored = d.result
             if stored is True or stored is False:
