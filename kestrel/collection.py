@@ -507,13 +507,13 @@ class QueueCollection(Service):
         """Return open read C{xid} to the head of C{name}; no-op if the queue is gone."""
         queue = None if self._stopping else self._queues.get(name)
         if queue is not None:
-            self._track_maybe(queue.unremove, xid)
+            queue.unremove(xid)
 
     def confirm_remove(self, name: str, xid: int) -> None:
         """Confirm open read C{xid} of C{name}; no-op if the queue is gone."""
         queue = None if self._stopping else self._queues.get(name)
         if queue is not None:
-            self._track_maybe(queue.confirm_remove, xid)
+            queue.confirm_remove(xid)
 
     def confirm_read(self, name: str, xid: int) -> Deferred[None] | None:
         """A client's confirm: a durable queue's Deferred (L{PersistentQueue.confirm_durably})."""
@@ -521,13 +521,8 @@ class QueueCollection(Service):
         if queue is not None:
             if queue.acks_durably:
                 return self._track(queue.confirm_durably(xid))
-            self._track_maybe(queue.confirm_remove, xid)
+            queue.confirm_remove(xid)
         return None
-
-    def _track_maybe(self, op: Callable[[int], object], xid: int) -> None:
-        result = op(xid)  # (a Deferred while a journal write is in flight)
-        if isinstance(result, Deferred):
-            self._track(result).addErrback(lambda f: self._log.failure("Journal write failed", f))
 
     def flush(self, name: str) -> None:
         """Remove every item of queue C{name}; a missing queue or an alias is left alone."""
