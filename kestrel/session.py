@@ -164,12 +164,7 @@ class ClientSession(ThriftReads):
         Confirm the oldest open read on C{name}; whether one existed. On a
         queue that acknowledges durably, a Deferred instead (see L{close_reads}).
         """
-        fifo = self._open_reads.get(name)
-        if not fifo:
-            return False
-        xid = fifo.popleft()
-        done = self._collection.confirm_read(name, xid)
-        return True if done is None else self._confirms([(xid, done)], name)
+        return self.close_reads(name, 1)
 
     def close_reads(self, name: str, count: int) -> bool | Deferred[bool]:
         """

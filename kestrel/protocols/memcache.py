@@ -139,7 +139,6 @@ class MemcacheProtocol(SessionProtocol):
         self._need_newline = False
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
-        self._frame: Callable[[bytes, int], tuple[int, Any, Any, int]] | None = None
         self._binary = BinaryHandler(self)
         meta = MetaHandler(self)
         self._waiting = False
@@ -279,12 +278,8 @@ class MemcacheProtocol(SessionProtocol):
             out = self._out
             queued = 0
             # (the loop frames only when there is input: frame is then its dialect's,
-            # chosen by the connection's first byte and kept)
-            frame = self._frame
-            if frame is None:
-                frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
-                if size:
-                    self._frame = frame
+            # which the connection's first byte chose)
+            frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
             try:
                 while (pos < size and not self._waiting and not self._closing
                        and not self.output_blocked):
@@ -592,7 +587,7 @@ class MemcacheProtocol(SessionProtocol):
     def _confirm(self, req: ConfirmRequest) -> Reply:
         session = self.session
         assert session is not None
-        closed = session.close_reads(req.name, req.count) if req.count > 0 else False
+        closed = session.close_reads(req.name, req.count)
         if not closed:
             return b"ERROR\r\n"
         return _END if closed is True else closed.addCallback(lambda _: _END)
