@@ -2,8 +2,9 @@
 Latency and size distributions ("metrics" in Ostrich's terms), cheap enough for the hot path.
 
 A L{Histogram} records a value with one list append; the values are
-counted into buckets in bulk, once per distinct value, when enough wait or
-anything is read. Buckets are log-linear (8 per power of two, exact below
+counted into buckets in bulk, once per distinct value, when anything is read
+or its owner settles it (the server settles every histogram once a second:
+L{SETTLE_INTERVAL}). Buckets are log-linear (8 per power of two, exact below
 16), so any percentile is within about 6% of the true value. Reports compute
 percentiles by walking the 500 buckets, which only the admin endpoints do.
 
@@ -66,8 +67,9 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return mantissa << shift, ((mantissa + 1) << shift) - 1
 
 
-#: A histogram counts the values recorded since it last counted once this many wait.
-SETTLE_AT = 512
+#: Seconds between two settles of every histogram of a server (L{Metrics.settle}):
+#: what waits uncounted is at most what the server recorded in that time.
+SETTLE_INTERVAL = 1.0
 
 
 def _settled(field: str, doc: str) -> property:
@@ -85,14 +87,20 @@ class Histogram:
     """
     A distribution of non-negative integers: count, sum, min, max and bucketed counts.
 
-    Recording is one list append: values wait in L{pending} and are counted
-    (L{settle}) once L{SETTLE_AT} of them wait, and before anything is read,
-    so every reader sees every value recorded. Values that repeat (sizes,
-    queue lengths, latencies quantized by the clock) are counted once per
+    Recording (L{add}) is one list append, with no check: values wait in
+    L{pending} and are counted (L{settle}) before anything is read, so every
+    reader sees every value recorded, and whenever the histogram's owner
+    settles it. An owner that records without end settles on a clock (a
+    server's L{Metrics}: every L{SETTLE_INTERVAL}), which bounds what waits
+    by what it records in that time. Values that repeat (sizes, queue
+    lengths, latencies quantized by the clock) are counted once per
     distinct value.
+
+    @ivar add: record one value (floats are rounded, negatives count as 0):
+        C{pending}'s own C{append}.
     """
 
-    __slots__ = ("_count", "_total", "_minimum", "_maximum", "_buckets", "pending")
+    __slots__ = ("_count", "_total", "_minimum", "_maximum", "_buckets", "pending", "add")
 
     def __init__(self) -> None:
         self._count = 0
@@ -100,30 +108,26 @@ class Histogram:
         self._minimum = 0
         self._maximum = 0
         self._buckets = [0] * BUCKETS
-        #: Values recorded and not yet counted (never more than L{SETTLE_AT}).
+        #: Values recorded and not yet counted.
         self.pending: list[int | float] = []
-
-    def add(self, value: int | float) -> None:
-        """Record one value (floats are rounded, negatives count as 0)."""
-        pending = self.pending
-        pending.append(value)
-        if len(pending) >= SETTLE_AT:
-            self.settle()
+        self.add: Callable[[int | float], None] = self.pending.append
 
     def settle(self) -> None:
-        """Count every pending value (readers call it; so does L{add} at L{SETTLE_AT})."""
+        """Count every pending value (readers call it, and the histogram's owner)."""
         pending = self.pending
         if not pending:
             return
-        # (rounded first: latencies are floats, seldom equal until rounded)
-        distinct = Counter([v if v.__class__ is int else int(v + 0.5) for v in pending])
+        # (counted as recorded first: latencies quantized by the clock repeat
+        # as floats too, and one second of them holds few distinct values)
+        distinct = Counter(pending)
         pending.clear()
         buckets = self._buckets
         count = self._count
         total = self._total
         low = self._minimum
         high = self._maximum
-        for v, n in distinct.items():
+        for value, n in distinct.items():
+            v = value if value.__class__ is int else int(value + 0.5)
             if v < 0:
                 v = 0
             if v < _EXACT:
@@ -350,6 +354,17 @@ class Metrics:
         for metrics in self._queues.values():
             total.merge(getattr(metrics, name))
         return total
+
+    def settle(self) -> None:
+        """
+        Count what every histogram holds pending (L{Histogram.settle}): the
+        server calls it every L{SETTLE_INTERVAL} seconds.
+        """
+        self.fsync_delay_usec.settle()
+        self.item_fsync_delay_usec.settle()
+        for metrics in self._queues.values():
+            for _, h in metrics.items():
+                h.settle()
 
     def queue(self, name: str) -> QueueMetrics:
         """Return the histograms of queue C{name}, creating them on first use."""

@@ -46,6 +46,7 @@ from twisted.internet.interfaces import (
     IReactorThreads,
     IReactorTime,
 )
+from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -53,6 +54,7 @@ from twisted.python.failure import Failure
 from kestrel.config import ServerConfig
 from kestrel.errors import ConfigError, KestrelError, ShuttingDown
 from kestrel.journal.chores import FileChores
+from kestrel.metrics import SETTLE_INTERVAL
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.protocols.text import TextFactory
 from kestrel.server import KestrelServer
@@ -253,6 +255,10 @@ class KestrelService(MultiService):
 
     @ivar file_chores: the journals' L{FileChores} (None on a reactor
         without threads), stopped last.
+
+    While it runs, the server's latency and size histograms are settled
+    every L{SETTLE_INTERVAL} seconds (L{kestrel.metrics.Metrics.settle}),
+    which bounds the values that wait uncounted.
     """
 
     _log = Logger()
@@ -273,6 +279,8 @@ class KestrelService(MultiService):
             listener.setServiceParent(self)
         self._old_handlers: dict[int, Any] = {}
         self._stopping: Deferred[None] | None = None
+        self._settle_metrics = LoopingCall(server.metrics.settle)
+        self._settle_metrics.clock = IReactorTime(reactor)
         #: Fires once every queue is loaded (set by L{startService}).
         self.loaded: Deferred[None] = Deferred()
         #: Why the server stopped itself after it started listening (a
@@ -308,6 +316,7 @@ class KestrelService(MultiService):
         """
         Service.startService(self)
         server = self.server
+        self._settle_metrics.start(SETTLE_INTERVAL, now=False)
         self.loaded = server.collection.start_loading()
         address = server.config.listen_address
         try:
@@ -323,6 +332,7 @@ class KestrelService(MultiService):
             for child in self:
                 if child.running:
                     child.stopService()
+            self._settle_metrics.stop()
             self.loaded.addErrback(lambda _: None)
             server.collection.stopService()
             self.running = False
@@ -382,6 +392,8 @@ class KestrelService(MultiService):
         if self._stopping is not None:
             return self._stopping
         Service.stopService(self)
+        if self._settle_metrics.running:
+            self._settle_metrics.stop()
         self._restore_signals()
         self._log.info("kestrel stopping")
         d: Deferred[Any] = succeed(None)

@@ -20,6 +20,7 @@ from zope.interface import implementer
 
 from kestrel.config import DEFAULT_CONFIG, ServerConfig
 from kestrel.errors import KestrelError
+from kestrel.metrics import SETTLE_INTERVAL
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.service import SHUTDOWN_DELAY, KestrelService, make_kestrel_service
 
@@ -70,6 +71,30 @@ def test_listeners_on_listen_address(tmp_path: Path) -> None:
     assert servers == [(22100, "127.0.0.2"), (22101, "127.0.0.2")]
     assert isinstance(reactor.tcpServers[0][1], MemcacheFactory)
     service.stopService()
+
+
+def test_metrics_settled_on_the_clock_while_running(tmp_path: Path) -> None:
+    """
+    While the server runs, every histogram is settled each SETTLE_INTERVAL:
+    what waits uncounted is what the last interval recorded; stopped, no
+    timer is left behind.
+    """
+    reactor = MemoryReactorClock()
+    service = build(config_in(tmp_path, text_port=0, thrift_port=0, admin_port=0), reactor)
+    service.startService()
+    metrics = service.server.metrics
+    queue = metrics.queue("q")
+    queue.item_added(10, 1)
+    metrics.record_fsync(0.5)
+    reactor.advance(SETTLE_INTERVAL / 2)
+    assert queue.request_size.pending == [10] and metrics.fsync_delay_usec.pending == [5e5]
+    reactor.advance(SETTLE_INTERVAL / 2)
+    assert queue.request_size.pending == [] and metrics.fsync_delay_usec.pending == []
+    queue.item_added(20, 2)
+    reactor.advance(SETTLE_INTERVAL)
+    assert queue.queue_size.pending == [] and queue.request_size.total == 30
+    service.stopService()
+    assert not [call for call in reactor.getDelayedCalls() if call.active()]
 
 
 def test_listening_before_replay_then_ready(tmp_path: Path) -> None:
