@@ -545,7 +545,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         """Tell the observer (if any) the size of the open-read table and of its timed part."""
         observer = self.observer
         if observer is not None:
-            count = len(self._reads)
+            count = len(self._open_by_xid)
             timed = count if self._config.open_transaction_timeout is not None else 0
             observer.open_reads_changed(count, timed)
 
