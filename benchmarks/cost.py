@@ -12,7 +12,10 @@ min-max, of
 
 * the server's CPU time per unit of work: utime + stime of the server process
   (every thread) from /proc/<pid>/stat, before and after the run, divided by
-  the pairs (or sets) served; the robust figure on a busy machine;
+  the pairs (or sets) served; the robust figure on a busy machine; and the
+  part of it spent in the kernel (stime: system calls, the socket and file
+  work they do), which tells a difference in the server's own code from one
+  in what the kernel does for it;
 * the throughput the client saw (wall clock: noisy when the machine is shared);
 * the 1-minute load average at the end of the run;
 
@@ -105,7 +108,7 @@ from queue_client import PAIR_REQUESTS, RELIABLE_REQUESTS
 from servers import (
     ROOT,
     beanstalkd_process,
-    cpu_seconds,
+    cpu_times,
     darner_process,
     floor_process,
     free_port,
@@ -153,11 +156,18 @@ class Sample:
     p99_ms: float | None = None
     #: The load client's CPU (this process and the children it waited for).
     client_cpu_s: float = 0.0
+    #: The part of C{cpu_s} the server spent in the kernel (stime).
+    system_s: float = 0.0
 
     @property
     def cpu_us(self) -> float:
         """Server CPU microseconds per unit (pair or set)."""
         return self.cpu_s * 1e6 / self.units
+
+    @property
+    def system_us(self) -> float:
+        """Server CPU microseconds per unit spent in the kernel."""
+        return self.system_s * 1e6 / self.units
 
     @property
     def client_cpu_us(self) -> float:
@@ -211,6 +221,7 @@ class Result:
         out: dict[str, object] = {
             "workload": self.workload, "server": self.server, "unit": self.unit,
             "cpu_us": med([s.cpu_us for s in self.samples]),
+            "system_us": med([s.system_us for s in self.samples]),
             "rate": med([s.rate for s in self.samples]),
             "load": med([s.load for s in self.samples]),
             "syscalls_per_request": self.syscalls_per_request(),
@@ -298,13 +309,14 @@ def run_latency(port: int, queue: str, conns: int, rate: float, seconds: float,
 def measure(server: Server, work: Callable[[Server], tuple]) -> Sample:
     """Run C{work} once against C{server}, reading its CPU time around it."""
     client_before = _own_cpu_seconds()
-    before = cpu_seconds(server.pid)
+    user_before, system_before = cpu_times(server.pid)
     result = work(server)
-    cpu = cpu_seconds(server.pid) - before
+    user_after, system_after = cpu_times(server.pid)
     client = _own_cpu_seconds() - client_before
     units, wall = result[0], result[1]
-    sample = Sample(units=units, cpu_s=cpu, wall_s=wall, load=os.getloadavg()[0],
-                    client_cpu_s=client)
+    system = system_after - system_before
+    sample = Sample(units=units, cpu_s=user_after - user_before + system, wall_s=wall,
+                    load=os.getloadavg()[0], client_cpu_s=client, system_s=system)
     if len(result) == 4:
         sample.p50_ms, sample.p99_ms = result[2], result[3]
     return sample
@@ -642,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
                     sample = measure(server, work.run)
                     results[work.name, server.name].samples.append(sample)
                     print(f"  {work.name} {server.name} run {rep + 1}: {sample.cpu_us:.1f} us/"
-                          f"{work.unit}, {sample.rate:,.0f} {work.unit}s/s, load "
+                          f"{work.unit} ({sample.system_us:.1f} system), "
+                          f"{sample.rate:,.0f} {work.unit}s/s, load "
                           f"{sample.load:.2f}", file=sys.stderr, flush=True)
                     _drain(server, work)
             if use_strace:
@@ -688,7 +701,7 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
         unit = rows[0].unit
         latency = rows[0].samples and rows[0].samples[0].p50_ms is not None
         lines += ["", f"### {name}", ""]
-        header = (f"| server | CPU us per {unit} | {unit}s/s | syscalls per request "
+        header = (f"| server | CPU us per {unit} | of it system | {unit}s/s | syscalls per request "
                   f"| most frequent (per request) | load |")
         if latency:
             header = header.replace(f"| {unit}s/s |", "| p50 ms | p99 ms |")
@@ -701,7 +714,8 @@ def render(info: dict[str, object], load_start: tuple[float, float, float],
             rate = [s.rate for s in r.samples]
             calls = r.syscalls_per_request()
             top = ", ".join(f"{k} {v:.2f}" for k, v in r.top_syscalls(4))
-            cells = [r.server, f"{statistics.median(cpu):,.1f} ({min(cpu):,.1f}-{max(cpu):,.1f})"]
+            cells = [r.server, f"{statistics.median(cpu):,.1f} ({min(cpu):,.1f}-{max(cpu):,.1f})",
+                     f"{statistics.median([s.system_us for s in r.samples]):,.1f}"]
             if latency:
                 cells += [f"{statistics.median([s.p50_ms or 0 for s in r.samples]):.2f}",
                           f"{statistics.median([s.p99_ms or 0 for s in r.samples]):.2f}"]

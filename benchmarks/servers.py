@@ -74,8 +74,14 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of process C{pid}, in seconds (from C{/proc/<pid>/stat})."""
+    return sum(cpu_times(pid))
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of process C{pid} (every thread), in seconds (from C{/proc/<pid>/stat})."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
