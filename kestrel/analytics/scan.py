@@ -417,9 +417,13 @@ def time_estimates(scan: Scan, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
     last_row = untimed[start_idx + lengths - 1][run_no]
     ends_file = last_row == n - 1
     frac = (k + 1) / (m + np.where(ends_file, 0, 1))
+    bounded = both[untimed]
     lo, hi = lb[untimed], ub[untimed]
-    spread = lo + np.floor((hi - lo).astype(np.float64) * frac).astype(np.int64)
-    est[untimed] = np.where(both[untimed], np.minimum(spread, hi), est[untimed])
+    # (a width only where both bounds are known: with the _NONE sentinel the
+    # difference overflows, and its float would not cast back)
+    width = np.where(bounded, hi - lo, 0)
+    spread = lo + np.floor(width.astype(np.float64) * frac).astype(np.int64)
+    est[untimed] = np.where(bounded, np.minimum(spread, hi), est[untimed])
     return est
 
 
