@@ -283,8 +283,7 @@ class QueueMetrics:
 
     def items(self) -> Iterator[tuple[str, Histogram]]:
         """Yield C{(name, histogram)} in L{QUEUE_METRICS} order."""
-        for name in QUEUE_METRICS:
-            yield name, getattr(self, name)
+        yield from zip(QUEUE_METRICS, _queue_histograms(self), strict=True)
 
     def journal_rewritten(self, seconds: float) -> None:
         """Record one journal rewrite's C{journal_rewrite_usec}."""
@@ -369,8 +368,7 @@ class Metrics:
         self.item_fsync_delay_usec.settle()
         for metrics in self._queues.values():
             for h in _queue_histograms(metrics):
-                if h.pending:  # (most of an idle server's histograms: 12 per queue)
-                    h.settle()
+                h.settle()
 
     def queue(self, name: str) -> QueueMetrics:
         """Return the histograms of queue C{name}, creating them on first use."""
