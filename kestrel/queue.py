@@ -213,8 +213,9 @@ class PersistentQueue(QueueStats, QueueReplay):
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(e)))
-        # (settled(d), inlined: a Failure if the OS refused the write, the file cut back)
-        if d.called and d.result.__class__ is Failure:
+        # (settled(d), inlined: a Failure if the OS refused the write, the file
+        # cut back; no Deferred: nothing to wait for)
+        if d is not None and d.called and d.result.__class__ is Failure:
             failure: Failure = d.result
             d.addErrback(lambda _: None)
             self._log.warn("Journal write failed for {queue}; item refused: {error}",
@@ -223,16 +224,17 @@ class PersistentQueue(QueueStats, QueueReplay):
         if xid is not None and self._reads.pop(xid) is not None:
             self._records.note(CONFIRM, xid, None, d)
             self._open_reads_changed()
-        if self.acks_durably:
+        if self.acks_durably and d is not None:
             # Seen by no reader before the fsync covering its record: the
             # journal's Deferred is this write's own, chain on it directly.
+            # (None: durable once written, as in a memory journal: seen now.)
             return d.addCallbacks(self._hold(item), self._durable_add_failed)
         self._store(item)
         observer = self.observer
         if observer is not None:
             observer.item_added(size, len(self._items))
         self._blocked.wake()
-        if not d.called:
+        if d is not None and not d.called:
             d.addErrback(self._records.write_failed)
         return succeed(True)
 
@@ -463,7 +465,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         if self._closed:
             return
         if not self._health.readable:
-            self._records.note(ABORT, xid, None, None)
+            self._records.keep(ABORT, xid, None)
             return
         if xid in self._reads:
             self._return_to_head(xid)
@@ -471,7 +473,7 @@ class PersistentQueue(QueueStats, QueueReplay):
             self.canceled_transactions += 1
             self._open_reads_changed()
         elif xid in self._reopening:  # (a confirm that failed: the reload reopens it)
-            self._records.note(ABORT, xid, None, None)
+            self._records.keep(ABORT, xid, None)
         else:
             self._log.warn("{queue}: abort of xid {xid}, which is not open",
                            queue=self.name, xid=xid)
@@ -499,7 +501,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         if self._closed:
             return
         if not self._health.readable:
-            self._records.note(CONFIRM, xid, None, None)
+            self._records.keep(CONFIRM, xid, None)
             return
         if self._reads.pop(xid) is not None:
             self._records.write(self.journal.confirm_remove, xid, note=(CONFIRM, xid, None))
@@ -534,6 +536,8 @@ class PersistentQueue(QueueStats, QueueReplay):
         except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self.name)
             d = fail(e)
+        if d is None:  # (no fsync to wait for)
+            return succeed(None)
         return d.addErrback(self._confirm_failed, xid)
 
     def _confirm_failed(self, failure: Failure, xid: int) -> NoReturn:

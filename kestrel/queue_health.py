@@ -297,7 +297,7 @@ class Unsettled:
         """How many entries are unsettled."""
         return len(self._entries)
 
-    def write(self, write: Callable[..., Deferred[None]], *args: object,
+    def write(self, write: Callable[..., Deferred[None] | None], *args: object,
               note: tuple[int, int, object] | None = None, handed: bool = False) -> bool:
         """
         Write a record (C{write(*args)}, a journal method); log any failure.
@@ -310,8 +310,9 @@ class Unsettled:
         except Exception as e:
             self._log.failure("Journal write failed for {queue}", queue=self._name)
             d = fail(e)
-        # (settled(d), inlined: a journal write's own Deferred is never paused)
-        outcome = d.result if d.called else PENDING
+        # (settled(d), inlined: a journal write's own Deferred is never paused;
+        # no Deferred: nothing to wait for)
+        outcome = None if d is None else d.result if d.called else PENDING
         if outcome is None:  # (in the OS, durable: the usual case)
             # Durable once written (no sync period), it need be kept only in
             # a batch, until the flush; and a remove or an open not known to
@@ -320,8 +321,9 @@ class Unsettled:
             if note is not None and (handed or note[0] == CONFIRM or note[0] == ABORT) and (
                     not self._journal.writes_now()):
                 what, xid, key = note
-                self._keep(what, xid, key, d, False, True, False, handed)
+                self._keep(what, xid, key, None, False, True, False, handed)
             return True
+        assert d is not None
         if note is not None:
             self.note(*note, d, handed=handed)
         refused = isinstance(outcome, Failure)
@@ -346,15 +348,15 @@ class Unsettled:
              handed: bool = False) -> None:
         """
         Keep C{what} (L{REMOVE}, L{OPEN}, L{CONFIRM} or L{ABORT}) of C{xid} until its record
-        C{d} settles; C{d} C{None}: no record was written (kept for the reload).
-        C{key} tells an open's item (compared with the head's at reload);
-        C{handed}: the open's item is known to be a reader's already (else it
-        is once the record is in the OS).
+        settles: C{d} is what the record's write returned (C{None}: nothing to
+        wait for). C{key} tells an open's item (compared with the head's at
+        reload); C{handed}: the open's item is known to be a reader's already
+        (else it is once the record is in the OS).
         """
         # (no batch open: a record written is in the OS when its write returns;
         # durable already: no callback needed to know it)
         in_os = self._journal.writes_now()
-        durable = refused = False
+        durable, refused = True, False
         if d is not None:
             outcome = settled(d)
             durable = outcome is None
@@ -363,14 +365,21 @@ class Unsettled:
             return  # (settled at once: what _all_written and _durable would find)
         self._keep(what, xid, key, d, in_os, durable, refused, handed)
 
+    def keep(self, what: int, xid: int, key: object) -> None:
+        """Keep C{what} of C{xid} (as L{note}), for which no record was written, for the reload."""
+        self._keep(what, xid, key, None, False, False, True, False)
+
     def _keep(self, what: int, xid: int, key: object, d: Deferred[None] | None, in_os: bool,
-              durable: bool, refused: bool, handed: bool) -> None:
-        """L{note}'s entry, for a record not known both in the OS and durable."""
+              durable: bool, unwritten: bool, handed: bool) -> None:
+        """
+        L{note}'s entry, for a record not known both in the OS and durable
+        (C{unwritten}: refused, or none written).
+        """
         self._seq = seq = self._seq + 1
         entry = [what, xid, key, handed, durable]
         self._entries[seq] = entry
-        if d is None or refused:
-            return  # (refused: never written)
+        if unwritten:
+            return
         if in_os:
             entry[3] = True  # (what _all_written would find now)
         else:
@@ -381,6 +390,7 @@ class Unsettled:
                 self._journal.after_written(self._all_written, held)
             held[0].append(seq)
         if not durable:
+            assert d is not None
             d.addCallback(self._durable, seq)
 
     def _all_written(self, held: tuple[list[int], int]) -> None:

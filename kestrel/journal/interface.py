@@ -96,13 +96,15 @@ class IJournal(Protocol):
         """Flush and close; fires when every write before is settled."""
         ...
 
-    # -- writes
+    # -- writes: each returns a Deferred that fires when its record is durable
+    # (failing if its write or fsync fails), or None when there is nothing to
+    # wait for (no sync policy, the record in the OS or in the open batch)
 
-    def add(self, item: QItem) -> Deferred[None]:
+    def add(self, item: QItem) -> Deferred[None] | None:
         """Journal an add of C{item}."""
         ...
 
-    def add_unseen(self, item: QItem) -> Deferred[None]:
+    def add_unseen(self, item: QItem) -> Deferred[None] | None:
         """
         Journal an add of C{item} that no reader sees before the returned
         Deferred fires (a durable add): the record may reach the OS only at
@@ -110,23 +112,23 @@ class IJournal(Protocol):
         """
         ...
 
-    def continue_(self, xid: int, item: QItem) -> Deferred[None]:
+    def continue_(self, xid: int, item: QItem) -> Deferred[None] | None:
         """Journal a confirm of open read C{xid} together with an add of C{item}."""
         ...
 
-    def remove(self) -> Deferred[None]:
+    def remove(self) -> Deferred[None] | None:
         """Journal a remove of the head item."""
         ...
 
-    def remove_tentative(self, xid: int) -> Deferred[None]:
+    def remove_tentative(self, xid: int) -> Deferred[None] | None:
         """Journal an open read of the head item under C{xid}."""
         ...
 
-    def unremove(self, xid: int) -> Deferred[None]:
+    def unremove(self, xid: int) -> Deferred[None] | None:
         """Journal an aborted open read C{xid}."""
         ...
 
-    def confirm_remove(self, xid: int) -> Deferred[None]:
+    def confirm_remove(self, xid: int) -> Deferred[None] | None:
         """Journal a confirmed open read C{xid}."""
         ...
 

@@ -65,8 +65,9 @@ class FileJournal:
     The journal of one queue: replay, durable writes, rotation, rewrite,
     read-behind and packing, as Kestrel's C{Journal} does them.
 
-    Writes return the L{PeriodicSyncFile}'s Deferred, which fires when the
-    record is durable under C{sync_policy}. With a C{coalescer}, records
+    Writes return what the L{PeriodicSyncFile} returns: a Deferred that fires
+    when the record is durable under C{sync_policy}, or C{None} under
+    C{never} (nothing to wait for). With a C{coalescer}, records
     written while its batch is open reach the OS when it flushes; every
     other operation on the file (sync, rotate, rewrite, close) flushes first.
     An C{on_fsync} observer is handed to every current file it opens, so it
@@ -174,13 +175,13 @@ class FileJournal:
 
     # -- writes (the hot path) ---------------------------------------------
 
-    def add(self, item: QItem) -> Deferred[None]:
+    def add(self, item: QItem) -> Deferred[None] | None:
         """Journal an add of C{item} (ADDX)."""
         data = rec.encode_add(item.data, item.add_time_ms, item.expiry_ms)
         self.size += len(data)
         return self._writer.write(data)
 
-    def add_unseen(self, item: QItem) -> Deferred[None]:
+    def add_unseen(self, item: QItem) -> Deferred[None] | None:
         """
         Journal an add of C{item} (ADDX) that no reader sees before it is
         durable: with a C{sync_turn} (under 0.0 or a period) its bytes reach
@@ -191,7 +192,7 @@ class FileJournal:
         self.size += len(data)
         return self._writer.write_unseen(data)
 
-    def continue_(self, xid: int, item: QItem) -> Deferred[None]:
+    def continue_(self, xid: int, item: QItem) -> Deferred[None] | None:
         """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""
         ops = self._head_ops
         if ops is not None:
@@ -200,7 +201,7 @@ class FileJournal:
         self.size += len(data)
         return self._writer.write(data)
 
-    def remove(self) -> Deferred[None]:
+    def remove(self) -> Deferred[None] | None:
         """Journal a remove of the head item (REMOVE)."""
         ops = self._head_ops
         if ops is not None:
@@ -208,7 +209,7 @@ class FileJournal:
         self.size += 1
         return self._writer.write(rec.REMOVE_BYTES)
 
-    def remove_tentative(self, xid: int) -> Deferred[None]:
+    def remove_tentative(self, xid: int) -> Deferred[None] | None:
         """Journal an open read of the head item under C{xid} (REMOVE_TENTATIVE_XID)."""
         ops = self._head_ops
         if ops is not None:
@@ -216,7 +217,7 @@ class FileJournal:
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, xid))
 
-    def unremove(self, xid: int) -> Deferred[None]:
+    def unremove(self, xid: int) -> Deferred[None] | None:
         """Journal an aborted open read C{xid} (UNREMOVE)."""
         ops = self._head_ops
         if ops is not None:
@@ -224,7 +225,7 @@ class FileJournal:
         self.size += 5
         return self._writer.write(rec.encode_xid(rec.Opcode.UNREMOVE, xid))
 
-    def confirm_remove(self, xid: int) -> Deferred[None]:
+    def confirm_remove(self, xid: int) -> Deferred[None] | None:
         """Journal a confirmed open read C{xid} (CONFIRM_REMOVE)."""
         ops = self._head_ops
         if ops is not None:
@@ -438,10 +439,11 @@ class FileJournal:
         data = rec.SaveXid(xid_counter).encode()
         self.size += len(data)
         d = self._writer.write(data)
-        outcome = settled(d)
-        if isinstance(outcome, Failure):
-            return d
-        d.addErrback(ignore_failure)
+        if d is not None:
+            outcome = settled(d)
+            if isinstance(outcome, Failure):
+                return d
+            d.addErrback(ignore_failure)
         return self._writer.sync()
 
     # -- maintenance ---------------------------------------------------------

@@ -343,7 +343,9 @@ class Maintenance:
         else:
             self._free_in_thread(old, epoch)
         journal.writer = new = journal.open_writer(spare[1])
-        new.write(rec.SaveXid(xid_counter).encode()).addErrback(ignore_failure)
+        written = new.write(rec.SaveXid(xid_counter).encode())
+        if written is not None:
+            written.addErrback(ignore_failure)
         journal.size = new.position
         journal.archived_size = 0  # (there were no rotated files)
         # (debug: routine, up to every default_journal_size bytes of a busy

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 class MemoryJournal:
     """
     A journal that writes nothing durable: every write is "durable" at once
-    and never fails (an L{kestrel.journal.interface.IJournal}).
+    (nothing to wait for: it returns C{None}) and never fails (an
+    L{kestrel.journal.interface.IJournal}).
 
     @ivar records: every record written, in order (only if C{keep_records}).
     """
@@ -46,10 +47,9 @@ class MemoryJournal:
         #: Never called: nothing is replayed.
         self.on_skipped_adds: Callable[[int, int], None] | None = None
 
-    def _write(self, record: Callable[[], rec.Record]) -> Deferred[None]:
+    def _write(self, record: Callable[[], rec.Record]) -> None:
         if self.keep_records:
             self.records.append(record())
-        return succeed(None)
 
     def replay(self, apply: Callable[[rec.Record], None],
                reset: Callable[[], None] | None = None) -> None:
@@ -61,31 +61,31 @@ class MemoryJournal:
         """Replay nothing, in no steps: a memory journal starts empty."""
         return iter(())
 
-    def add(self, item: QItem) -> Deferred[None]:
+    def add(self, item: QItem) -> None:
         """Record an add."""
         return self._write(lambda: rec.Add(item.data, item.add_time_ms, item.expiry_ms))
 
-    def add_unseen(self, item: QItem) -> Deferred[None]:
+    def add_unseen(self, item: QItem) -> None:
         """Record an add (nothing is held: as L{add})."""
         return self.add(item)
 
-    def continue_(self, xid: int, item: QItem) -> Deferred[None]:
+    def continue_(self, xid: int, item: QItem) -> None:
         """Record a confirm of C{xid} plus an add."""
         return self._write(lambda: rec.Continue(xid, item.data, item.add_time_ms, item.expiry_ms))
 
-    def remove(self) -> Deferred[None]:
+    def remove(self) -> None:
         """Record a remove of the head."""
         return self._write(lambda: rec.REMOVE)
 
-    def remove_tentative(self, xid: int) -> Deferred[None]:
+    def remove_tentative(self, xid: int) -> None:
         """Record an open read."""
         return self._write(lambda: rec.RemoveTentativeXid(xid))
 
-    def unremove(self, xid: int) -> Deferred[None]:
+    def unremove(self, xid: int) -> None:
         """Record an aborted read."""
         return self._write(lambda: rec.Unremove(xid))
 
-    def confirm_remove(self, xid: int) -> Deferred[None]:
+    def confirm_remove(self, xid: int) -> None:
         """Record a confirmed read."""
         return self._write(lambda: rec.ConfirmRemove(xid))
 

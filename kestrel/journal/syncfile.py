@@ -3,9 +3,11 @@ PeriodicSyncFile: an append-only file whose writes reach the OS at once and
 become durable under a sync policy, with group commit.
 
 This is the only place where journal writes meet C{os.write} and C{fsync}.
-It mirrors Kestrel's C{PeriodicSyncFile} with one change: every write returns
-a Deferred that fires when the write is durable, and one fsync covers every
-write that was pending when it started (group commit).
+It mirrors Kestrel's C{PeriodicSyncFile} with one change: a write that waits
+for an fsync returns a Deferred that fires when the write is durable, and one
+fsync covers every write that was pending when it started (group commit). A
+file that never fsyncs on write (policy C{never}) has nothing to wait for: its
+writes return C{None}, so the hot path of such a queue makes no Deferred.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ class PeriodicSyncFile:
     """
     An append-only file that makes its writes durable under C{sync_policy}.
 
-    C{sync_policy} is C{None} (never fsync on write: a write's Deferred fires
-    at once), C{0.0} (fsync as soon as possible after every write) or a
-    period in seconds (a write is fsynced within that period). One fsync
+    C{sync_policy} is C{None} (never fsync on write: a write that reached
+    the OS returns C{None}, nothing to wait for), C{0.0} (fsync as soon as
+    possible after every write) or a period in seconds (a write is fsynced
+    within that period). One fsync
     covers every write made before it started; writes made while an fsync
     runs wait for the next one. An fsync error fails the Deferred of every
     write it covered, and is logged.
@@ -164,13 +167,16 @@ class PeriodicSyncFile:
         """Return the OS file descriptor (valid until the file is closed)."""
         return self._fd
 
-    def write(self, data: bytes) -> Deferred[None]:
+    def write(self, data: bytes) -> Deferred[None] | None:
         """
-        Append C{data} to the file now, and return a Deferred that fires when it is durable.
+        Append C{data} to the file now; return a Deferred that fires when it
+        is durable, or C{None} when there is nothing to wait for (no sync
+        policy: the file promises no more than the OS holding the bytes).
 
-        The bytes are in the OS (visible to readers) before this returns.
-        If the OS refuses the write, the file is cut back to its previous
-        size and the Deferred fails with the C{OSError}.
+        The bytes are in the OS (visible to readers) before this returns,
+        unless the coalescer's batch holds them until its flush (see
+        L{flush}). If the OS refuses the write, the file is cut back to its
+        previous size and a failed Deferred (the C{OSError}) is returned.
         """
         if self._closed:
             return fail(SyncFileClosedError(f"{self.path} is closed"))
@@ -197,7 +203,7 @@ class PeriodicSyncFile:
         self.position += written
         policy = self._policy
         if policy is None:
-            return succeed(None)
+            return None
         d: Deferred[None] = Deferred()
         self._pending.append(d)
         if self._on_fsync is not None:
@@ -208,10 +214,10 @@ class PeriodicSyncFile:
             self._timer = self._clock.callLater(policy, self._timer_fired)
         return d
 
-    def write_unseen(self, data: bytes) -> Deferred[None]:
+    def write_unseen(self, data: bytes) -> Deferred[None] | None:
         """
         Append C{data}, a record nobody may see before it is durable; return
-        a Deferred that fires when it is durable (as L{write}'s).
+        what L{write} returns (a Deferred that fires when it is durable).
 
         With a C{turn} (under policy 0.0 or a period), the bytes are held in
         memory until the end of the reactor turn (or until anything else
@@ -239,8 +245,8 @@ class PeriodicSyncFile:
             self._timer = self._clock.callLater(period, self._timer_fired)
         return d
 
-    def _hold(self, coalescer: WriteCoalescer, data: bytes) -> Deferred[None]:
-        """Keep C{data} for the coalescer's flush; the Deferred is as L{write}'s."""
+    def _hold(self, coalescer: WriteCoalescer, data: bytes) -> Deferred[None] | None:
+        """Keep C{data} for the coalescer's flush; return as L{write} does."""
         if not self._batched:
             self._batched = True
             coalescer.hold(self)
@@ -248,7 +254,7 @@ class PeriodicSyncFile:
         self._held_size += len(data)
         self.position += len(data)
         if self._policy is None:
-            return succeed(None)
+            return None
         d: Deferred[None] = Deferred()
         self._held_waiters.append(d)
         if self._on_fsync is not None:

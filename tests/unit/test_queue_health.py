@@ -276,6 +276,7 @@ def test_closes_stay_until_durable_and_written_cleanly(clock: Clock, machine) ->
     durable: Deferred[None] = Deferred()
     unsettled.note(CONFIRM, 1, None, durable)
     unsettled.note(ABORT, 2, None, succeed(None))  # written and durable at once
+    unsettled.note(ABORT, 5, None, None)  # written, nothing to wait for
     assert len(unsettled) == 1
     durable.callback(None)
     assert len(unsettled) == 0
@@ -284,7 +285,7 @@ def test_closes_stay_until_durable_and_written_cleanly(clock: Clock, machine) ->
     with capturedLogs():
         health.failed("write", ENOSPC)  # ... whose flush fails
     journal.flush()
-    unsettled.note(ABORT, 4, None, None)  # asked while failed: no record
+    unsettled.keep(ABORT, 4, None)  # asked while failed: no record
     assert unsettled.take() == [(CONFIRM, 3, None, False), (ABORT, 4, None, False)]
     assert len(unsettled) == 0
 
@@ -325,21 +326,23 @@ def test_an_fsync_failing_after_the_flush_leaves_the_record_handed_out(clock: Cl
     assert unsettled.take() == [(OPEN, 1, "a", True)]
 
 
-def test_a_record_durable_when_written_is_kept_only_while_a_batch_holds_it(clock: Clock,
-                                                                         machine) -> None:
+@pytest.mark.parametrize("fired", [False, True])
+def test_a_record_durable_when_written_is_kept_only_while_a_batch_holds_it(
+        clock: Clock, machine, fired: bool) -> None:
     """
-    A write durable at once (no sync period) leaves nothing to keep when no
-    batch is open; in a batch a close, or a remove or open already handed
-    out, is kept until the flush puts it in the OS. A remove or open not
-    handed out yet is not kept: a reload would not take it again.
+    A write durable at once (no sync period: it returns nothing to wait for,
+    or a fired Deferred) leaves nothing to keep when no batch is open; in a
+    batch a close, or a remove or open already handed out, is kept until the
+    flush puts it in the OS. A remove or open not handed out yet is not kept:
+    a reload would not take it again.
     """
     health, journal, _, _ = machine
     unsettled = Unsettled("q", health, journal)
     written: list[int] = []
 
-    def write(xid: int) -> Deferred[None]:
+    def write(xid: int) -> Deferred[None] | None:
         written.append(xid)
-        return succeed(None)
+        return succeed(None) if fired else None
     assert unsettled.write(write, 1, note=(REMOVE, 0, "a")) is True
     unsettled.note(OPEN, 2, "b", succeed(None))
     assert written == [1] and len(unsettled) == 0
@@ -359,9 +362,9 @@ def test_restore_puts_taken_entries_back_before_newer_ones(clock: Clock, machine
     """A reload that failed puts back what it took, oldest first, then what came since."""
     health, journal, _, _ = machine
     unsettled = Unsettled("q", health, journal)
-    unsettled.note(ABORT, 1, None, None)
+    unsettled.keep(ABORT, 1, None)
     taken = unsettled.take()
-    unsettled.note(CONFIRM, 2, None, None)
+    unsettled.keep(CONFIRM, 2, None)
     unsettled.restore(taken)
     assert [xid for _, xid, _, _ in unsettled.take()] == [1, 2]
 

@@ -69,10 +69,12 @@ def test_position_starts_at_existing_size(tmp_path: Path, clock: Clock) -> None:
     assert f.position == 6
 
 
-def test_never_policy_fires_at_once_without_fsync(tmp_path: Path, clock: Clock) -> None:
-    """With policy None a write's Deferred has fired on return and no fsync ran."""
+def test_never_policy_leaves_nothing_to_wait_for(tmp_path: Path, clock: Clock) -> None:
+    """With policy None a write in the OS returns no Deferred (nothing to wait for); no fsync."""
     f, fsync = make(tmp_path, clock, None)
-    assert fired(f.write(b"x"))
+    assert f.write(b"x") is None
+    assert f.write_unseen(b"y") is None
+    assert (tmp_path / "q").read_bytes() == b"xy"
     clock.advance(100)
     assert fsync.calls == 0
 
