@@ -12,7 +12,12 @@ descriptor that is only readable (C{EPOLLIN} and nothing else, the usual
 event) is read directly, with the same error handling, and the same
 disconnection handling as Twisted's. Every other event (writable, hung up, in
 error) still goes through Twisted's own code, unchanged. Its main loop also
-sets up its error handler once per run instead of once per turn.
+sets up its error handler once per run instead of once per turn, and a turn
+with nothing to run (no call from another thread, no delayed call added or
+due, no stop under way: a request served, the usual turn) takes its poll
+timeout from the earliest delayed call itself, where Twisted's loop calls
+C{runUntilCurrent} and C{timeout} every turn (about 0.35 us of Python a turn
+on this project's machines); any other turn calls both, as Twisted does.
 
 What differs, and nothing else: Twisted's legacy log context (the C{system}
 of events logged through C{twisted.python.log}) is not set around every read,
@@ -38,6 +43,10 @@ from twisted.logger import Logger
 from twisted.python import log
 
 _log = Logger()
+
+#: The longest poll timeout (seconds), as Twisted's C{ReactorBase.timeout}
+#: caps it: epoll_wait takes a signed 32-bit count of milliseconds.
+_LONGEST_TIMEOUT = 2147483
 
 
 class KestrelReactor(EPollReactor):
@@ -76,12 +85,29 @@ class KestrelReactor(EPollReactor):
     doIteration = doPoll  # noqa: N815 - Twisted's name
 
     def mainLoop(self) -> None:  # noqa: N802 - Twisted's name
-        """Run the reactor's turns until it stops; log (and survive) an unexpected error."""
+        """
+        Run the reactor's turns until it stops; log (and survive) an unexpected error.
+
+        Each turn runs what Twisted's loop runs (C{runUntilCurrent}, then a
+        poll until the next delayed call is due) but skips both calls when
+        nothing is due: then the poll's timeout is the earliest delayed
+        call's time from now (C{None}, none pending), as C{timeout} would find.
+        """
         while self._started:
             try:
                 while self._started:
-                    self.runUntilCurrent()
-                    timeout = self.timeout()
+                    pending = self._pendingTimedCalls
+                    now = self.seconds()
+                    if (self.threadCallQueue or self._newTimedCalls or self._justStopped
+                            or (pending and pending[0].time <= now)):
+                        self.runUntilCurrent()
+                        timeout = self.timeout()
+                    elif pending:
+                        timeout = pending[0].time - now
+                        if timeout > _LONGEST_TIMEOUT:
+                            timeout = _LONGEST_TIMEOUT
+                    else:
+                        timeout = None
                     self.doIteration(self.running and timeout)
             except BaseException:
                 _log.failure("Unexpected error in main loop")

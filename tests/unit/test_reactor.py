@@ -12,6 +12,7 @@ server installs it.
 
 from __future__ import annotations
 
+import os
 import socket
 
 from twisted.internet.defer import Deferred
@@ -129,6 +130,57 @@ class KestrelReactorAdditionsBuilder(ReactorBuilder):
         assert [e["log_failure"].getErrorMessage() for e in failures] == ["one bad turn"]
         assert "Unexpected error in main loop" in failures[0]["log_format"]
         assert len(self.flushLoggedErrors(RuntimeError)) == 1
+
+
+    def test_a_turn_with_nothing_due_polls_until_the_earliest_delayed_call(self) -> None:
+        """
+        After a turn that only read (nothing due, no call added), the next
+        poll waits until the earliest delayed call, not the later one and not
+        less, as Twisted's loop does; that call then runs (it stops the reactor).
+        """
+        reactor = self.buildReactor()
+        timeouts: list[float | None] = []
+        poll = reactor.doIteration
+
+        def recording(timeout: float | None) -> None:
+            timeouts.append(timeout)
+            poll(timeout)
+
+        reactor.doIteration = recording
+        readable, writable = os.pipe()
+        self.addCleanup(os.close, readable)
+        self.addCleanup(os.close, writable)
+        reads: list[bytes] = []
+
+        class Pipe:
+            """The read end of a pipe, read once (an IReadDescriptor)."""
+
+            def fileno(self) -> int:
+                return readable
+
+            def doRead(self) -> None:  # noqa: N802 - Twisted hook
+                reads.append(os.read(readable, 1))
+                reactor.removeReader(self)
+
+            def logPrefix(self) -> str:  # noqa: N802 - Twisted hook
+                return "pipe"
+
+            def connectionLost(self, reason: object) -> None:  # noqa: N802 - Twisted hook
+                pass
+
+        def start() -> None:
+            os.write(writable, b"x")
+            reactor.addReader(Pipe())
+
+        reactor.callLater(100, lambda: None)
+        reactor.callLater(0.3, reactor.stop)
+        reactor.callWhenRunning(start)
+        self.runReactor(reactor, timeout=10)
+        assert reads == [b"x"]
+        # (turn 1 inserts the new calls and reads the pipe; turn 2 has nothing due)
+        second = timeouts[1]
+        assert second is not None and 0.1 < second <= 0.3, timeouts
+        assert len(timeouts) < 10, timeouts  # (no busy turns before the call is due)
 
 
 globals().update(KestrelReactorAdditionsBuilder.makeTestCaseClasses())
