@@ -44,7 +44,7 @@ from kestrel.names import FANOUT_SEPARATOR, master_name, validate_queue_name
 from kestrel.queue import PersistentQueue, QueueObserver
 from kestrel.queue_folder import ensure_queue_path, refuse_foreign_journal
 from kestrel.queue_info import QueueInfo
-from kestrel.settled import settled
+from kestrel.settled import in_deferred, settled
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
 from kestrel.status import ServerStatus
 
@@ -384,9 +384,15 @@ class QueueCollection(Service):
     # -- operations --------------------------------------------------------
 
     def add(self, name: str, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
+        """L{offer}, its answer always in a Deferred."""
+        return in_deferred(self.offer(name, data, expiry_ms))
+
+    def offer(self, name: str, data: bytes, expiry_ms: int = 0) -> bool | Deferred[bool]:
         """
         Add C{data} to queue C{name} (creating it), to its fanout children, or
-        to every destination of the alias C{name}.
+        to every destination of the alias C{name}: whether it was stored,
+        when that is known at once without a Deferred (a plain queue's add,
+        as L{PersistentQueue.offer}), else a Deferred of it.
 
         A master with fanout children answers all or nothing for its
         producer (see L{_add_with_fanouts}): true only once the master and
@@ -409,13 +415,14 @@ class QueueCollection(Service):
 
     def _add_to_destination(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         try:
-            return self._add_with_fanouts(name, data, expiry_ms)
+            return in_deferred(self._add_with_fanouts(name, data, expiry_ms))
         except ValueError as e:
             self._log.warn("Alias destination {queue!r} refused: {reason}", queue=name,
                            reason=str(e))
             return succeed(False)
 
-    def _add_with_fanouts(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+    def _add_with_fanouts(self, name: str, data: bytes,
+                          expiry_ms: int) -> bool | Deferred[bool]:
         """
         Add to master C{name} and to each of its fanout children, all or nothing.
 
@@ -431,28 +438,29 @@ class QueueCollection(Service):
         if not children:
             return self._add_one(name, data, expiry_ms)
         adds = [self._add_child(name, child, data, expiry_ms) for child in list(children)]
-        adds.append(self._add_one(name, data, expiry_ms))
+        adds.append(in_deferred(self._add_one(name, data, expiry_ms)))
         return self._fanout.combine(adds)
 
     def _add_child(self, master: str, child: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         """Add to fanout child C{child} of C{master}; its refusals are told to the fanout log."""
         try:
-            d = self._add_one(child, data, expiry_ms)
+            d = in_deferred(self._add_one(child, data, expiry_ms))
         except Exception as e:  # (a queue that cannot be created, a stopping server)
             d = fail(e)
         return self._fanout.watch(master, child, d)
 
-    def _add_one(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
+    def _add_one(self, name: str, data: bytes, expiry_ms: int) -> bool | Deferred[bool]:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._create_queue(name)
-        d = queue.add(data, expiry_ms)
+        answer = queue.offer(data, expiry_ms)
         # Counted once stored, as the queue counts its own: at once, or for
         # a durable add (still waiting) once written; a stop closes the
         # journals, whose last fsync answers it.
-        if not d.called or d.result is True:
+        if answer is True or (answer is not False and (
+                not answer.called or answer.result is True)):
             self.stats.total_items += 1
-        return d
+        return answer
 
     def remove(self, name: str, deadline: float | None = None, open_read: bool = False,
                peek: bool = False, held: bool = False) -> Deferred[QItem | None]:

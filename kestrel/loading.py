@@ -118,8 +118,11 @@ class LoadingQueue:
     def _forget(self, held: _Held) -> None:
         self._held.pop(held, None)
 
-    def add(self, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
-        """Add C{data} once the queue is ready; fires with the queue's answer."""
+    def offer(self, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
+        """
+        Add C{data} once the queue is ready: a Deferred of the queue's
+        answer (as L{PersistentQueue.offer}'s, always given later here).
+        """
         return self._hold(lambda queue: queue.add(data, expiry_ms), None, False)
 
     def wait_remove(self, deadline: float | None,

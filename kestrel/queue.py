@@ -52,6 +52,7 @@ from kestrel.queue_policy import RECORD_MARGIN, Compactor, upkeep_from
 from kestrel.queue_replay import QueueReplay
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
+from kestrel.settled import in_deferred
 from kestrel.unsynced import Unsynced
 from kestrel.waiters import BlockingReads
 
@@ -160,8 +161,14 @@ class PersistentQueue(QueueStats, QueueReplay):
 
     def add(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
             add_time_ms: int | None = None) -> Deferred[bool]:
+        """L{offer}, its answer always in a Deferred."""
+        return in_deferred(self.offer(data, expiry_ms, xid, add_time_ms))
+
+    def offer(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
+              add_time_ms: int | None = None) -> bool | Deferred[bool]:
         """
-        Append an item; the Deferred fires C{True} if it was stored, C{False} if refused.
+        Append an item: C{True} if it was stored, C{False} if refused, when
+        that is known at once (the usual case); else a Deferred of it.
 
         Refused: the queue is closed, the item is larger than
         C{max_item_size}, or the queue is full (C{max_items}/C{max_size},
@@ -170,12 +177,13 @@ class PersistentQueue(QueueStats, QueueReplay):
         success and stores nothing. With C{xid}, open read C{xid} is
         confirmed in the same journal record (CONTINUE).
 
-        The Deferred fires at once, or, acknowledging durably
-        (C{sync_journal: always}, or C{durable_acks} with a period), after
-        the fsync covering the record (failing if it or its write fails). A write refused
-        at once, or an add while the journal cannot be written, stores
-        nothing and fails (L{JournalUnavailable}). A blocked reader is woken
-        once the record is in the OS (after the batch holding it flushed);
+        Acknowledging durably (C{sync_journal: always}, or C{durable_acks}
+        with a period), the answer is a Deferred that fires after the fsync
+        covering the record (failing if it or its write fails). A write
+        refused at once, or an add while the journal cannot be written,
+        stores nothing and answers a failed Deferred (L{JournalUnavailable}).
+        A blocked reader is woken once the record is in the OS (after the
+        batch holding it flushed);
         acknowledging durably, only once that fsync succeeded: until then no
         reader sees the item (it counts in C{length} and C{bytes}), and if
         it fails none ever does.
@@ -186,14 +194,14 @@ class PersistentQueue(QueueStats, QueueReplay):
         cfg = self._config
         size = len(data)
         if self._closed or (cfg.max_item_size is not None and size > cfg.max_item_size):
-            return succeed(False)
+            return False
         if cfg.fanout_only and self.is_fanout_master:
-            return succeed(True)
+            return True
         health = self._health
         if not health.takes_adds:
             return fail(health.unavailable())
         if not self._make_room():
-            return succeed(False)
+            return False
         now_ms = int(self._clock.seconds() * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
                      expiry_ms if cfg.max_age is None else self._expiry_for(expiry_ms, now_ms))
@@ -236,7 +244,7 @@ class PersistentQueue(QueueStats, QueueReplay):
         self._blocked.wake()
         if d is not None and not d.called:
             d.addErrback(self._records.write_failed)
-        return succeed(True)
+        return True
 
     def _make_room(self) -> bool:
         """

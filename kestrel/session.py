@@ -29,7 +29,7 @@ from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
 from kestrel.queue_info import QueueInfo
 from kestrel.session_thrift import ThriftReads
-from kestrel.settled import PENDING, Pending, settled
+from kestrel.settled import PENDING, Pending, in_deferred, settled
 from kestrel.status import Status
 
 if TYPE_CHECKING:
@@ -280,8 +280,7 @@ class ClientSession(ThriftReads):
     def get_item(self, name: str, deadline: float | None, open_read: bool,
                  peeking: bool) -> Deferred[QItem | None]:
         """L{read_item}, its outcome always in a Deferred."""
-        result = self.read_item(name, deadline, open_read, peeking)
-        return result if isinstance(result, Deferred) else succeed(result)
+        return in_deferred(self.read_item(name, deadline, open_read, peeking))
 
     def read_item(self, name: str, deadline: float | None, open_read: bool, peeking: bool,
                   reply_now: bool = False) -> QItem | None | Deferred[QItem | None]:
@@ -475,9 +474,17 @@ class ClientSession(ThriftReads):
 
     def set_item(self, name: str, data: bytes, expiry_ms: int = 0,
                  answer: Callable[..., object] | None = None, *args: object) -> Deferred[bool]:
+        """L{offer_item}, its outcome always in a Deferred."""
+        return in_deferred(self.offer_item(name, data, expiry_ms, answer, *args))
+
+    def offer_item(self, name: str, data: bytes, expiry_ms: int = 0,
+                   answer: Callable[..., object] | None = None,
+                   *args: object) -> bool | Deferred[bool]:
         """
-        Add C{data} to C{name} (absolute expiry in epoch ms, 0: never); fire with
-        whether it was stored. Raises L{AvailabilityError} when writes are blocked.
+        Add C{data} to C{name} (absolute expiry in epoch ms, 0: never): whether
+        it was stored, when the add answered at once without a Deferred (as
+        L{QueueCollection.offer}), else a Deferred of it. Raises
+        L{AvailabilityError} when writes are blocked.
 
         Records C{set_latency_usec}: until the add answered, which for a
         durable acknowledgement is after the fsync that covers it; then, if
@@ -489,12 +496,12 @@ class ClientSession(ThriftReads):
         self._stats.cmd_set += 1
         clock = self._clock
         started = clock.seconds()
-        d = self._collection.add(name, data, expiry_ms)
-        if d.called:
+        stored = self._collection.offer(name, data, expiry_ms)
+        if stored is True or stored is False or stored.called:
             # Answered at once (the hot path): record directly, no callback.
             self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
-            return d
-        return d.addBoth(self._record_set_done, name, started, answer, args)
+            return stored
+        return stored.addBoth(self._record_set_done, name, started, answer, args)
 
     def _record_set_done(self, result: object, name: str, started: float,
                          answer: Callable[..., object] | None, args: tuple) -> object:

@@ -7,6 +7,8 @@ them, and a caller that replies or counts straight from the outcome saves
 the cost of a callback chain on every request. L{settled} is the one place
 that reads it: Twisted keeps it in C{Deferred.result}, an attribute its
 documentation does not promise (and types as C{object}).
+L{in_deferred} goes the other way: an answer given at once, without a
+Deferred, put in one for a caller that needs it.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import enum
 from typing import Final, Literal, TypeVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-__all__ = ["PENDING", "Pending", "settled"]
+__all__ = ["PENDING", "Pending", "in_deferred", "settled"]
 
 _T = TypeVar("_T")
 
@@ -46,3 +48,14 @@ def settled(d: Deferred[_T]) -> _T | Failure | Pending:
         # holds a _T (as its callbacks made it) or a Failure.
         return d.result  # type: ignore[return-value]
     return PENDING
+
+
+def in_deferred(outcome: _T | Deferred[_T]) -> Deferred[_T]:
+    """
+    C{outcome} in a Deferred: itself if it is one, else a Deferred fired
+    with it. For the callers of a method that answers at once without one
+    (the hot path) but who need a Deferred either way.
+    """
+    if isinstance(outcome, Deferred):
+        return outcome
+    return succeed(outcome)

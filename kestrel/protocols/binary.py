@@ -33,7 +33,7 @@ from kestrel.errors import (
 )
 from kestrel.item import QItem
 from kestrel.protocols.memcache_parser import MemcacheParseError, parse_get
-from kestrel.settled import settled
+from kestrel.settled import in_deferred, settled
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -211,7 +211,8 @@ class BinaryHandler:
         if len(req.extras) != 8 or not req.key:
             return self._invalid(req, "a set takes 8 bytes of extras and a key")
         _, exptime = _SET_EXTRAS.unpack(req.extras)
-        d = self.protocol.enqueue(req.key.decode("latin-1"), value, exptime)
+        d: Deferred[bool] = in_deferred(
+            self.protocol.enqueue(req.key.decode("latin-1"), value, exptime))
         stored = settled(d)
         if stored.__class__ is bool:
             return self._set_reply(stored, req)

@@ -39,5 +39,9 @@ class DialectHost(Protocol):
         """Run the queue side of a fetch, as a classic C{get} of C{req} would."""
 
     def enqueue(self, name: str, data: bytes, exptime: int,
-                answer: Callable[..., object] | None = None, *args: object) -> Deferred[bool]:
-        """Add C{data} to queue C{name}, as a classic C{set} with C{exptime} would."""
+                answer: Callable[..., object] | None = None,
+                *args: object) -> bool | Deferred[bool]:
+        """
+        Add C{data} to queue C{name}, as a classic C{set} with C{exptime}
+        would: whether it was stored, or a Deferred of it.
+        """

@@ -535,17 +535,19 @@ class MemcacheProtocol(SessionProtocol):
         return result.addCallback(value_reply, req.key)  # type: ignore[union-attr]
 
     def enqueue(self, name: str, data: bytes, exptime: int,
-                answer: Callable[..., object] | None = None, *args: object) -> Deferred[bool]:
+                answer: Callable[..., object] | None = None,
+                *args: object) -> bool | Deferred[bool]:
         """
         Add C{data} to queue C{name}; C{exptime} as memcache's (0: none), in
-        any dialect. C{answer} and C{args}: as L{Session.set_item}'s.
+        any dialect: whether it was stored, or a Deferred of it (as
+        L{ClientSession.offer_item}, with C{answer} and C{args}).
         """
         session = self.session
         assert session is not None
         expiry_ms = 0
         if exptime:
             expiry_ms = memcache_expiry_ms(exptime, int(self.clock.seconds() * 1000))
-        return session.set_item(name, data, expiry_ms, answer, *args)
+        return session.offer_item(name, data, expiry_ms, answer, *args)
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
@@ -553,6 +555,8 @@ class MemcacheProtocol(SessionProtocol):
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
         d = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
+        if d is True or d is False:  # (answered at once: the usual case)
+            return b"" if req.noreply else _STORED if d else _NOT_STORED
         if d.called:  # (settled(d), inlined: an add answered at once is never paused)
             stored = d.result
             if stored is True or stored is False:

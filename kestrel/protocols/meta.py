@@ -41,7 +41,7 @@ from kestrel.protocols.memcache_parser import (
     parse_int,
     split_tokens,
 )
-from kestrel.settled import settled
+from kestrel.settled import in_deferred, settled
 
 if TYPE_CHECKING:
     from kestrel.protocols.fetching import DialectHost
@@ -291,7 +291,7 @@ class MetaHandler:
         """C{ms}: enqueue C{data}, answered C{HD}/C{NS}, or the refusal found while parsing."""
         if req.error is not None:
             return b"CLIENT_ERROR %s\r\n" % req.error.encode("latin-1", "backslashreplace")
-        d = self.protocol.enqueue(req.name, data, req.ttl)
+        d: Deferred[bool] = in_deferred(self.protocol.enqueue(req.name, data, req.ttl))
         stored = settled(d)
         if stored.__class__ is bool:
             return meta_set_reply(req, stored)

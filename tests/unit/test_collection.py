@@ -232,6 +232,25 @@ def test_fanout_child_gets_later_adds_only(started) -> None:
     assert ("children", "feed+a") in c.dump_stats("feed")
 
 
+def test_offer_answers_at_once_for_a_queue_and_in_a_deferred_for_a_fanout_or_alias(
+        started) -> None:
+    """
+    offer answers a plain queue's add with a bool (add: the same in a
+    Deferred); a master with children and an alias combine several adds,
+    so they answer with a Deferred, fired at once when every add was.
+    """
+    c = started(ALIASES)
+    assert c.offer("plain", b"x") is True
+    c.queue("feed+a")
+    fanned = c.offer("feed", b"y")
+    aliased = c.offer("both", b"z")
+    assert isinstance(fanned, Deferred) and isinstance(aliased, Deferred)
+    assert [fanned.result, aliased.result] == [True, True]
+    assert drain(c, "plain") == [b"x"] and drain(c, "feed+a") == [b"y"]
+    assert drain(c, "left") == [b"z"] and drain(c, "right") == [b"z"]
+    assert c.stats.total_items == 5
+
+
 def test_fanout_child_created_by_a_read(started) -> None:
     """Any reference to parent+child registers it, a read included."""
     c = started()

@@ -678,6 +678,22 @@ def test_durable_acks_on_memory_journal_fire_at_once(clock: Clock) -> None:
     """With durable_acks on a journal that is durable at once, the add fires at once."""
     q = make(clock, durable_acks=True)
     assert value(q.add(b"a")) is True
+    assert q.offer(b"b") is True
+
+
+def test_offer_answers_at_once_without_a_deferred(clock: Clock) -> None:
+    """
+    offer answers a stored or refused add with True or False itself (add puts
+    the same answer in a Deferred); the item is stored as add stores it.
+    """
+    q = make(clock, max_items=2)
+    assert q.offer(b"a") is True
+    assert value(q.add(b"b")) is True
+    assert q.offer(b"c") is False  # (full)
+    assert value(q.add(b"c")) is False
+    assert datas(q) == [b"a", b"b"]
+    q.close()
+    assert q.offer(b"d") is False  # (closed)
 
 
 # ----- replay

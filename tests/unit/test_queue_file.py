@@ -9,6 +9,7 @@ import os
 
 import attrs
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from kestrel.config import QueueConfig
@@ -255,6 +256,17 @@ def test_non_durable_ack_does_not_wait(tmp_path, clock: Clock) -> None:
     """Without durable_acks the add fires at once even with a pending periodic fsync."""
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=lambda fd: None)
     assert value(q.add(b"a")) is True
+    assert q.offer(b"b") is True  # (and offer answers without a Deferred)
+
+
+def test_offer_of_a_durable_add_is_a_deferred(tmp_path, clock: Clock) -> None:
+    """Acknowledging durably, offer's answer waits for the fsync: a Deferred."""
+    syncs: list[int] = []
+    q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=syncs.append, durable_acks=True)
+    answer = q.offer(b"a")
+    assert isinstance(answer, Deferred) and value(answer) is PENDING
+    clock.advance(0.5)
+    assert value(answer) is True and len(syncs) == 1
 
 
 def test_durable_ack_fsync_failure_errbacks(tmp_path, clock: Clock) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 
-from kestrel.settled import PENDING, settled
+from kestrel.settled import PENDING, in_deferred, settled
 
 
 def test_a_fired_deferred_gives_its_value() -> None:
@@ -49,3 +49,11 @@ def test_reading_does_not_consume_the_value() -> None:
     seen: list[bytes] = []
     d.addCallback(seen.append)
     assert seen == [b"item"]
+
+
+def test_in_deferred_puts_an_answer_in_a_fired_deferred_and_keeps_a_deferred() -> None:
+    """An answer given at once comes back in a Deferred fired with it; a Deferred as it is."""
+    assert settled(in_deferred(False)) is False
+    assert settled(in_deferred(None)) is None
+    d: Deferred[bool] = Deferred()
+    assert in_deferred(d) is d
