@@ -71,6 +71,7 @@ from kestrel.protocols.memcache_parser import (
     SetRequest,
 )
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
+from kestrel.settled import settled
 
 if TYPE_CHECKING:
     from kestrel.server import KestrelServer
@@ -554,17 +555,16 @@ class MemcacheProtocol(SessionProtocol):
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
-        d = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
-        if d is True or d is False:  # (answered at once: the usual case)
-            return b"" if req.noreply else _STORED if d else _NOT_STORED
-        if d.called:  # (settled(d), inlined: an add answered at once is never paused)
-            stored = d.result
-            if stored is True or stored is False:
-                return b"" if req.noreply else _STORED if stored else _NOT_STORED
-        self._waiting = True
-        if d.called:  # (refused at once: answered now, as a refusal found later is)
-            d.addBoth(self._stored_later, req)
-        return b""
+        stored = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
+        if isinstance(stored, Deferred):  # (not the usual case: that answers a bool)
+            outcome = settled(stored)
+            if outcome is not True and outcome is not False:
+                self._waiting = True
+                if stored.called:  # (refused at once: answered now, as a refusal found later is)
+                    stored.addBoth(self._stored_later, req)
+                return b""
+            stored = outcome
+        return b"" if req.noreply else _STORED if stored else _NOT_STORED
 
     def _stored_later(self, outcome: object, req: SetRequest) -> None:
         """A set answered later (durable acknowledgement): queue its reply, carry on."""
