@@ -43,16 +43,19 @@ from kestrel.protocols.memcache_parser import (
 )
 from kestrel.protocols.meta import MetaRequest, MetaSet, is_meta_word, parse_meta
 
-__all__ = ["NEED", "REFUSE", "SERVE", "UNFRAMABLE", "RequestFramer"]
+__all__ = ["NEED", "REFUSE", "SERVE", "UNFRAMABLE", "Frame", "RequestFramer"]
 
-#: The first byte of every meta command word.
-_META_FIRST = (b"m", b"M")
+#: The first byte of every meta command word (as ints: what indexing bytes gives).
+_META_FIRST = frozenset(b"mM")
 
 #: Outcomes of L{RequestFramer.frame}, the first item of its tuple.
 SERVE = 0
 NEED = 1
 REFUSE = 2
 UNFRAMABLE = 3
+
+#: A dialect's framing function: C{frame(buf, pos)}, answered as L{RequestFramer.frame}.
+Frame = Callable[[bytes, int], tuple[int, Any, Any, int]]
 
 
 def _encode(text: str) -> bytes:
@@ -89,7 +92,7 @@ class RequestFramer:
         """Frame the request at C{buf[pos:]} (see the class docstring)."""
         return self.framer_for(buf[pos])(buf, pos)
 
-    def framer_for(self, first_byte: int) -> Callable[[bytes, int], tuple[int, Any, Any, int]]:
+    def framer_for(self, first_byte: int) -> Frame:
         """
         The framing function of this connection's dialect, which C{first_byte}
         (the connection's first byte) chooses if it is not chosen yet; a
@@ -117,7 +120,7 @@ class RequestFramer:
         after = nl + 1
         request: Request | MetaRequest
         try:
-            if line[:1] in _META_FIRST and is_meta_word(line):
+            if buf[pos] in _META_FIRST and is_meta_word(line):
                 request = parse_meta(line)
             else:
                 request = parse_line(line)

@@ -28,15 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.errors import (
     AvailabilityError,
-    ConfigError,
-    ControlRefused,
     ForbiddenStatus,
     InvalidQueueName,
     JournalUnavailable,
@@ -61,7 +59,8 @@ from kestrel.protocols.binary import (
     status_reply,
 )
 from kestrel.protocols.fetching import Fetched
-from kestrel.protocols.framing import NEED, REFUSE, SERVE, RequestFramer
+from kestrel.protocols.framing import NEED, REFUSE, SERVE, Frame, RequestFramer
+from kestrel.protocols.memcache_commands import CommandHandler
 from kestrel.protocols.memcache_parser import (
     Command,
     ConfirmRequest,
@@ -82,15 +81,12 @@ _END = b"END\r\n"
 _STORED = b"STORED\r\n"
 _NOT_STORED = b"NOT_STORED\r\n"
 _DELETED = b"DELETED\r\n"
-_OK = b"OK\r\n"
 _READ_IS_OPEN = b"a read is open on this queue: use /close, /open or /abort"
 
 _OUT_OF_MEMORY = b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n"
 #: A read this small, on a connection holding no input, is not counted against
 #: max_client_memory before it is served (see dataReceived).
 _UNCOUNTED_READ = 16 * 1024
-#: Commands refused when control is kept to the admin port (a status change too).
-_CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
 #: What a request handler returns: reply bytes (b"" for none) or a Deferred of them
 #: (a handler that wires its own callback instead sets _waiting and returns b"": _set).
@@ -140,6 +136,8 @@ class MemcacheProtocol(SessionProtocol):
         self._need_newline = False
         self._out: list[bytes] = []
         self._framer = RequestFramer(self.max_request_size)
+        #: The dialect's framing function, once the first request was framed.
+        self._frame: Frame | None = None
         self._binary = BinaryHandler(self)
         meta = MetaHandler(self)
         self._waiting = False
@@ -149,14 +147,13 @@ class MemcacheProtocol(SessionProtocol):
         self._closing = False
         self._paused = False
         self._idle_call: IDelayedCall | None = None
-        self.version_reply = b"VERSION %s\r\n" % server.version.encode()
         self._last_active = 0.0
         self._dispatch: dict[type, Callable[[Any], Reply]] = {
             GetRequest: self._get,
             QueueCommand: self._queue_command,
             ConfirmRequest: self._confirm,
             MonitorRequest: self._monitor,
-            Command: self._command,
+            Command: CommandHandler(self).serve,
             MetaGet: meta.get,
             MetaDelete: meta.delete,
             MetaNoop: meta.noop,
@@ -228,11 +225,17 @@ class MemcacheProtocol(SessionProtocol):
             self._parts.append(data)
             self._have += size
         else:
+            frame = self._frame
+            if (frame is not None and size <= _UNCOUNTED_READ and not self._waiting
+                    and not self._need and not self._input_held and not self._out
+                    and not self.output_blocked and not self._paused and not self._read_closed
+                    and self._serve_lone(frame, data, size)):
+                return
             self._buf = data
             self._have = size
         # A small read with nothing held before is served before this call
         # returns, so it is not counted; what it leaves buffered is counted
-        # after serving (below, in _process_batch), and a request that
+        # after serving (below, in _process), and a request that
         # declares more data is counted when its line is parsed.
         if ((self._input_held or self._have > _UNCOUNTED_READ) and self._have > self._input_held
                 and not self.hold_input(max(self._have, self._need))):
@@ -250,6 +253,34 @@ class MemcacheProtocol(SessionProtocol):
                 self._fail(b"CLIENT_ERROR request line too long\r\n")
             return
         self._process()
+
+    def _serve_lone(self, frame: Frame, data: bytes, size: int) -> bool:
+        """
+        Serve C{data}, a read with nothing buffered before it, if it is one
+        whole request (the usual read): what a pass of L{_process} over it
+        does, without the bookkeeping for input a pass leaves buffered (none
+        here). Whether it was served; if not, nothing was done, and
+        L{_process} frames C{data} again.
+
+        The caller checks that no pass would do more: nothing buffered, held
+        or owed (C{_need}), no reply queued, no request waiting, output not
+        blocked, input not paused or closed, the first line seen (C{frame}
+        set).
+        """
+        try:
+            kind, request, block, end = frame(data, 0)
+            if kind != SERVE or end != size:
+                return False
+            self._in_process = True
+            self._serve(request, block, False)
+            self._in_process = False
+            self._flush()
+        except Exception:
+            self._in_process = False
+            self._log.failure("Memcache connection failed")
+            if not self._closing:
+                self._fail(b"SERVER_ERROR internal error\r\n")
+        return True
 
     def _process(self) -> None:
         """
@@ -280,7 +311,9 @@ class MemcacheProtocol(SessionProtocol):
             queued = 0
             # (the loop frames only when there is input: frame is then its dialect's,
             # which the connection's first byte chose)
-            frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
+            frame = self._frame
+            if frame is None:
+                frame = self._framer.framer_for(buf[0]) if size else self._framer.frame
             try:
                 while (pos < size and not self._waiting and not self._closing
                        and not self.output_blocked):
@@ -315,6 +348,8 @@ class MemcacheProtocol(SessionProtocol):
                         self._fail(request)
                         break
             finally:
+                if pos and self._frame is None and not self.awaiting_first_line:
+                    self._frame = frame  # (the dialect is chosen, the first line seen)
                 self._buf = buf[pos:] if pos else buf
                 self._have = size - pos
                 self._need = need
@@ -556,7 +591,9 @@ class MemcacheProtocol(SessionProtocol):
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
         stored = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
-        if isinstance(stored, Deferred):  # (not the usual case: that answers a bool)
+        # (not isinstance(stored, Deferred): Deferred is an ABC, whose check
+        # costs a Python call; a bool is the usual answer)
+        if stored is not True and stored is not False:
             outcome = settled(stored)
             if outcome is not True and outcome is not False:
                 self._waiting = True
@@ -613,65 +650,6 @@ class MemcacheProtocol(SessionProtocol):
         deadline = self.clock.seconds() + req.seconds
         done = session.monitor_until(req.name, deadline, max_items, True, got_item)
         return done.addCallback(lambda _: _END)
-
-    def _command(self, req: Command) -> Reply:
-        word = req.word
-        session = self.session
-        assert session is not None
-        # What a command reports or does (stats, flush_all, ...) sees the items this
-        # pass's plain gets replied to as taken, as a client that got them expects.
-        session.held_reads.open_peeked()
-        if word in _CONTROL_COMMANDS or (word == "status" and req.args):
-            try:
-                session.check_control(word)
-            except ControlRefused as e:
-                return b"CLIENT_ERROR %s\r\n" % _encode(str(e))
-        if word == "stats":
-            return _encode(self.server.stats_text())
-        if word == "dump_stats":
-            return _encode(self.server.dump_stats_text(req.args))
-        if word == "version":
-            return self.version_reply
-        if word == "flush_all":
-            session.flush_all()
-            return b"" if req.noreply else _OK
-        if word == "flush_all_expired":
-            return b"%d\r\n" % session.flush_all_expired()
-        if word == "status":
-            return self._status(req.args)
-        if word == "reload":
-            return maybeDeferred(self.server.reload).addCallbacks(
-                lambda _: b"Reloaded config.\r\n", self._reload_failed)
-        if word == "dump_config":
-            return _encode(self.server.dump_config_text(req.args))
-        if word == "shutdown":
-            self._log.info("Shutdown requested over memcache")
-            self.server.request_shutdown()
-            raise CloseAfterReply(b"")
-        # quit
-        raise CloseAfterReply(b"")
-
-    def _reload_failed(self, failure: Failure) -> bytes:
-        """A reload that failed keeps the old config; the reply names the problem."""
-        exc = failure.value
-        if isinstance(exc, (ConfigError, OSError, KestrelError)):
-            return b"ERROR reload failed: %s\r\n" % _encode(str(exc).replace("\n", " "))
-        self._log.failure("Reload failed", failure)
-        return b"ERROR reload failed: internal error\r\n"
-
-    def _status(self, args: tuple[str, ...]) -> bytes:
-        session = self.session
-        assert session is not None
-        if not args:
-            return _encode(str(session.current_status()).upper()) + b"\r\n"
-        try:
-            session.set_status(args[0])
-        except (UnknownStatus, ForbiddenStatus):
-            raise
-        except KestrelError as exc:
-            # A stricter change still in its grace period: refused, connection kept.
-            return b"ERROR %s\r\n" % _encode(str(exc))
-        return _END
 
 
 class MemcacheFactory(SessionFactory):

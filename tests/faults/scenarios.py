@@ -431,7 +431,7 @@ def run_scenario(scenario: Scenario, policy: Policy, workdir: Path, seed: int,
             if server.running:
                 server.stop()
             text = server.log()
-            shutil.copy(server.log_path, workdir / f"{root.name}.log")
+            shutil.copy(server.log_path, workdir / f"{root.name}-seed{seed}.log")
     verdict: dict[str, Any] = ledger.verdict()
     if scenario.tmpfs:
         verdict["injected"] += text.count("No space left on device")

@@ -23,6 +23,7 @@ from kestrel import __version__
 from kestrel.config import dump_queue_config, parse_config
 from kestrel.journal.records import iter_records
 from kestrel.protocols.base import HTTP_REFUSED, looks_like_http
+from kestrel.protocols.framing import RequestFramer
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
 from tests.support import StringClient, full_disk_writes, make_server
@@ -531,12 +532,17 @@ def reply_to(chunks: list[bytes]) -> tuple[bytes, bool]:
 @settings(max_examples=60)
 @given(st.lists(st.sampled_from(COMMANDS), min_size=1, max_size=12), st.data())
 def test_chunking_is_invisible(commands: list[bytes], data: st.DataObject) -> None:
-    """Replies are identical whether the request bytes arrive whole or split anywhere."""
+    """
+    Replies are identical whether the request bytes arrive whole, split
+    anywhere, or one request per read (after the first, each such read is
+    served on its own, not by a pass over a buffer).
+    """
     stream = b"".join(commands)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     whole = reply_to([stream])
     assert reply_to(chunks) == whole
+    assert reply_to(commands) == whole
 
 
 def test_half_close_answers_then_closes(conn: Conn) -> None:
@@ -573,6 +579,36 @@ def test_unexpected_failure_is_logged_not_raised(conn: Conn) -> None:
     conn.protocol.session.flush = broken  # a failing domain call stands in for a bug
     with capturedLogs() as events:
         out = conn.send(b"flush q\r\nversion\r\n")
+    assert out == b"SERVER_ERROR internal error\r\n"
+    assert not conn.connected
+    assert any(e.get("log_failure") is not None for e in events)
+
+
+@pytest.mark.parametrize("where", ["handler", "framing"])
+def test_unexpected_failure_in_a_lone_request_is_logged_not_raised(
+        conn: Conn, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """
+    A bug met serving a read that holds one request (in its handler, or
+    framing it) is logged and answered; dataReceived does not raise.
+    """
+    from twisted.logger import capturedLogs
+
+    frame_text = RequestFramer.frame_text
+
+    def frame(self: RequestFramer, buf: bytes, pos: int) -> object:
+        if where == "framing" and buf.startswith(b"flush", pos):
+            raise RuntimeError("boom")
+        return frame_text(self, buf, pos)
+
+    def broken(name: str, *args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(RequestFramer, "frame_text", frame)
+    assert conn.send(b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
+    if where == "handler":
+        conn.protocol.session.flush = broken  # a failing domain call stands in for a bug
+    with capturedLogs() as events:
+        out = conn.send(b"flush q\r\n")
     assert out == b"SERVER_ERROR internal error\r\n"
     assert not conn.connected
     assert any(e.get("log_failure") is not None for e in events)
