@@ -15,6 +15,11 @@ kernel's socket work.
     python3 benchmarks/inprocess.py --help
     python3 benchmarks/inprocess.py --depth 1 16
     python3 benchmarks/inprocess.py --profile 20       # cProfile: the top 20 functions
+    python3 benchmarks/inprocess.py --opcodes 20       # bytecodes run per pair, the top 20
+
+`--opcodes` counts the bytecode instructions the interpreter runs per pair
+(outside this script), in total and per function: a figure that, unlike CPU
+time, does not move with the machine's load.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import collections  # noqa: E402
+from types import FrameType  # noqa: E402
+from typing import Any  # noqa: E402
 
 import attrs  # noqa: E402
 from twisted.internet.task import Clock  # noqa: E402
@@ -62,6 +71,30 @@ def pairs_once(protocol: object, transport: StringTransport, pairs: int, depth: 
         transport.clear()
 
 
+def count_opcodes(run: Any, pairs: int, top: int) -> None:
+    """Run C{run} once under an opcode tracer; print the bytecodes per pair it ran."""
+    counts: collections.Counter[str] = collections.Counter()
+    own = __file__
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            code = frame.f_code
+            if code.co_filename != own:
+                counts[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    print(f"  {sum(counts.values()) / pairs:.0f} bytecodes per pair; the top {top} functions:")
+    for name, count in counts.most_common(top):
+        print(f"  {count / pairs:8.1f} {name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="CPU us per memcache set+get pair inside txkestrel (no sockets, "
@@ -74,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="measured runs per depth")
     parser.add_argument("--profile", type=int, metavar="N",
                         help="instead, profile one run per depth and print the top N functions")
+    parser.add_argument("--opcodes", type=int, metavar="N",
+                        help="instead, count the bytecodes run per pair in one run per depth "
+                             "and print the top N functions")
     args = parser.parse_args(argv)
 
     clock = Clock()
@@ -102,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                     profiler.runcall(run)
                     print(f"depth {depth}:")
                     pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+                    continue
+                if args.opcodes:
+                    print(f"depth {depth}:")
+                    count_opcodes(run, args.pairs, args.opcodes)
                     continue
                 user, system = [], []
                 for _ in range(args.runs):
