@@ -39,6 +39,7 @@ from kestrel.protocols.memcache_parser import (
     Request,
     SetRequest,
     Unframable,
+    encode_text,
     parse_line,
 )
 from kestrel.protocols.meta import MetaRequest, MetaSet, is_meta_word, parse_meta
@@ -57,10 +58,6 @@ UNFRAMABLE = 3
 #: A dialect's framing function: C{frame(buf, pos)}, answered as L{RequestFramer.frame}.
 Frame = Callable[[bytes, int], tuple[int, Any, Any, int]]
 
-
-def _encode(text: str) -> bytes:
-    """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
-    return text.encode("latin-1", "backslashreplace")
 
 
 class RequestFramer:
@@ -125,7 +122,7 @@ class RequestFramer:
             else:
                 request = parse_line(line)
         except MemcacheParseError as err:
-            reply = b"CLIENT_ERROR %s\r\n" % _encode(err.reason)
+            reply = b"CLIENT_ERROR %s\r\n" % encode_text(err.reason)
             if err.disconnect:
                 return UNFRAMABLE, reply, None, 0
             return REFUSE, reply, None, after

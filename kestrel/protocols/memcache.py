@@ -68,6 +68,7 @@ from kestrel.protocols.memcache_parser import (
     MonitorRequest,
     QueueCommand,
     SetRequest,
+    encode_text,
 )
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
 from kestrel.settled import settled
@@ -92,10 +93,6 @@ _UNCOUNTED_READ = 16 * 1024
 #: (a handler that wires its own callback instead sets _waiting and returns b"": _set).
 Reply = bytes | Deferred[bytes]
 
-
-def _encode(text: str) -> bytes:
-    """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
-    return text.encode("latin-1", "backslashreplace")
 
 
 def value_reply(item: QItem | None, key: bytes) -> bytes:
@@ -277,10 +274,17 @@ class MemcacheProtocol(SessionProtocol):
             self._flush()
         except Exception:
             self._in_process = False
-            self._log.failure("Memcache connection failed")
-            if not self._closing:
-                self._fail(b"SERVER_ERROR internal error\r\n")
+            self._internal_error()
         return True
+
+    def _internal_error(self) -> None:
+        """
+        A bug met serving the input (bad input is answered, never raised):
+        log it, tell the client, close the connection.
+        """
+        self._log.failure("Memcache connection failed")
+        if not self._closing:
+            self._fail(b"SERVER_ERROR internal error\r\n")
 
     def _process(self) -> None:
         """
@@ -369,9 +373,7 @@ class MemcacheProtocol(SessionProtocol):
                 self._paused = False
                 self.resume_input()
         except Exception:
-            self._log.failure("Memcache connection failed")
-            if not self._closing:
-                self._fail(b"SERVER_ERROR internal error\r\n")
+            self._internal_error()
 
     def _http_first_line(self, buf: bytes, pos: int) -> bool:
         """
@@ -493,20 +495,20 @@ class MemcacheProtocol(SessionProtocol):
             self._binary_error(failure, request)
             return
         if isinstance(exc, AvailabilityError):
-            reply = b"SERVER_ERROR %s\r\n" % _encode(str(exc))
+            reply = b"SERVER_ERROR %s\r\n" % encode_text(str(exc))
         elif isinstance(exc, ShuttingDown):
             reply = b"SERVER_ERROR server is shutting down\r\n"
         elif isinstance(exc, TooManyOpenReads):
             reply = b"ERROR too many open reads\r\n"
         elif isinstance(exc, InvalidQueueName):
-            reply = b"CLIENT_ERROR bad queue name: %s\r\n" % _encode(str(exc))
+            reply = b"CLIENT_ERROR bad queue name: %s\r\n" % encode_text(str(exc))
         elif isinstance(exc, (UnknownStatus, ForbiddenStatus)):
-            reply = b"CLIENT_ERROR %s\r\n" % _encode(str(exc))
+            reply = b"CLIENT_ERROR %s\r\n" % encode_text(str(exc))
         elif isinstance(exc, CancelledError):
             self._fail(b"SERVER_ERROR request cancelled\r\n")
             return
         elif isinstance(exc, JournalUnavailable):
-            reply = b"SERVER_ERROR %s\r\n" % _encode(str(exc))
+            reply = b"SERVER_ERROR %s\r\n" % encode_text(str(exc))
         else:
             self._log.failure("Memcache request failed", failure)
             self._fail(b"SERVER_ERROR internal error\r\n")
@@ -525,7 +527,8 @@ class MemcacheProtocol(SessionProtocol):
                                     b"internal error"))
             return
         status, message = mapped
-        self._async_reply(status_reply(request.opcode, request.opaque, status, _encode(message)))
+        self._async_reply(
+            status_reply(request.opcode, request.opaque, status, encode_text(message)))
 
     # -- requests --------------------------------------------------------
 
@@ -587,7 +590,7 @@ class MemcacheProtocol(SessionProtocol):
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
-            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % _encode(req.error)
+            return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % encode_text(req.error)
         # (a durable acknowledgement: _stored_later queues the reply from the
         # session's own callback, not a reply Deferred for _serve to wait on)
         stored = self.enqueue(req.name, data, req.exptime, self._stored_later, req)

@@ -23,7 +23,7 @@ from kestrel.errors import (
 )
 from kestrel.protocols.binary import CloseAfterReply
 from kestrel.protocols.fetching import DialectHost
-from kestrel.protocols.memcache_parser import Command
+from kestrel.protocols.memcache_parser import Command, encode_text
 
 __all__ = ["CommandHandler"]
 
@@ -32,10 +32,6 @@ _OK = b"OK\r\n"
 #: Commands refused when control is kept to the admin port (a status change too).
 _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
-
-def _encode(text: str) -> bytes:
-    """Encode reply text the way names were decoded (ISO-8859-1), escaping the rest."""
-    return text.encode("latin-1", "backslashreplace")
 
 
 class CommandHandler:
@@ -67,11 +63,11 @@ class CommandHandler:
             try:
                 session.check_control(word)
             except ControlRefused as e:
-                return b"CLIENT_ERROR %s\r\n" % _encode(str(e))
+                return b"CLIENT_ERROR %s\r\n" % encode_text(str(e))
         if word == "stats":
-            return _encode(server.stats_text())
+            return encode_text(server.stats_text())
         if word == "dump_stats":
-            return _encode(server.dump_stats_text(req.args))
+            return encode_text(server.dump_stats_text(req.args))
         if word == "version":
             return self.version_reply
         if word == "flush_all":
@@ -85,7 +81,7 @@ class CommandHandler:
             return maybeDeferred(server.reload).addCallbacks(
                 lambda _: b"Reloaded config.\r\n", self._reload_failed)
         if word == "dump_config":
-            return _encode(server.dump_config_text(req.args))
+            return encode_text(server.dump_config_text(req.args))
         if word == "shutdown":
             self._log.info("Shutdown requested over memcache")
             server.request_shutdown()
@@ -97,7 +93,7 @@ class CommandHandler:
         """A reload that failed keeps the old config; the reply names the problem."""
         exc = failure.value
         if isinstance(exc, (ConfigError, OSError, KestrelError)):
-            return b"ERROR reload failed: %s\r\n" % _encode(str(exc).replace("\n", " "))
+            return b"ERROR reload failed: %s\r\n" % encode_text(str(exc).replace("\n", " "))
         self._log.failure("Reload failed", failure)
         return b"ERROR reload failed: internal error\r\n"
 
@@ -105,12 +101,12 @@ class CommandHandler:
         session = self.host.session
         assert session is not None
         if not args:
-            return _encode(str(session.current_status()).upper()) + b"\r\n"
+            return encode_text(str(session.current_status()).upper()) + b"\r\n"
         try:
             session.set_status(args[0])
         except (UnknownStatus, ForbiddenStatus):
             raise
         except KestrelError as exc:
             # A stricter change still in its grace period: refused, connection kept.
-            return b"ERROR %s\r\n" % _encode(str(exc))
+            return b"ERROR %s\r\n" % encode_text(str(exc))
         return _END

@@ -44,7 +44,13 @@ __all__ = [
     "parse_int",
     "split_tokens",
     "parse_line",
+    "encode_text",
 ]
+
+def encode_text(text: str) -> bytes:
+    """Reply text encoded the way names are decoded (ISO-8859-1), escaping the rest."""
+    return text.encode("latin-1", "backslashreplace")
+
 
 #: Kestrel parses numbers as Java ints; we accept the same range.
 MAX_INT = 2**31 - 1

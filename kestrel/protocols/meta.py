@@ -37,6 +37,7 @@ from kestrel.protocols.memcache_parser import (
     GetRequest,
     MemcacheParseError,
     Refusal,
+    encode_text,
     parse_get,
     parse_int,
     split_tokens,
@@ -290,7 +291,7 @@ class MetaHandler:
     def set(self, req: MetaSet, data: bytes) -> bytes | Deferred[bytes]:
         """C{ms}: enqueue C{data}, answered C{HD}/C{NS}, or the refusal found while parsing."""
         if req.error is not None:
-            return b"CLIENT_ERROR %s\r\n" % req.error.encode("latin-1", "backslashreplace")
+            return b"CLIENT_ERROR %s\r\n" % encode_text(req.error)
         d: Deferred[bool] = in_deferred(self.protocol.enqueue(req.name, data, req.ttl))
         stored = settled(d)
         if stored.__class__ is bool:
