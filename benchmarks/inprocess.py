@@ -71,8 +71,27 @@ def pairs_once(protocol: object, transport: StringTransport, pairs: int, depth: 
         transport.clear()
 
 
+def durable_once(clock: Clock, connections: list[tuple[Any, StringTransport]], sets: int,
+                 size: int) -> None:
+    """
+    Feed C{sets} durable sets, one outstanding per connection: every
+    connection sends a set, then the reactor turn ends (C{clock.advance(0)}:
+    one write and fsync of the turn's records, then the replies), checking
+    that every connection was answered C{STORED}.
+    """
+    request = b"set bench 0 0 %d\r\n%s\r\n" % (size, b"x" * size)
+    for _ in range(sets // len(connections)):
+        for protocol, _transport in connections:
+            protocol.dataReceived(request)
+        clock.advance(0)
+        for _protocol, transport in connections:
+            if transport.value() != b"STORED\r\n":
+                raise RuntimeError(f"unexpected reply: {transport.value()[:80]!r}")
+            transport.clear()
+
+
 def count_opcodes(run: Any, pairs: int, top: int) -> None:
-    """Run C{run} once under an opcode tracer; print the bytecodes per pair it ran."""
+    """Run C{run} once under an opcode tracer; print the bytecodes per pair (or set) it ran."""
     counts: collections.Counter[str] = collections.Counter()
     own = __file__
 
@@ -107,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="measured runs per depth")
     parser.add_argument("--profile", type=int, metavar="N",
                         help="instead, profile one run per depth and print the top N functions")
+    parser.add_argument("--durable", type=int, metavar="CONNS",
+                        help="instead, durable sets (sync_journal: always, durable_acks, "
+                             "journal_fsync: reactor) over CONNS connections, one outstanding "
+                             "each; --pairs is then the number of sets")
     parser.add_argument("--opcodes", type=int, metavar="N",
                         help="instead, count the bytecodes run per pair in one run per depth "
                              "and print the top N functions")
@@ -117,30 +140,42 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kestrel-inprocess-") as tmp:
         config = attrs.evolve(DEFAULT_CONFIG, queue_path=str(Path(tmp) / "queues"),
                               status_file=None, expiration_timer_frequency=None)
+        if args.durable:
+            config = attrs.evolve(config, journal_fsync="reactor", default=attrs.evolve(
+                config.default, sync_journal=0.0, durable_acks=True))
         server = KestrelServer.from_config(config, clock)
         server.collection.startService()
         try:
-            protocol = MemcacheFactory(server).buildProtocol(None)
-            transport = StringTransport()
-            protocol.makeConnection(transport)
-            print(f"{args.pairs} pairs of {args.size} B per run, median (min-max) of "
-                  f"{args.runs}; CPU us per pair of this process")
-            for depth in args.depth:
+            factory = MemcacheFactory(server)
+            connections = []
+            for _ in range(args.durable or 1):
+                protocol = factory.buildProtocol(None)
+                transport = StringTransport()
+                protocol.makeConnection(transport)
+                connections.append((protocol, transport))
+            what = f"durable sets over {args.durable} connections" if args.durable else "pairs"
+            print(f"{args.pairs} {what} of {args.size} B per run, median (min-max) of "
+                  f"{args.runs}; CPU us per {'set' if args.durable else 'pair'} of this process")
+            for depth in [args.durable] if args.durable else args.depth:
 
                 def run(depth: int = depth) -> None:
                     # (the running server settles its metrics every second: here, per run)
-                    pairs_once(protocol, transport, args.pairs, depth, args.size)
+                    if args.durable:
+                        durable_once(clock, connections, args.pairs, args.size)
+                    else:
+                        pairs_once(protocol, transport, args.pairs, depth, args.size)
                     server.metrics.settle()
 
                 run()  # warm-up
+                label = f"durable-{depth}" if args.durable else f"depth {depth}"
                 if args.profile:
                     profiler = cProfile.Profile()
                     profiler.runcall(run)
-                    print(f"depth {depth}:")
+                    print(f"{label}:")
                     pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
                     continue
                 if args.opcodes:
-                    print(f"depth {depth}:")
+                    print(f"{label}:")
                     count_opcodes(run, args.pairs, args.opcodes)
                     continue
                 user, system = [], []
@@ -150,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     after = resource.getrusage(resource.RUSAGE_SELF)
                     user.append((after.ru_utime - before.ru_utime) * 1e6 / args.pairs)
                     system.append((after.ru_stime - before.ru_stime) * 1e6 / args.pairs)
-                print(f"depth {depth}: user {statistics.median(user):.1f} "
+                print(f"{label}: user {statistics.median(user):.1f} "
                       f"({min(user):.1f}-{max(user):.1f}), system "
                       f"{statistics.median(system):.1f} ({min(system):.1f}-{max(system):.1f})")
         finally:

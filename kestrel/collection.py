@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.aliases import AliasedQueue, all_true, apply_aliases
+from kestrel.collection_expiry import ExpirySweeps
 from kestrel.config import ServerConfig
 from kestrel.errors import QueueLoading, ShuttingDown
 from kestrel.fanout import FanoutAdds
@@ -47,6 +48,7 @@ from kestrel.queue_info import QueueInfo
 from kestrel.settled import in_deferred, settled
 from kestrel.stats import ServerStats, StatList, physical_memory_bytes
 from kestrel.status import ServerStatus
+from kestrel.unsynced import Answer
 
 T = TypeVar("T")
 RunInThread = Callable[[Callable[[], T]], Deferred]
@@ -54,7 +56,7 @@ RunInThread = Callable[[Callable[[], T]], Deferred]
 #: Gives the observer of each queue as it is created (by name), or C{None} for none.
 QueueObserverFactory = Callable[[str], QueueObserver | None]
 
-class QueueCollection(Service):
+class QueueCollection(ExpirySweeps, Service):
     """
     Every queue of the server, created on first reference.
 
@@ -184,14 +186,6 @@ class QueueCollection(Service):
     def queues_loading(self) -> int:
         """How many queues are still loading their journal."""
         return len(self._loading)
-
-    def _start_expiration(self) -> None:
-        frequency = self.config.expiration_timer_frequency
-        if frequency:
-            self._expiration = LoopingCall(self._expiration_tick)
-            self._expiration.clock = self._clock
-            self._expiration.start(frequency, now=False).addErrback(
-                lambda f: self._log.failure("expiration timer stopped", f))
 
     def _begin_loading(self) -> None:
         """List the queues to replay (L{JournalLoader.begin}); register loading fanout children."""
@@ -387,12 +381,23 @@ class QueueCollection(Service):
         """L{offer}, its answer always in a Deferred."""
         return in_deferred(self.offer(name, data, expiry_ms))
 
-    def offer(self, name: str, data: bytes, expiry_ms: int = 0) -> bool | Deferred[bool]:
+    @overload
+    def offer(self, name: str, data: bytes, expiry_ms: int = ...,
+              then: None = ...) -> bool | Deferred[bool]: ...
+
+    @overload
+    def offer(self, name: str, data: bytes, expiry_ms: int = ...,
+              *, then: Answer | None) -> bool | Deferred[bool] | None: ...
+
+    def offer(self, name: str, data: bytes, expiry_ms: int = 0,
+              then: Answer | None = None) -> bool | Deferred[bool] | None:
         """
         Add C{data} to queue C{name} (creating it), to its fanout children, or
         to every destination of the alias C{name}: whether it was stored,
         when that is known at once without a Deferred (a plain queue's add,
-        as L{PersistentQueue.offer}), else a Deferred of it.
+        as L{PersistentQueue.offer}), else a Deferred of it; or C{None}, a
+        plain queue's durable add given C{then}, which is then called with
+        the outcome (as L{PersistentQueue.offer}).
 
         A master with fanout children answers all or nothing for its
         producer (see L{_add_with_fanouts}): true only once the master and
@@ -411,7 +416,7 @@ class QueueCollection(Service):
                                 consumeErrors=True).addCallback(all_true)
         if name in self._fanouts:
             return self._add_with_fanouts(name, data, expiry_ms)
-        return self._add_one(name, data, expiry_ms)
+        return self._add_one(name, data, expiry_ms, then=then)
 
     def _add_to_destination(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         try:
@@ -449,15 +454,24 @@ class QueueCollection(Service):
             d = fail(e)
         return self._fanout.watch(master, child, d)
 
-    def _add_one(self, name: str, data: bytes, expiry_ms: int) -> bool | Deferred[bool]:
+    @overload
+    def _add_one(self, name: str, data: bytes, expiry_ms: int,
+                 then: None = ...) -> bool | Deferred[bool]: ...
+
+    @overload
+    def _add_one(self, name: str, data: bytes, expiry_ms: int,
+                 *, then: Answer | None) -> bool | Deferred[bool] | None: ...
+
+    def _add_one(self, name: str, data: bytes, expiry_ms: int,
+                 then: Answer | None = None) -> bool | Deferred[bool] | None:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._create_queue(name)
-        answer = queue.offer(data, expiry_ms)
+        answer = queue.offer(data, expiry_ms, then=then)
         # Counted once stored, as the queue counts its own: at once, or for
         # a durable add (still waiting) once written; a stop closes the
         # journals, whose last fsync answers it.
-        if answer is True or (answer is not False and (
+        if answer is True or answer is None or (answer is not False and (
                 not answer.called or answer.result is True)):
             self.stats.total_items += 1
         return answer
@@ -583,58 +597,6 @@ class QueueCollection(Service):
                     del self._fanouts[master_name(name)]
                 self._log.info("Fanout queue {queue} dropped from {master}", queue=name,
                                master=master_name(name))
-
-    def flush_expired(self, name: str) -> int:
-        """Discard the expired items at the head of C{name} (no creation); return how many."""
-        self._check_running()
-        queue = self._queues.get(name)
-        if queue is None:
-            if name in self._loading:
-                raise QueueLoading(name, "flush_expired")
-            return 0
-        flushed = queue.discard_expired()
-        if flushed:
-            self._log.info("Queue {queue} flushed of {count} expired item(s)",
-                           queue=name, count=flushed)
-        return flushed
-
-    def flush_all_expired(self) -> int:
-        """Run L{flush_expired} on every queue; return the total."""
-        return sum(self.flush_expired(name) for name in self.queue_names(include_aliases=False))
-
-    def is_ready_for_expiration(self, name: str) -> bool:
-        """
-        Whether queue C{name} is empty and older than its C{max_queue_age}.
-
-        The age counts from the creation of the queue object (server start for
-        queues found on disk), as Kestrel.
-        """
-        queue = self._queues.get(name)
-        if queue is None:
-            return False
-        max_age = queue.config.max_queue_age
-        return (max_age is not None and queue.length == 0
-                and self._clock.seconds() > queue.create_time + max_age)
-
-    def delete_expired_queues(self) -> int:
-        """Delete every queue ready for expiration (L{is_ready_for_expiration}); return how many."""
-        count = 0
-        for name in self.queue_names(include_aliases=False):
-            if self.is_ready_for_expiration(name):
-                self.delete(name)
-                self.stats.queue_expires += 1
-                self._log.info("Expired queue {queue}", queue=name)
-                count += 1
-        return count
-
-    def _expiration_tick(self) -> None:
-        if self._stopping:
-            return
-        try:
-            self.flush_all_expired()
-            self.delete_expired_queues()
-        except Exception:
-            self._log.failure("Expiration sweep failed")
 
     def evict_waiters(self) -> None:
         """Wake every waiting read of every queue with "no item"."""

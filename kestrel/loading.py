@@ -118,10 +118,11 @@ class LoadingQueue:
     def _forget(self, held: _Held) -> None:
         self._held.pop(held, None)
 
-    def offer(self, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
+    def offer(self, data: bytes, expiry_ms: int = 0, then: object = None) -> Deferred[bool]:
         """
         Add C{data} once the queue is ready: a Deferred of the queue's
-        answer (as L{PersistentQueue.offer}'s, always given later here).
+        answer (as L{PersistentQueue.offer}'s, always given later here, so
+        never through C{then}).
         """
         return self._hold(lambda queue: queue.add(data, expiry_ms), None, False)
 

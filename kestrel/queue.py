@@ -11,7 +11,8 @@ an L{kestrel.journal.interface.IJournal} (C{FileJournal} or C{MemoryJournal}).
 Its parts each hold one idea: L{kestrel.queue_health} (the journal cannot
 be written), L{kestrel.queue_policy} (compaction), L{kestrel.open_reads},
 L{kestrel.read_behind}, L{kestrel.waiters} (blocked reads), L{kestrel.queue_stats},
-L{kestrel.queue_replay} (loading from the journal, and reloading after a failure).
+L{kestrel.queue_replay} (loading from the journal, and reloading after a failure),
+L{kestrel.queue_expiry}.
 
 Where this deliberately differs from Kestrel (C{docs/differences.md}):
 expired items are discarded before the fullness check and are never handed
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NoReturn, overload
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -37,6 +38,7 @@ from kestrel.item import QItem
 from kestrel.journal.events import event_applier
 from kestrel.journal.interface import IJournal
 from kestrel.open_reads import OpenReads
+from kestrel.queue_expiry import QueueExpiry
 from kestrel.queue_health import (
     ABORT,
     CONFIRM,
@@ -53,13 +55,13 @@ from kestrel.queue_replay import QueueReplay
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
 from kestrel.settled import in_deferred
-from kestrel.unsynced import Unsynced
+from kestrel.unsynced import Answer, DurableAdd, Unsynced
 from kestrel.waiters import BlockingReads
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
 
 
-class PersistentQueue(QueueStats, QueueReplay):
+class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
     """
     A named queue with journaled adds, removes and open reads.
 
@@ -70,7 +72,8 @@ class PersistentQueue(QueueStats, QueueReplay):
     an item only once the records that make it the reader's are in the OS.
 
     Its stats are L{QueueStats}'; loading from its journal (C{setup}, the
-    events its records replay into) is L{QueueReplay}'s.
+    events its records replay into) is L{QueueReplay}'s; discarding expired
+    items is L{QueueExpiry}'s.
 
     @ivar expire_to: called with every item that expires (the collection
         wires C{expire_to_queue}); C{None} drops expired items.
@@ -164,11 +167,24 @@ class PersistentQueue(QueueStats, QueueReplay):
         """L{offer}, its answer always in a Deferred."""
         return in_deferred(self.offer(data, expiry_ms, xid, add_time_ms))
 
+    @overload
+    def offer(self, data: bytes, expiry_ms: int = ..., xid: int | None = ...,
+              add_time_ms: int | None = ..., then: None = ...) -> bool | Deferred[bool]: ...
+
+    @overload
+    def offer(self, data: bytes, expiry_ms: int = ..., xid: int | None = ...,
+              add_time_ms: int | None = ..., *,
+              then: Answer | None) -> bool | Deferred[bool] | None: ...
+
     def offer(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
-              add_time_ms: int | None = None) -> bool | Deferred[bool]:
+              add_time_ms: int | None = None, then: Answer | None = None,
+              ) -> bool | Deferred[bool] | None:
         """
         Append an item: C{True} if it was stored, C{False} if refused, when
-        that is known at once (the usual case); else a Deferred of it.
+        that is known at once (the usual case); else a Deferred of it, or,
+        given C{then}, C{None} for a durable add that waits for its fsync:
+        C{then} is called with its outcome instead (L{DurableAdd}), never
+        before this returns and never when anything else is returned.
 
         Refused: the queue is closed, the item is larger than
         C{max_item_size}, or the queue is full (C{max_items}/C{max_size},
@@ -215,12 +231,27 @@ class PersistentQueue(QueueStats, QueueReplay):
             journal.after_written(self._upkeep)
             if not health.takes_adds:  # (maintenance above failed)
                 return fail(health.unavailable())
+        add: DurableAdd | None = None
         try:
-            d = (journal.continue_(xid, item) if xid is not None else  # (unseen: see add_unseen)
-                 journal.add_unseen(item) if self.acks_durably else journal.add(item))
+            if xid is not None:
+                d = journal.continue_(xid, item)  # (durable: held unseen below too)
+            elif not self.acks_durably:
+                d = journal.add(item)
+            elif then is None:
+                d = journal.add_unseen(item)
+            else:
+                add = DurableAdd(self.name, then)
+                d = journal.add_unseen(item, add)  # (None: add is told)
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
             return fail(JournalUnavailable(self.name, reason_of(e)))
+        if add is not None:
+            told = add.told
+            if told is None:  # (the usual case: told once the turn's fsync is done)
+                add.shown = self._hold(item)
+                return None
+            if told.__class__ is Failure:
+                d = fail(told)  # (refused at once)
         # (settled(d), inlined: a Failure if the OS refused the write, the file
         # cut back; no Deferred: nothing to wait for)
         if d is not None and d.called and d.result.__class__ is Failure:
@@ -569,60 +600,6 @@ class PersistentQueue(QueueStats, QueueReplay):
             self._log.info("{queue}: open read {xid} timed out; returned to the head",
                            queue=self.name, xid=xid)
             self.unremove(xid)
-
-    # ----- expiry
-
-    def discard_expired(self, limit: int | None = None) -> int:
-        """
-        Discard expired items from the head (at most C{limit}, default
-        C{max_expire_sweep}, C{None} there: all); return how many. An item is
-        expired when its expiry, capped by the I{current} C{max_age} from its
-        add time, is before now. Each is journaled as a REMOVE, counted in
-        C{expired_items} and handed to C{expire_to}.
-        """
-        if limit is None:
-            limit = self._config.max_expire_sweep
-        return self._sweep(limit)
-
-    def _sweep(self, limit: int | None) -> int:
-        items = self._items
-        if self._replaying or not items:
-            return 0
-        max_age = self._config.max_age
-        head = items[0]
-        if not head.expiry_ms and max_age is None:
-            return 0
-        now_ms = self._now_ms()
-        max_age_ms = None if max_age is None else int(max_age * 1000)
-        expired: list[QItem] = []
-        keep_journal = self._config.keep_journal
-        while items and (limit is None or len(expired) < limit):
-            head = items[0]
-            expiry = head.expiry_ms
-            if max_age_ms is not None:
-                cap = head.add_time_ms + max_age_ms
-                if not expiry or cap < expiry:
-                    expiry = cap
-            if not expiry or expiry >= now_ms:
-                break
-            self._pop_head()
-            self.expired_items += 1
-            self._records.write(self.journal.remove)
-            expired.append(head)
-            if not items and keep_journal:
-                self._read_behind.fill()
-        if not expired:
-            return 0
-        if keep_journal:
-            self._read_behind.fill()
-        expire_to = self.expire_to
-        if expire_to is not None:
-            for item in expired:
-                try:
-                    expire_to(item)
-                except Exception:
-                    self._log.failure("expire_to failed for {queue}", queue=self.name)
-        return len(expired)
 
     # ----- whole-queue operations
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -472,14 +473,22 @@ class ClientSession(ThriftReads):
 
     # -- writes ------------------------------------------------------------
 
-    def set_item(self, name: str, data: bytes, expiry_ms: int = 0,
-                 answer: Callable[..., object] | None = None, *args: object) -> Deferred[bool]:
+    def set_item(self, name: str, data: bytes, expiry_ms: int = 0) -> Deferred[bool]:
         """L{offer_item}, its outcome always in a Deferred."""
-        return in_deferred(self.offer_item(name, data, expiry_ms, answer, *args))
+        return in_deferred(self.offer_item(name, data, expiry_ms))
+
+    @overload
+    def offer_item(self, name: str, data: bytes, expiry_ms: int = ...,
+                   answer: None = ...) -> bool | Deferred[bool]: ...
+
+    @overload
+    def offer_item(self, name: str, data: bytes, expiry_ms: int,
+                   answer: Callable[..., object],
+                   *args: object) -> bool | Deferred[bool] | None: ...
 
     def offer_item(self, name: str, data: bytes, expiry_ms: int = 0,
                    answer: Callable[..., object] | None = None,
-                   *args: object) -> bool | Deferred[bool]:
+                   *args: object) -> bool | Deferred[bool] | None:
         """
         Add C{data} to C{name} (absolute expiry in epoch ms, 0: never): whether
         it was stored, when the add answered at once without a Deferred (as
@@ -487,27 +496,32 @@ class ClientSession(ThriftReads):
         L{AvailabilityError} when writes are blocked.
 
         Records C{set_latency_usec}: until the add answered, which for a
-        durable acknowledgement is after the fsync that covers it; then, if
-        given, C{answer(outcome, *args)} runs in that callback (outcome:
-        C{True}, C{False} or the L{Failure}), and the Deferred fires with its result.
+        durable acknowledgement is after the fsync that covers it. Given
+        C{answer}, an add answered later calls C{answer(outcome, *args)}
+        then (outcome: C{True}, C{False} or the L{Failure}): in the callback
+        of the returned Deferred, whose result is C{answer}'s, or, for a
+        durable add to a plain queue, with no Deferred at all (C{None} is
+        returned: L{PersistentQueue.offer}'s C{then}).
         """
         if self.refuse_writes or self._status.blocks_writes:
             raise AvailabilityError("setItem")
         self._stats.cmd_set += 1
         clock = self._clock
         started = clock.seconds()
-        stored = self._collection.offer(name, data, expiry_ms)
-        if stored is True or stored is False or stored.called:
-            # Answered at once (the hot path): record directly, no callback.
-            self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
+        then = None if answer is None else partial(self._set_answered, name, started, answer, args)
+        stored = self._collection.offer(name, data, expiry_ms, then=then)
+        if stored is True or stored is False or stored is None or stored.called:
+            if stored is not None:
+                # Answered at once (the hot path): record directly, no callback.
+                self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
             return stored
-        return stored.addBoth(self._record_set_done, name, started, answer, args)
+        return stored.addBoth(then or partial(self._set_answered, name, started, None, ()))
 
-    def _record_set_done(self, result: object, name: str, started: float,
-                         answer: Callable[..., object] | None, args: tuple) -> object:
-        """Record C{set_latency_usec} of an add that answered later (durable acks)."""
+    def _set_answered(self, name: str, started: float, answer: Callable[..., object] | None,
+                      args: tuple, outcome: object) -> object:
+        """Record C{set_latency_usec} of an add that answered later; C{answer} it, if given."""
         self._metrics.record_set(name, (self._clock.seconds() - started) * 1e6)
-        return result if answer is None else answer(result, *args)
+        return outcome if answer is None else answer(outcome, *args)
 
     def set_items(self, name: str, items: Iterable[bytes], expiry_ms: int = 0, *,
                   stop_at_refusal: bool = False) -> Deferred[list[object]]:

@@ -9,6 +9,9 @@ may see; the add's callback shows it (and every older one, since an fsync
 covers a prefix of the file) in record order. A failed fsync leaves the
 items here until the journal-failure reload L{drop}s them with the rest of
 memory (see docs/journal.md, "Visibility under a durable policy").
+
+L{DurableAdd} answers one such add's producer without a Deferred: it is the
+waiter the journal file tells when the record is durable.
 """
 
 from __future__ import annotations
@@ -17,7 +20,18 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
+from kestrel.queue_health import reason_of
+
+__all__ = ["Answer", "DurableAdd", "Unsynced"]
+
+#: What answers a durable add's producer, told C{True} or the L{Failure}
+#: (L{DurableAdd}; C{then} of L{kestrel.queue.PersistentQueue.offer}).
+Answer = Callable[[bool | Failure], object]
 
 
 class Unsynced:
@@ -77,3 +91,69 @@ class Unsynced:
         """
         self._items.clear()
         self._shown = self._held
+
+
+class DurableAdd:
+    """
+    The waiter (L{kestrel.journal.syncfile.Waiter}) of one durable add's
+    record, which answers the add's producer by calling C{then} instead of
+    firing a Deferred: a durable add is the one request that always waits,
+    and this is its whole answer path.
+
+    Promises: C{then} is called at most once, and never before the queue
+    set L{shown}. Once the fsync covering the record succeeded, C{shown()}
+    runs (the queue shows the item: see L{Unsynced.hold}), then
+    C{then(True)}; if that fsync or the write failed, C{then(failure)} with
+    a L{JournalUnavailable}. Told before the queue set L{shown} (a write
+    refused at once, or nothing to wait for), it keeps the outcome in
+    L{told} and calls nothing: the queue answers at once instead. Nothing
+    raises into the journal: a failure of C{shown} answers C{then} with it,
+    and one of C{then} is logged.
+
+    @ivar shown: what shows the item once durable (set by the queue once it
+        holds the item), or C{None} before.
+    @ivar told: C{None} until told; C{True}, or the write's own L{Failure},
+        if told before L{shown} was set.
+    """
+
+    __slots__ = ("_queue", "_then", "shown", "told")
+
+    _log = Logger()
+
+    def __init__(self, queue: str, then: Answer) -> None:
+        self._queue = queue
+        self._then = then
+        self.shown: Callable[[object], object] | None = None
+        self.told: bool | Failure | None = None
+
+    def callback(self, result: None) -> None:
+        """The record is durable: show the item, answer C{True}."""
+        shown = self.shown
+        if shown is None:
+            self.told = True
+            return
+        try:
+            shown(None)
+        except Exception:
+            self._log.failure("Showing a durable add to {queue} failed", queue=self._queue)
+            self._answer(Failure())
+            return
+        self._answer(True)
+
+    def errback(self, fail: Failure) -> None:
+        """
+        The record's write or fsync failed: answer a L{JournalUnavailable}
+        (the journal's recovery drops the item).
+        """
+        if self.shown is None:
+            self.told = fail
+            return
+        if not fail.check(JournalUnavailable):
+            fail = Failure(JournalUnavailable(self._queue, reason_of(fail.value)))
+        self._answer(fail)
+
+    def _answer(self, outcome: bool | Failure) -> None:
+        try:
+            self._then(outcome)
+        except Exception:
+            self._log.failure("Answering a durable add to {queue} failed", queue=self._queue)

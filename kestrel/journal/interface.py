@@ -20,6 +20,7 @@ from kestrel.journal import records as rec
 
 if TYPE_CHECKING:
     from kestrel.journal.pack import Checkpoint
+    from kestrel.journal.syncfile import Waiter
 
 
 #: Told C{(kind, error)} when a write or fsync fails; C{kind} is C{"write"} or C{"fsync"}.
@@ -104,11 +105,13 @@ class IJournal(Protocol):
         """Journal an add of C{item}."""
         ...
 
-    def add_unseen(self, item: QItem) -> Deferred[None] | None:
+    def add_unseen(self, item: QItem, waiter: Waiter | None = None) -> Deferred[None] | None:
         """
         Journal an add of C{item} that no reader sees before the returned
         Deferred fires (a durable add): the record may reach the OS only at
         the end of the reactor turn, just before the fsync covering it.
+        With a C{waiter} it is told instead (L{Waiter}: possibly before
+        this returns) and C{None} is returned.
         """
         ...
 

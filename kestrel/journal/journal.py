@@ -51,7 +51,7 @@ from kestrel.journal.pack import (
 from kestrel.journal.readbehind import ReadBehind
 from kestrel.journal.replay import Damage, ReplayCursor, replay_files
 from kestrel.journal.runner import RunInThread, SyncTurn, run_inline
-from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile
+from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile, Waiter
 from kestrel.journal.writer import CLOSED_WRITER, JournalNotOpenError, Writer, ignore_failure
 from kestrel.settled import settled
 
@@ -181,16 +181,17 @@ class FileJournal:
         self.size += len(data)
         return self._writer.write(data)
 
-    def add_unseen(self, item: QItem) -> Deferred[None] | None:
+    def add_unseen(self, item: QItem, waiter: Waiter | None = None) -> Deferred[None] | None:
         """
         Journal an add of C{item} (ADDX) that no reader sees before it is
         durable: with a C{sync_turn} (under 0.0 or a period) its bytes reach
         the OS at the end of the reactor turn, in one write with the turn's
-        other such records (L{PeriodicSyncFile.write_unseen}).
+        other such records (L{PeriodicSyncFile.write_unseen}, which tells
+        C{waiter} if one is given).
         """
         data = rec.encode_add(item.data, item.add_time_ms, item.expiry_ms)
         self.size += len(data)
-        return self._writer.write_unseen(data)
+        return self._writer.write_unseen(data, waiter)
 
     def continue_(self, xid: int, item: QItem) -> Deferred[None] | None:
         """Journal a confirm of open read C{xid} together with an add of C{item} (CONTINUE)."""

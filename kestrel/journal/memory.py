@@ -19,6 +19,7 @@ from kestrel.journal.interface import FailureHandler
 
 if TYPE_CHECKING:
     from kestrel.journal.pack import Checkpoint
+    from kestrel.journal.syncfile import Waiter
 
 
 class MemoryJournal:
@@ -65,9 +66,11 @@ class MemoryJournal:
         """Record an add."""
         return self._write(lambda: rec.Add(item.data, item.add_time_ms, item.expiry_ms))
 
-    def add_unseen(self, item: QItem) -> None:
-        """Record an add (nothing is held: as L{add})."""
-        return self.add(item)
+    def add_unseen(self, item: QItem, waiter: Waiter | None = None) -> None:
+        """Record an add (nothing is held: as L{add}); C{waiter}, if given, is told at once."""
+        self.add(item)
+        if waiter is not None:
+            waiter.callback(None)
 
     def continue_(self, xid: int, item: QItem) -> None:
         """Record a confirm of C{xid} plus an add."""

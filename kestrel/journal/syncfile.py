@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kestrel.journal.batch import WriteCoalescer
 
 __all__ = ["ErrorObserver", "FsyncObserver", "PeriodicSyncFile", "RunInThread",
-           "SyncFileClosedError"]
+           "SyncFileClosedError", "Waiter"]
 
 ErrorObserver = Callable[[str, OSError], None]
 """
@@ -45,6 +45,22 @@ its result reached the reactor thread); C{write_delays} holds, for each
 write the fsync made durable, the seconds from that write until then (its
 length is the number of writes covered, possibly 0 for a bare L{sync}).
 """
+
+
+class Waiter(Protocol):
+    """
+    What is told when a write is durable or not: a Deferred, or any object
+    with its two methods (L{PeriodicSyncFile.write_unseen} takes one, so
+    that a durable add's answer needs no Deferred). Each waiter is told
+    once: C{callback(None)} once the write is durable, or C{errback(failure)}
+    if its write or fsync failed. Neither may raise.
+    """
+
+    def callback(self, result: None) -> object:
+        """The write is durable."""
+
+    def errback(self, fail: Failure) -> object:
+        """The write or its fsync failed with C{fail}."""
 
 
 def _nothing(failure: Failure | None = None) -> None:
@@ -127,8 +143,8 @@ class PeriodicSyncFile:
         self._on_error = on_error
         #: Set by the first failed write or fsync (and by L{abandon}).
         self.failed: OSError | None = None
-        # Deferreds of writes that no running fsync covers yet.
-        self._pending: list[Deferred[None]] = []
+        # Waiters (Deferreds, mostly) of writes that no running fsync covers yet.
+        self._pending: list[Waiter] = []
         self._syncing = False
         self._sync_again = False
         self._timer: IDelayedCall | None = None
@@ -136,11 +152,11 @@ class PeriodicSyncFile:
         self._close_waiter: Deferred[None] | None = None
         self._close_error: Failure | None = None
         self._coalescer = coalescer
-        # Bytes held back by the coalescer's batch, and the Deferreds of
-        # those writes that wait to be durable.
+        # Bytes held back by the coalescer's batch (or by write_unseen), and
+        # the waiters of those writes that wait to be durable.
         self._held: list[bytes] = []
         self._held_size = 0
-        self._held_waiters: list[Deferred[None]] = []
+        self._held_waiters: list[Waiter] = []
         self._on_fsync = on_fsync
         # With an observer: the clock time of every write in _pending (in
         # order), of every held write, and of those the running fsync covers.
@@ -214,7 +230,7 @@ class PeriodicSyncFile:
             self._timer = self._clock.callLater(policy, self._timer_fired)
         return d
 
-    def write_unseen(self, data: bytes) -> Deferred[None] | None:
+    def write_unseen(self, data: bytes, waiter: Waiter | None = None) -> Deferred[None] | None:
         """
         Append C{data}, a record nobody may see before it is durable; return
         what L{write} returns (a Deferred that fires when it is durable).
@@ -226,14 +242,28 @@ class PeriodicSyncFile:
         fsync); if the OS refuses that write, the file is cut back to where
         it stood before them and every one of their Deferreds fails.
         Otherwise (C{never}, or no C{turn}) it is L{write}.
+
+        With a C{waiter}, it is told instead (see L{Waiter}) and C{None} is
+        returned: no Deferred is made. It may be told before this returns:
+        a write refused at once, or one with nothing to wait for (C{never}).
         """
         if not self._late or self._closed:
-            return self.write(data)
+            d = self.write(data)
+            if waiter is None:
+                return d
+            if d is None:
+                waiter.callback(None)
+            else:
+                d.addCallbacks(waiter.callback, waiter.errback)
+            return None
         self._held.append(data)
         self._held_size += len(data)
         self.position += len(data)
-        d: Deferred[None] = Deferred()
-        self._held_waiters.append(d)
+        if waiter is None:
+            waiter = d = Deferred()
+        else:
+            d = None
+        self._held_waiters.append(waiter)
         if self._on_fsync is not None:
             self._held_times.append(self._clock.seconds())
         if not self._sync_queued:
@@ -421,7 +451,7 @@ class PeriodicSyncFile:
         d = self._run_in_thread(lambda: self._fsync(fd))
         d.addBoth(self._sync_done, covered)
 
-    def _sync_done(self, result: object, covered: list[Deferred[None]]) -> None:
+    def _sync_done(self, result: object, covered: list[Waiter]) -> None:
         # Writes made by the callbacks below (writers acknowledged, writing
         # again) all join the next fsync, which starts once every callback
         # ran: this is what makes one fsync cover a whole group of writers.

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 
-from kestrel.journal.syncfile import PeriodicSyncFile
+from kestrel.journal.syncfile import PeriodicSyncFile, Waiter
 
 
 class JournalNotOpenError(RuntimeError):
@@ -43,9 +43,12 @@ class ClosedWriter:
         """Fail: nothing can be written before the journal is replayed."""
         return fail(JournalNotOpenError("journal written before replay() opened it"))
 
-    def write_unseen(self, data: bytes) -> Deferred[None]:
-        """Fail, as L{write}."""
-        return self.write(data)
+    def write_unseen(self, data: bytes, waiter: Waiter | None = None) -> Deferred[None] | None:
+        """Fail, as L{write} (telling C{waiter}, if given, instead)."""
+        if waiter is None:
+            return self.write(data)
+        waiter.errback(Failure(JournalNotOpenError("journal written before replay() opened it")))
+        return None
 
     def flush(self) -> bool:
         """Nothing is held back: nothing to flush."""

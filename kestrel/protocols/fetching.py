@@ -9,7 +9,6 @@ imports L{kestrel.protocols.memcache.MemcacheProtocol}, which imports them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred
@@ -38,9 +37,7 @@ class DialectHost(Protocol):
     def fetch(self, req: GetRequest) -> Fetched:
         """Run the queue side of a fetch, as a classic C{get} of C{req} would."""
 
-    def enqueue(self, name: str, data: bytes, exptime: int,
-                answer: Callable[..., object] | None = None,
-                *args: object) -> bool | Deferred[bool]:
+    def enqueue(self, name: str, data: bytes, exptime: int) -> bool | Deferred[bool]:
         """
         Add C{data} to queue C{name}, as a classic C{set} with C{exptime}
         would: whether it was stored, or a Deferred of it.

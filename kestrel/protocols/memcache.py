@@ -573,27 +573,32 @@ class MemcacheProtocol(SessionProtocol):
             return b"ERROR %s\r\n" % result
         return result.addCallback(value_reply, req.key)  # type: ignore[union-attr]
 
-    def enqueue(self, name: str, data: bytes, exptime: int,
-                answer: Callable[..., object] | None = None,
-                *args: object) -> bool | Deferred[bool]:
+    def enqueue(self, name: str, data: bytes, exptime: int) -> bool | Deferred[bool]:
         """
         Add C{data} to queue C{name}; C{exptime} as memcache's (0: none), in
-        any dialect: whether it was stored, or a Deferred of it (as
-        L{ClientSession.offer_item}, with C{answer} and C{args}).
+        any dialect: whether it was stored, or a Deferred of it.
         """
         session = self.session
         assert session is not None
-        expiry_ms = 0
-        if exptime:
-            expiry_ms = memcache_expiry_ms(exptime, int(self.clock.seconds() * 1000))
-        return session.offer_item(name, data, expiry_ms, answer, *args)
+        return session.offer_item(name, data, self._expiry_ms(exptime))
+
+    def _expiry_ms(self, exptime: int) -> int:
+        """The absolute expiry (epoch ms, 0: none) of memcache's C{exptime}."""
+        return memcache_expiry_ms(exptime, int(self.clock.seconds() * 1000)) if exptime else 0
 
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % encode_text(req.error)
-        # (a durable acknowledgement: _stored_later queues the reply from the
-        # session's own callback, not a reply Deferred for _serve to wait on)
-        stored = self.enqueue(req.name, data, req.exptime, self._stored_later, req)
+        # (a durable acknowledgement: _stored_later queues the reply, called by
+        # the session, not a reply Deferred for _serve to wait on)
+        session = self.session
+        assert session is not None
+        exptime = req.exptime
+        stored = session.offer_item(req.name, data, self._expiry_ms(exptime) if exptime else 0,
+                                    self._stored_later, req)
+        if stored is None:  # (a durable add: _stored_later is called once it is durable)
+            self._waiting = True
+            return b""
         # (not isinstance(stored, Deferred): Deferred is an ABC, whose check
         # costs a Python call; a bool is the usual answer)
         if stored is not True and stored is not False:

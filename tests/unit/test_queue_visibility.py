@@ -4,16 +4,21 @@ covering its record has succeeded (docs/journal.md, "Visibility under a
 durable policy"); if that fsync fails, no reader ever sees it.
 
 Time is a L{Clock}; fsyncs are held back (C{ManualThread}, or a period of
-0.5 s) and made to fail on demand.
+0.5 s) and made to fail on demand. Every test that adds runs twice: adding
+through C{queue.add} (a Deferred) and through C{queue.offer}'s C{then}
+(the memcache C{set}'s way, L{kestrel.unsynced.DurableAdd}).
 """
 
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable, Iterator
 
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
 
 from kestrel.config import QueueConfig
 from kestrel.errors import JournalUnavailable
@@ -21,6 +26,7 @@ from kestrel.journal.journal import FileJournal
 from kestrel.journal.memory import MemoryJournal
 from kestrel.protocols.memcache import MemcacheFactory
 from kestrel.queue import JOURNAL_RETRY_SECONDS, PersistentQueue
+from kestrel.settled import in_deferred
 from tests.support import ManualThread, StringClient, make_server
 from tests.unit.test_queue import PENDING, datas, value
 from tests.unit.test_queue_file import open_queue, restart
@@ -49,17 +55,55 @@ def always_queue(path, clock: Clock, **config) -> tuple[PersistentQueue, ManualT
     return q, thread
 
 
+Adder = Callable[..., "Deferred[bool]"]
+
+
+@pytest.fixture(params=["deferred", "then"])
+def add(request: pytest.FixtureRequest) -> Iterator[Adder]:
+    """
+    How a test adds, as a Deferred of the answer: C{queue.add}, or
+    C{queue.offer} with C{then}, the way the memcache C{set} adds (no
+    Deferred), checking C{then}'s promise: called once, never before
+    C{offer} returned, and only when C{offer} returned C{None}.
+    """
+    if request.param == "deferred":
+        yield lambda q, data, **kwargs: q.add(data, **kwargs)
+        return
+    broken: list[str] = []
+
+    def add_then(q: PersistentQueue, data: bytes, **kwargs: object) -> Deferred[bool]:
+        told: Deferred[bool] = Deferred()
+        calls: list[object] = []
+        returned = False
+
+        def then(outcome: bool | Failure) -> None:
+            calls.append(outcome)
+            if not returned or answer is not None or len(calls) > 1:
+                broken.append(f"then({outcome!r}) for {data!r}")
+            if isinstance(outcome, Failure):
+                told.errback(outcome)
+            else:
+                told.callback(outcome)
+
+        answer = q.offer(data, then=then, **kwargs)  # type: ignore[call-overload]
+        returned = True
+        return told if answer is None else in_deferred(answer)
+
+    yield add_then
+    assert broken == []
+
+
 def seen(q: PersistentQueue) -> list[bytes]:
     """What readers may have now, head first (memory only)."""
     return [item.data for item in q.memory_items()]
 
 
-def test_a_blocked_reader_is_woken_only_after_the_fsync(tmp_path, clock: Clock) -> None:
+def test_a_blocked_reader_is_woken_only_after_the_fsync(add: Adder, tmp_path, clock: Clock) -> None:
     """No reader sees the add before its fsync: not remove, peek, plain_head nor a waiter."""
     q, thread = always_queue(tmp_path, clock)
     peeker = q.wait_peek(clock.seconds() + 10)  # (first in line: it passes the wake-up on)
     waiter = q.wait_remove(clock.seconds() + 10)
-    ack = q.add(b"a")
+    ack = add(q, b"a")
     assert value(ack) is PENDING and value(waiter) is PENDING and value(peeker) is PENDING
     assert q.remove() is None and q.peek() is None and q.plain_head() is None
     assert q.length == 1 and q.bytes == 1 and q.unsynced_count == 1 and seen(q) == []
@@ -69,29 +113,30 @@ def test_a_blocked_reader_is_woken_only_after_the_fsync(tmp_path, clock: Clock) 
     assert q.length == 0 and q.unsynced_count == 0
 
 
-def test_items_are_seen_in_record_order_once_their_fsyncs_ran(tmp_path, clock: Clock) -> None:
+def test_items_are_seen_in_record_order_once_their_fsyncs_ran(add: Adder, tmp_path,
+                                                              clock: Clock) -> None:
     """FIFO across seen and unseen items, group commits and an aborted read."""
     q, thread = always_queue(tmp_path, clock)
-    first = q.add(b"1")
+    first = add(q, b"1")
     thread.run_all()
     assert value(first) is True
     opened = q.remove(open_read=True)
     assert opened.data == b"1"
     thread.run_all()
-    acks = [q.add(b"2")]  # (its fsync starts at once)
-    acks.append(q.add(b"3"))  # (waits for the next one)
+    acks = [add(q, b"2")]  # (its fsync starts at once)
+    acks.append(add(q, b"3"))  # (waits for the next one)
     q.unremove(opened.xid)  # (an aborted read: back at the head, it was durable)
     assert seen(q) == [b"1"]
     thread.run_next()
     assert [value(d) for d in acks] == [True, PENDING] and seen(q) == [b"1", b"2"]
-    acks.append(q.add(b"4"))
+    acks.append(add(q, b"4"))
     thread.run_all()
     assert [value(d) for d in acks] == [True, True, True]
     assert [q.remove().data for _ in range(4)] == [b"1", b"2", b"3", b"4"]
     assert q.remove() is None
 
 
-def test_a_failed_fsync_refuses_the_add_and_no_reader_ever_gets_it(tmp_path,
+def test_a_failed_fsync_refuses_the_add_and_no_reader_ever_gets_it(add: Adder, tmp_path,
                                                                   clock: Clock) -> None:
     """
     The producer is refused, the waiter is not served, and the recovery
@@ -99,12 +144,12 @@ def test_a_failed_fsync_refuses_the_add_and_no_reader_ever_gets_it(tmp_path,
     """
     fsync = Fsync()
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=fsync, durable_acks=True)
-    value(q.add(b"kept"))
+    value(add(q, b"kept"))
     clock.advance(0.5)
     assert q.remove().data == b"kept"
     waiter = q.wait_remove(clock.seconds() + 60)
     fsync.failing = True
-    ack = q.add(b"refused")
+    ack = add(q, b"refused")
     clock.advance(0.5)
     with pytest.raises(JournalUnavailable, match="Input/output error"):
         value(ack)
@@ -115,7 +160,7 @@ def test_a_failed_fsync_refuses_the_add_and_no_reader_ever_gets_it(tmp_path,
     assert q.length == 0 and q.unsynced_count == 0 and seen(q) == []
     clock.advance(JOURNAL_RETRY_SECONDS)
     assert q.journal_state == "ok"
-    later = q.add(b"later")
+    later = add(q, b"later")
     assert value(waiter) is PENDING
     clock.advance(0.5)
     assert value(later) is True and value(waiter).data == b"later"
@@ -123,14 +168,15 @@ def test_a_failed_fsync_refuses_the_add_and_no_reader_ever_gets_it(tmp_path,
     assert datas(q) == []
 
 
-def test_a_failed_fsync_drops_every_unseen_item_it_covered(tmp_path, clock: Clock) -> None:
+def test_a_failed_fsync_drops_every_unseen_item_it_covered(add: Adder, tmp_path,
+                                                           clock: Clock) -> None:
     """Seen items stay; the unseen ones the failed fsync covered are gone from memory and disk."""
     fsync = Fsync()
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=fsync, durable_acks=True)
-    value(q.add(b"a"))
+    value(add(q, b"a"))
     clock.advance(0.5)
     fsync.failing = True
-    acks = [q.add(b"b"), q.add(b"c")]
+    acks = [add(q, b"b"), add(q, b"c")]
     clock.advance(0.5)
     for ack in acks:
         with pytest.raises(JournalUnavailable):
@@ -144,48 +190,50 @@ def test_a_failed_fsync_drops_every_unseen_item_it_covered(tmp_path, clock: Cloc
     assert datas(q) == []
 
 
-def test_continue_confirms_at_once_and_shows_its_item_after_the_fsync(tmp_path,
+def test_continue_confirms_at_once_and_shows_its_item_after_the_fsync(add: Adder, tmp_path,
                                                                       clock: Clock) -> None:
     """A CONTINUE: the open read is confirmed; the new item waits for the fsync like any add."""
     q, thread = always_queue(tmp_path, clock)
-    value(q.add(b"job"))
+    value(add(q, b"job"))
     thread.run_all()
     opened = q.remove(open_read=True)
-    ack = q.add(b"next", xid=opened.xid)
+    ack = add(q, b"next", xid=opened.xid)
     assert q.open_read_count == 0 and q.remove() is None
     thread.run_all()
     assert value(ack) is True and q.remove().data == b"next"
 
 
-def test_read_behind_reads_back_no_record_before_its_fsync(tmp_path, clock: Clock) -> None:
+def test_read_behind_reads_back_no_record_before_its_fsync(add: Adder, tmp_path,
+                                                           clock: Clock) -> None:
     """
     In read-behind an add is only on disk: the fill stops at what the
     fsyncs made durable, and a waiter gets the item only after its fsync.
     """
     q, thread = always_queue(tmp_path, clock, max_memory_size=4)
     for data in (b"aa", b"bb", b"cc"):
-        value(q.add(data))
+        value(add(q, data))
         thread.run_all()
     assert q.in_read_behind
     assert [q.remove().data for _ in range(3)] == [b"aa", b"bb", b"cc"]
     waiter = q.wait_remove(clock.seconds() + 60)
-    ack = q.add(b"dd")
+    ack = add(q, b"dd")
     assert q.in_read_behind and q.length == 1 and q.unsynced_count == 0
     assert value(waiter) is PENDING and q.remove() is None
     thread.run_all()
     assert value(ack) is True and value(waiter).data == b"dd"
 
 
-def test_read_behind_waits_for_unseen_items_held_in_memory(tmp_path, clock: Clock) -> None:
+def test_read_behind_waits_for_unseen_items_held_in_memory(add: Adder, tmp_path,
+                                                           clock: Clock) -> None:
     """
     An item held unseen in memory is older than any read back from disk:
     nothing is read back while it waits, so the order stays the records'.
     """
     q, thread = always_queue(tmp_path, clock, max_memory_size=4)
-    value(q.add(b"x"))
+    value(add(q, b"x"))
     thread.run_all()
-    first = q.add(b"aaaa")  # (unseen in memory; memory is now full)
-    later = q.add(b"bb")  # (read-behind: on disk only)
+    first = add(q, b"aaaa")  # (unseen in memory; memory is now full)
+    later = add(q, b"bb")  # (read-behind: on disk only)
     assert q.in_read_behind and q.unsynced_count == 1
     assert q.remove().data == b"x"
     assert q.remove() is None and seen(q) == []
@@ -199,7 +247,7 @@ def test_read_behind_waits_for_unseen_items_held_in_memory(tmp_path, clock: Cloc
     assert [q.remove().data for _ in range(2)] == [b"aaaa", b"bb"]
 
 
-def test_read_behind_reads_a_rotated_file_only_as_far_as_it_is_durable(tmp_path,
+def test_read_behind_reads_a_rotated_file_only_as_far_as_it_is_durable(add: Adder, tmp_path,
                                                                       clock: Clock) -> None:
     """
     A rotation renames the file holding an add whose fsync still runs: the
@@ -208,13 +256,13 @@ def test_read_behind_reads_a_rotated_file_only_as_far_as_it_is_durable(tmp_path,
     q, thread = always_queue(tmp_path, clock, max_memory_size=4,
                              default_journal_size=1 << 20, max_journal_size=1 << 30)
     for data in (b"a1", b"a2", b"a3"):
-        value(q.add(data))
+        value(add(q, data))
         thread.run_all()
     assert q.in_read_behind
-    ack = q.add(b"dd")  # (after a rotation: its file's fsync waits for the rotation's)
+    ack = add(q, b"dd")  # (after a rotation: its file's fsync waits for the rotation's)
     thread.run_next()  # (the rotation's fsyncs; dd's fsync now runs)
     assert value(ack) is PENDING
-    later = q.add(b"ee")  # (rotates the file holding dd, its fsync still running)
+    later = add(q, b"ee")  # (rotates the file holding dd, its fsync still running)
     assert q.journal_rotations == 4
     assert [q.remove().data for _ in range(3)] == [b"a1", b"a2", b"a3"]
     assert q.remove() is None and value(ack) is PENDING
@@ -223,7 +271,7 @@ def test_read_behind_reads_a_rotated_file_only_as_far_as_it_is_durable(tmp_path,
     assert [q.remove().data for _ in range(2)] == [b"dd", b"ee"]
 
 
-def test_no_read_back_overtakes_an_unseen_item(tmp_path, clock: Clock) -> None:
+def test_no_read_back_overtakes_an_unseen_item(add: Adder, tmp_path, clock: Clock) -> None:
     """
     One fsync covers two unseen items and a later one on disk only; the
     first shown wakes a reader, whose remove must not read the disk item back
@@ -231,10 +279,10 @@ def test_no_read_back_overtakes_an_unseen_item(tmp_path, clock: Clock) -> None:
     """
     q, thread = always_queue(tmp_path, clock, max_memory_size=8,
                              default_journal_size=1 << 20, max_journal_size=1 << 30)
-    value(q.add(b"vv"))
+    value(add(q, b"vv"))
     thread.run_all()
-    acks = [q.add(data) for data in (b"gg", b"h1", b"h2")]
-    acks.append(q.add(b"bb"))  # (read-behind has started: on disk only)
+    acks = [add(q, data) for data in (b"gg", b"h1", b"h2")]
+    acks.append(add(q, b"bb"))  # (read-behind has started: on disk only)
     assert q.in_read_behind and q.unsynced_count == 3
     assert q.remove().data == b"vv"
     waiters = [q.wait_remove(clock.seconds() + 60) for _ in range(3)]
@@ -244,7 +292,7 @@ def test_no_read_back_overtakes_an_unseen_item(tmp_path, clock: Clock) -> None:
     assert q.remove().data == b"bb"
 
 
-def test_a_rewrite_waits_for_unseen_items_then_runs(tmp_path, clock: Clock) -> None:
+def test_a_rewrite_waits_for_unseen_items_then_runs(add: Adder, tmp_path, clock: Clock) -> None:
     """
     A rewrite from memory cannot hold an item waiting for its fsync: it is
     put off quietly (no rotation instead), and runs once the item is shown.
@@ -252,16 +300,16 @@ def test_a_rewrite_waits_for_unseen_items_then_runs(tmp_path, clock: Clock) -> N
     q, thread = always_queue(tmp_path, clock, default_journal_size=1 << 20,
                              max_memory_size=1 << 20, max_journal_size=300,
                              disable_aggressive_rewrites=True)
-    value(q.add(b"k1"))
-    value(q.add(b"k2"))
+    value(add(q, b"k1"))
+    value(add(q, b"k2"))
     n = 0
     while q.journal.size < 280:
-        value(q.add(b"item%d" % n))
+        value(add(q, b"item%d" % n))
         thread.run_all()
         q.remove()
         thread.run_all()
         n += 1
-    ack = q.add(b"X")
+    ack = add(q, b"X")
     with capturedLogs() as events:
         q.remove()  # (the journal is past max_journal_size: a rewrite is due)
     assert q.journal_rewrites == 0 and q.journal_rotations == 0
@@ -273,43 +321,43 @@ def test_a_rewrite_waits_for_unseen_items_then_runs(tmp_path, clock: Clock) -> N
     assert len(rest) == 2 and rest[-1] == b"X"
 
 
-def test_a_memory_journal_shows_a_durable_add_at_once(clock: Clock) -> None:
+def test_a_memory_journal_shows_a_durable_add_at_once(add: Adder, clock: Clock) -> None:
     """A memory journal's writes are "durable" at once: the waiter is served by the add."""
     q = PersistentQueue("q", QueueConfig(durable_acks=True), MemoryJournal(), clock)
     q.setup()
     waiter = q.wait_remove(clock.seconds() + 1)
-    assert value(q.add(b"x")) is True
+    assert value(add(q, b"x")) is True
     assert value(waiter).data == b"x" and q.unsynced_count == 0
 
 
-def test_flush_leaves_unseen_items(tmp_path, clock: Clock) -> None:
+def test_flush_leaves_unseen_items(add: Adder, tmp_path, clock: Clock) -> None:
     """flush removes what readers may have; an item waiting for its fsync is seen after it."""
     q, thread = always_queue(tmp_path, clock)
-    value(q.add(b"old"))
+    value(add(q, b"old"))
     thread.run_all()
-    ack = q.add(b"new")
+    ack = add(q, b"new")
     q.flush()
     assert q.length == 1
     thread.run_all()
     assert value(ack) is True and q.remove().data == b"new"
 
 
-def test_close_acknowledges_and_keeps_unseen_items(tmp_path, clock: Clock) -> None:
+def test_close_acknowledges_and_keeps_unseen_items(add: Adder, tmp_path, clock: Clock) -> None:
     """Closing fsyncs the journal: the pending add is acknowledged and replayed."""
     fsync = Fsync()
     q = open_queue(tmp_path, clock, sync_policy=0.5, fsync=fsync, durable_acks=True)
-    ack = q.add(b"a")
+    ack = add(q, b"a")
     value(q.close(graceful=True))
     assert value(ack) is True
     q = restart(q, tmp_path, clock)
     assert datas(q) == [b"a"]
 
 
-def test_a_full_queue_counts_unseen_items(tmp_path, clock: Clock) -> None:
+def test_a_full_queue_counts_unseen_items(add: Adder, tmp_path, clock: Clock) -> None:
     """Unseen items hold their room: max_items refuses the next add before their fsync."""
     q, thread = always_queue(tmp_path, clock, max_items=1)
-    ack = q.add(b"a")
-    assert value(q.add(b"b")) is False
+    ack = add(q, b"a")
+    assert value(add(q, b"b")) is False
     thread.run_all()
     assert value(ack) is True and q.length == 1
 

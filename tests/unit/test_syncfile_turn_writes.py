@@ -16,6 +16,7 @@ from unittest import mock
 
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
 
 from kestrel.item import QItem
 from kestrel.journal import records as rec
@@ -432,3 +433,75 @@ def test_durable_acks_with_a_period_write_once_per_turn(tmp_path: Path, clock: C
     assert [value(again.collection.remove("q")).data for _ in range(6)] == [
         b"old", b"0", b"1", b"2", b"3", b"4"]
     again.collection.stopService()
+
+
+class Told:
+    """A L{kestrel.journal.syncfile.Waiter} that notes what it is told, in order."""
+
+    def __init__(self, log: list[tuple[str, object]], name: str) -> None:
+        self.log = log
+        self.name = name
+
+    def callback(self, result: None) -> None:
+        self.log.append((self.name, result))
+
+    def errback(self, fail: Failure) -> None:
+        self.log.append((self.name, fail.value))
+
+
+def test_a_waiter_is_told_after_the_turns_fsync_instead_of_a_deferred(tmp_path: Path,
+                                                                     clock: Clock) -> None:
+    """write_unseen with a waiter returns nothing; the turn's fsync tells each waiter, in order."""
+    f, writes, fsync = make(tmp_path, clock)
+    log: list[tuple[str, object]] = []
+    assert [f.write_unseen(b"%d" % i, Told(log, str(i))) for i in range(3)] == [None] * 3
+    assert log == [] and writes.calls == []
+    clock.advance(0)
+    assert writes.calls == [b"012"] and fsync.calls == 1
+    assert log == [("0", None), ("1", None), ("2", None)]
+    clock.advance(0)
+    assert len(log) == 3  # (each is told once)
+    f.close()
+
+
+def test_a_waiter_is_told_the_failure_of_the_turns_write_or_fsync(tmp_path: Path,
+                                                                  clock: Clock) -> None:
+    """The turn's refused write fails its waiters; so does a failed fsync, and nothing else."""
+    f, writes, fsync = make(tmp_path, clock)
+    log: list[tuple[str, object]] = []
+    f.write_unseen(b"a", Told(log, "a"))
+    writes.fail_after, writes.once = 0, True
+    with capturedLogs():
+        clock.advance(0)
+    assert [(name, getattr(error, "errno", None)) for name, error in log] == [("a", errno.ENOSPC)]
+    (tmp_path / "2").mkdir()
+    f, writes, fsync = make(tmp_path / "2", clock)
+    f.write_unseen(b"b", Told(log, "b"))
+    fsync.failing = OSError(errno.EIO, "Input/output error")
+    with capturedLogs():
+        clock.advance(0)
+    assert [(name, getattr(error, "errno", None)) for name, error in log[1:]] == [("b", errno.EIO)]
+
+
+def test_a_waiter_without_a_turn_is_told_as_the_write_settles(tmp_path: Path,
+                                                              clock: Clock) -> None:
+    """
+    Without a turn write_unseen is write, and the waiter hears what its
+    Deferred would: under C{never} at once (nothing to wait for); under
+    0.0 with an inline fsync before write_unseen returns; a refused write
+    before it returns too.
+    """
+    log: list[tuple[str, object]] = []
+    never, writes, fsync = make(tmp_path, clock, None, turn=False)
+    assert never.write_unseen(b"n", Told(log, "never")) is None
+    assert log == [("never", None)] and fsync.calls == 0
+    never.close()
+    (tmp_path / "always").mkdir()
+    always, writes, fsync = make(tmp_path / "always", clock, 0.0, turn=False)
+    always.write_unseen(b"a", Told(log, "always"))
+    assert log[1:] == [("always", None)] and fsync.calls == 1
+    writes.fail_after = 0
+    with capturedLogs():
+        always.write_unseen(b"r", Told(log, "refused"))
+    assert [name for name, _ in log[2:]] == ["refused"] and isinstance(log[2][1], OSError)
+    always.close()

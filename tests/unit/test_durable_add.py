@@ -1,0 +1,79 @@
+"""
+L{DurableAdd}: the waiter that answers a durable add's producer without a
+Deferred. What it promises on its own (the queue's use of it is in
+C{test_queue_visibility.py}, which adds through it and through a Deferred).
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
+
+from kestrel.errors import JournalUnavailable
+from kestrel.unsynced import DurableAdd
+
+
+def recorder() -> tuple[list[object], DurableAdd]:
+    answers: list[object] = []
+    return answers, DurableAdd("q", answers.append)
+
+
+def test_told_before_it_is_shown_it_keeps_the_outcome_and_answers_nothing() -> None:
+    """Told at once (nothing to wait for, or a refused write): the queue answers instead."""
+    answers, add = recorder()
+    add.callback(None)
+    assert add.told is True and answers == []
+    answers, add = recorder()
+    error = OSError(errno.ENOSPC, "No space left on device")
+    add.errback(Failure(error))
+    assert isinstance(add.told, Failure) and add.told.value is error and answers == []
+
+
+def test_once_durable_it_shows_the_item_then_answers_true() -> None:
+    order: list[object] = []
+    add = DurableAdd("q", lambda outcome: order.append(("answer", outcome)))
+    add.shown = lambda _: order.append("shown")
+    add.callback(None)
+    assert order == ["shown", ("answer", True)]
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EIO, "Input/output error"),
+                                   JournalUnavailable("q", "disk gone")])
+def test_a_failed_write_or_fsync_answers_journal_unavailable(error: Exception) -> None:
+    """The producer is answered a JournalUnavailable naming the queue; nothing is shown."""
+    answers, add = recorder()
+    shown: list[object] = []
+    add.shown = shown.append
+    add.errback(Failure(error))
+    assert shown == [] and len(answers) == 1
+    failure = answers[0]
+    assert isinstance(failure, Failure) and failure.check(JournalUnavailable)
+    assert failure.value.queue == "q"  # type: ignore[attr-defined]
+    if isinstance(error, JournalUnavailable):
+        assert failure.value is error
+
+
+def test_nothing_it_calls_raises_into_the_journal() -> None:
+    """
+    A failure to show the item answers the producer with it; a failing answer
+    is logged. Neither reaches the journal file telling the waiters.
+    """
+    answers, add = recorder()
+    add.shown = lambda _: 1 / 0
+    with capturedLogs() as events:
+        add.callback(None)
+    assert len(answers) == 1 and answers[0].check(ZeroDivisionError)  # type: ignore[union-attr]
+    assert any(e.get("log_failure") is not None for e in events)
+
+    def broken(outcome: object) -> None:
+        raise RuntimeError("producer gone wrong")
+
+    durable, failed = DurableAdd("q", broken), DurableAdd("q", broken)
+    durable.shown = failed.shown = lambda _: None
+    with capturedLogs() as events:
+        durable.callback(None)
+        failed.errback(Failure(OSError(errno.EIO, "Input/output error")))
+    assert sum(e.get("log_failure") is not None for e in events) == 2
