@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NoReturn, overload
+from typing import overload
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -48,6 +48,7 @@ from kestrel.queue_health import (
     JournalHealth,
     Unsettled,
     reason_of,
+    unavailable_failure,
 )
 from kestrel.queue_observer import QueueObserver
 from kestrel.queue_policy import RECORD_MARGIN, Compactor, upkeep_from
@@ -312,11 +313,9 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         if not self._closed:
             self._read_behind.start_if_full()
 
-    def _durable_add_failed(self, failure: Failure) -> NoReturn:
+    def _durable_add_failed(self, failure: Failure) -> Failure:
         """A durable add's write or fsync failed: the recovery drops it; say why."""
-        if failure.check(JournalUnavailable):
-            failure.raiseException()
-        raise JournalUnavailable(self.name, reason_of(failure.value))
+        return unavailable_failure(self.name, failure)
 
     def _hold(self, item: QItem) -> Callable[[object], bool]:
         """
@@ -579,10 +578,10 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             return succeed(None)
         return d.addErrback(self._confirm_failed, xid)
 
-    def _confirm_failed(self, failure: Failure, xid: int) -> NoReturn:
+    def _confirm_failed(self, failure: Failure, xid: int) -> Failure:
         """A durable confirm's record was lost: the reload opens C{xid} again; say why."""
         self._reopening.add(xid)
-        self._durable_add_failed(failure)
+        return unavailable_failure(self.name, failure)
 
     def _open_reads_changed(self) -> None:
         """Tell the observer (if any) the size of the open-read table and of its timed part."""

@@ -57,6 +57,17 @@ def reason_of(error: BaseException | None) -> str:
     return str(error) or type(error).__name__
 
 
+def unavailable_failure(queue: str, failure: Failure) -> Failure:
+    """
+    A failed journal write or fsync as its producer hears it: C{failure}
+    itself if it is a L{JournalUnavailable}, else one naming C{queue} and
+    the cause (L{reason_of}).
+    """
+    if failure.check(JournalUnavailable):
+        return failure
+    return Failure(JournalUnavailable(queue, reason_of(failure.value)))
+
+
 class HealthHost(Protocol):
     """What L{JournalHealth} asks of the queue whose journal it watches."""
 

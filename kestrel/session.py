@@ -510,10 +510,11 @@ class ClientSession(ThriftReads):
         started = clock.seconds()
         then = None if answer is None else partial(self._set_answered, name, started, answer, args)
         stored = self._collection.offer(name, data, expiry_ms, then=then)
-        if stored is True or stored is False or stored is None or stored.called:
-            if stored is not None:
-                # Answered at once (the hot path): record directly, no callback.
-                self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
+        if stored is None:
+            return None  # (then records it and answers)
+        if stored is True or stored is False or stored.called:
+            # Answered at once (the hot path): record directly, no callback.
+            self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
             return stored
         return stored.addBoth(then or partial(self._set_answered, name, started, None, ()))
 

@@ -23,9 +23,8 @@ from functools import partial
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from kestrel.errors import JournalUnavailable
 from kestrel.item import QItem
-from kestrel.queue_health import reason_of
+from kestrel.queue_health import unavailable_failure
 
 __all__ = ["Answer", "DurableAdd", "Unsynced"]
 
@@ -148,9 +147,7 @@ class DurableAdd:
         if self.shown is None:
             self.told = fail
             return
-        if not fail.check(JournalUnavailable):
-            fail = Failure(JournalUnavailable(self._queue, reason_of(fail.value)))
-        self._answer(fail)
+        self._answer(unavailable_failure(self._queue, fail))
 
     def _answer(self, outcome: bool | Failure) -> None:
         try:

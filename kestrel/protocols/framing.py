@@ -59,7 +59,6 @@ UNFRAMABLE = 3
 Frame = Callable[[bytes, int], tuple[int, Any, Any, int]]
 
 
-
 class RequestFramer:
     """
     Frames the requests of one connection (sans-IO).

@@ -594,6 +594,7 @@ class MemcacheProtocol(SessionProtocol):
         session = self.session
         assert session is not None
         exptime = req.exptime
+        # (_expiry_ms is 0 for no exptime too: the test here saves its call per set)
         stored = session.offer_item(req.name, data, self._expiry_ms(exptime) if exptime else 0,
                                     self._stored_later, req)
         if stored is None:  # (a durable add: _stored_later is called once it is durable)

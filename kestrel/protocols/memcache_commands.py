@@ -33,7 +33,6 @@ _OK = b"OK\r\n"
 _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
 
 
-
 class CommandHandler:
     """
     Answers the server commands (L{Command}) of one memcache connection.
