@@ -93,11 +93,12 @@ class Histogram:
     reader sees every value recorded, and whenever the histogram's owner
     settles it. An owner that records without end settles on a clock (a
     server's L{Metrics}: every L{SETTLE_INTERVAL}), which bounds what waits
-    by what it records in that time. Values that repeat (sizes, queue
-    lengths, latencies quantized by the clock) are counted once per
-    distinct value.
+    by what it records in that time. Values are rounded to whole units
+    (as C{round} does: half to even) and then counted once per distinct value: sizes, queue lengths
+    and whole microseconds repeat.
 
-    @ivar add: record one value (floats are rounded, negatives count as 0):
+    @ivar add: record one value (floats are rounded as C{round} does, negatives
+        count as 0):
         C{pending}'s own C{append}.
     """
 
@@ -118,17 +119,16 @@ class Histogram:
         pending = self.pending
         if not pending:
             return
-        # (counted as recorded first: latencies quantized by the clock repeat
-        # as floats too, and one second of them holds few distinct values)
-        distinct = Counter(pending)
+        # (rounded, then counted per distinct value, both in C: latencies are
+        # floats, nearly all distinct; rounded to whole units they repeat)
+        distinct = Counter(map(round, pending))
         pending.clear()
         buckets = self._buckets
         count = self._count
         total = self._total
         low = self._minimum
         high = self._maximum
-        for value, n in distinct.items():
-            v = value if value.__class__ is int else int(value + 0.5)
+        for v, n in distinct.items():
             if v < 0:
                 v = 0
             if v < _EXACT:

@@ -121,7 +121,7 @@ def test_queue_metrics_declares_every_name_for_the_type_checker() -> None:
 def reference_counts(values: list[int | float]) -> tuple[int, int, int, int, list[int]]:
     """Count, total, minimum, maximum and buckets of C{values}, one value at a time."""
     buckets = [0] * BUCKETS
-    rounded = [max(0, v if isinstance(v, int) else int(v + 0.5)) for v in values]
+    rounded = [max(0, round(v)) for v in values]
     for v in rounded:
         index = next(i for i in range(BUCKETS) if bucket_bounds(i)[0] <= v <= bucket_bounds(i)[1])
         buckets[index] += 1
