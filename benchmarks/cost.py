@@ -39,7 +39,7 @@ Workloads (1 KiB items):
   time, 1 connection: txkestrel and darner `set`, `get q/open`,
   `get q/close`; Redis `LPUSH`, `LMOVE q q:reserved RIGHT LEFT`,
   `LREM q:reserved 1 item`; beanstalkd `put`, `reserve-with-timeout 0`,
-  `delete` (memcached and the floors have no reliable read);
+  `delete`; the floors as txkestrel (memcached has no reliable read);
 * durable-50: 50 connections with one enqueue outstanding each (the same
   client). txkestrel runs a second server with `sync_journal: always` and
   `durable_acks: true` (STORED only after the fsync that covers the set),
@@ -56,10 +56,10 @@ Workloads (1 KiB items):
 * with --python-floor, the floor server's queue on a bare select.epoll loop
   (no Twisted) as "python-floor": the least any Python server costs;
 * with --journal-floor, the floor server on txkestrel's reactor appending
-  each set's ADDX and each hit's REMOVE record to a journal file, one write
-  each, as "journal-floor": the least a Python server on Twisted costs that
-  journals every request before replying (no stats, metrics, limits or
-  checks);
+  each set's ADDX and each hit's REMOVE record (an open's tentative remove,
+  a close's confirm) to a journal file, one write each, as "journal-floor":
+  the least a Python server on Twisted costs that journals every request
+  before replying (no stats, metrics, limits or checks);
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -534,7 +534,7 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
     for label, reactor, journal in floors:
         port = free_port()
         proc = stack.enter_context(floor_process(port, reactor, journal))
-        plain.append(Server(label, port, proc.pid, protocol="memcache"))
+        plain.append(Server(label, port, proc.pid))  # (Kestrel's dialect: /open, /close)
     if args.durable_floor and ("kestrel", True) in wants:
         for label, reactor in (("durable-floor", "kestrel"), ("durable-python-floor", "none")):
             port = free_port()

@@ -6,7 +6,10 @@ Not part of the server, and not a benchmark by itself: `benchmarks/cost.py
 much of txkestrel's CPU per request is the reactor's and the kernel's socket
 work, which no change inside txkestrel's protocol or queue code can remove.
 It answers `set <q> <flags> <exptime> <bytes>` with STORED and `get <q>` with
-the oldest item of an in-memory FIFO (or END), one request per line, using
+the oldest item of an in-memory FIFO (or END), one request per line;
+Kestrel's reliable read as well, `get <q>/open` (the oldest item, held open
+by the connection: one per queue) and `get <q>/close` (the open item is
+gone; END), the least of what `cost.py`'s reliable-1 asks. It uses
 the same reply path as txkestrel (`kestrel.protocols.base.write_now`) and the
 same reactor (`kestrel.reactor`; `--reactor epoll` for Twisted's own, run by
 `cost.py --epoll` as "twisted-floor-epoll"; `--reactor none` for a bare
@@ -15,8 +18,9 @@ same reactor (`kestrel.reactor`; `--reactor epoll` for Twisted's own, run by
 sessions, no limits, no expiry, no stats: do not use it for anything else.
 
 With `--journal DIR` (`cost.py --journal-floor`, as "journal-floor") it also
-appends each set's ADDX record and each hit's REMOVE to a file per queue in
-DIR, one `write` each, as txkestrel's journal does under `sync_journal:
+appends each set's ADDX record and each hit's REMOVE (an open's
+REMOVE_TENTATIVE_XID, a close's CONFIRM_REMOVE) to a file per queue in DIR,
+one `write` each, as txkestrel's journal does under `sync_journal:
 never` (no rotation, no replay): the least a server costs that journals
 every request in Kestrel's format before it replies.
 
@@ -42,6 +46,7 @@ import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+from itertools import count
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,10 +55,16 @@ if str(ROOT) not in sys.path:
 
 from twisted.internet.protocol import Factory, Protocol  # noqa: E402
 
-from kestrel.journal.records import REMOVE_BYTES, encode_add  # noqa: E402
+from kestrel.journal.records import REMOVE_BYTES, Opcode, encode_add, encode_xid  # noqa: E402
 from kestrel.protocols.base import write_now  # noqa: E402
 
 QUEUES: defaultdict[bytes, deque[bytes]] = defaultdict(deque)
+
+#: The xids of reliable reads (one counter for every queue: the floor never replays).
+XIDS = count(1)
+
+#: A connection's open reads: (xid, item) per queue (bare name).
+OpenReads = dict[bytes, tuple[int, bytes]]
 
 #: With --journal: the folder, and the open journal file of each queue.
 JOURNAL_DIR: str | None = None
@@ -102,8 +113,11 @@ def record(queue: bytes, data: bytes) -> None:
 BACKLOG = 1024
 
 
-def answer(buf: bytes) -> tuple[bytes, bytes]:
-    """Serve every complete set/get in C{buf}: (all their replies, the incomplete rest)."""
+def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
+    """
+    Serve every complete set/get in C{buf}, for a connection whose open
+    reads are C{opened}: (all their replies, the incomplete rest).
+    """
     out = []
     pos = 0
     while True:
@@ -121,6 +135,9 @@ def answer(buf: bytes) -> tuple[bytes, bytes]:
             QUEUES[words[1]].append(data)
             out.append(b"STORED\r\n")
             pos = end + 2
+        elif words and words[0] == b"get" and len(words) >= 2 and b"/" in words[1]:
+            out.append(reliable_read(words[1], opened))
+            pos = nl + 2
         elif words and words[0] == b"get" and len(words) >= 2:
             q = QUEUES.get(words[1])
             if q:
@@ -137,15 +154,47 @@ def answer(buf: bytes) -> tuple[bytes, bytes]:
     return (out[0] if len(out) == 1 else b"".join(out)), buf[pos:]
 
 
+def reliable_read(key: bytes, opened: OpenReads) -> bytes:
+    """
+    The reply to C{get <key>} for C{<q>/open} (the head, held open; END if
+    the queue is empty or this connection holds one of it open) or
+    C{<q>/close} (the open item is gone: END); anything else, END.
+    """
+    name, _, option = key.partition(b"/")
+    if option == b"open":
+        q = QUEUES.get(name)
+        if not q or name in opened:
+            return b"END\r\n"
+        item = q.popleft()
+        xid = next(XIDS)
+        opened[name] = (xid, item)
+        if JOURNAL_DIR is not None:
+            record(name, encode_xid(Opcode.REMOVE_TENTATIVE_XID, xid))
+        return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(item), item)
+    if option == b"close":
+        closed = opened.pop(name, None)
+        if closed is not None and JOURNAL_DIR is not None:
+            record(name, encode_xid(Opcode.CONFIRM_REMOVE, closed[0]))
+    return b"END\r\n"
+
+
+def give_back(opened: OpenReads) -> None:
+    """A connection has gone: its open items are back at the head of their queues."""
+    for name, (_, item) in opened.items():
+        QUEUES[name].appendleft(item)
+    opened.clear()
+
+
 class FloorProtocol(Protocol):
     """Serve every complete set/get in the buffer; one write of all replies."""
 
     def __init__(self) -> None:
         self.buf = b""
+        self.opened: OpenReads = {}
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted hook
         """Parse and answer what is complete; keep the rest."""
-        replies, self.buf = answer(self.buf + data if self.buf else data)
+        replies, self.buf = answer(self.buf + data if self.buf else data, self.opened)
         if not replies:
             return
         if DURABLE:
@@ -160,6 +209,10 @@ class FloorProtocol(Protocol):
         """Send C{replies} now."""
         write_now(self.transport, replies)
 
+    def connectionLost(self, reason: object = None) -> None:  # noqa: N802 - Twisted hook
+        """Give back the items this connection held open."""
+        give_back(self.opened)
+
 
 def serve_without_twisted(port: int) -> None:
     """
@@ -171,7 +224,7 @@ def serve_without_twisted(port: int) -> None:
     listener.setblocking(False)
     poller = select.epoll()
     poller.register(listener.fileno(), select.EPOLLIN)
-    connections: dict[int, tuple[socket.socket, list[bytes]]] = {}
+    connections: dict[int, tuple[socket.socket, list[bytes], OpenReads]] = {}
     while True:
         if TURN_REPLIES:
             end_turn()
@@ -180,10 +233,10 @@ def serve_without_twisted(port: int) -> None:
                 client, _ = listener.accept()
                 client.setblocking(False)
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                connections[client.fileno()] = (client, [b""])
+                connections[client.fileno()] = (client, [b""], {})
                 poller.register(client.fileno(), select.EPOLLIN)
                 continue
-            client, held = connections[fd]
+            client, held, opened = connections[fd]
             try:
                 data = client.recv(65536)
             except BlockingIOError:
@@ -191,7 +244,7 @@ def serve_without_twisted(port: int) -> None:
             except OSError:
                 data = b""
             if data:
-                replies, held[0] = answer(held[0] + data if held[0] else data)
+                replies, held[0] = answer(held[0] + data if held[0] else data, opened)
                 if DURABLE and replies:
                     TURN_REPLIES.append((client.send, replies))
                     continue
@@ -204,15 +257,16 @@ def serve_without_twisted(port: int) -> None:
                     pass
             poller.unregister(fd)
             del connections[fd]
+            give_back(opened)
             client.close()
 
 
 def main() -> None:
     """Listen on the loopback port given until stopped."""
     parser = argparse.ArgumentParser(
-        description="A bare Twisted memcache queue (set/get, in memory, journaled only with "
-                    "--journal): the floor of what a Twisted server costs per request. For "
-                    "benchmarks only.")
+        description="A bare Twisted memcache queue (set, get, get q/open, get q/close; in "
+                    "memory, journaled only with --journal): the floor of what a Twisted "
+                    "server costs per request. For benchmarks only.")
     parser.add_argument("port", type=int, help="loopback TCP port to listen on")
     parser.add_argument("--reactor", choices=["kestrel", "epoll", "none"], default="kestrel",
                         help="txkestrel's reactor (kestrel.reactor), Twisted's epoll reactor, "

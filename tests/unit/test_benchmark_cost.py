@@ -88,6 +88,50 @@ def test_journal_floor_writes_records_that_replay(tmp_path: Path) -> None:
     assert records[0].data == b"hello"
 
 
+def _exchange(sock: socket.socket, request: bytes, replies_end: bytes) -> bytes:
+    sock.sendall(request)
+    replies = b""
+    while not replies.endswith(replies_end):
+        replies += sock.recv(65536)
+    return replies
+
+
+@pytest.mark.parametrize("reactor", ["kestrel", "none"])
+def test_floor_reliable_read_opens_closes_and_gives_back(tmp_path: Path, reactor: str) -> None:
+    """
+    The floor servers answer Kestrel's reliable read as cost.py's reliable-1
+    asks it: C{/open} hands out the head and holds it (one per queue and
+    connection), C{/close} removes it for good, and what a connection that
+    has gone held open is back at the head. The journal floor writes an
+    open and a confirm record that replay.
+    """
+    port = free_port()
+    journal_dir = tmp_path / "journal"
+    with floor_process(port, reactor, journal_dir):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            replies = _exchange(sock, b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n"
+                                      b"get q/open\r\nget q/open\r\nget q/close\r\n"
+                                      b"get q/close\r\nget q/open\r\n",
+                                b"VALUE q/open 0 1\r\nb\r\nEND\r\n")
+        assert replies == (b"STORED\r\nSTORED\r\nVALUE q/open 0 1\r\na\r\nEND\r\nEND\r\n"
+                           b"END\r\nEND\r\nVALUE q/open 0 1\r\nb\r\nEND\r\n")
+        # (b was open on the connection that has gone: back at the head)
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                replies = _exchange(sock, b"get q\r\n", b"END\r\n")
+            if replies != b"END\r\n" or time.monotonic() > deadline:
+                break
+        assert replies == b"VALUE q 0 1\r\nb\r\nEND\r\n"
+    (name,) = os.listdir(journal_dir)
+    (journal_dir / name).rename(journal_dir / "q")
+    records: list[rec.Record] = []
+    FileJournal(str(journal_dir), "q", Clock(), None).replay(records.append)
+    assert [type(r) for r in records] == [rec.Add, rec.Add, rec.RemoveTentativeXid,
+                                          rec.ConfirmRemove, rec.RemoveTentativeXid, rec.Remove]
+    assert records[2].xid == records[3].xid != records[4].xid
+
+
 def test_report_reads_both_floors() -> None:
     """report.py says what share of txkestrel's CPU each floor server costs."""
 
