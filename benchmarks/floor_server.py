@@ -135,12 +135,10 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
             QUEUES[words[1]].append(data)
             out.append(b"STORED\r\n")
             pos = end + 2
-        elif words and words[0] == b"get" and len(words) >= 2 and b"/" in words[1]:
-            out.append(reliable_read(words[1], opened))
-            pos = nl + 2
         elif words and words[0] == b"get" and len(words) >= 2:
-            q = QUEUES.get(words[1])
-            if q:
+            if b"/" in words[1]:
+                out.append(reliable_read(words[1], opened))
+            elif q := QUEUES.get(words[1]):
                 item = q.popleft()
                 if JOURNAL_DIR is not None:
                     record(words[1], REMOVE_BYTES)

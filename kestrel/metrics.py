@@ -94,12 +94,11 @@ class Histogram:
     settles it. An owner that records without end settles on a clock (a
     server's L{Metrics}: every L{SETTLE_INTERVAL}), which bounds what waits
     by what it records in that time. Values are rounded to whole units
-    (as C{round} does: half to even) and then counted once per distinct value: sizes, queue lengths
-    and whole microseconds repeat.
+    (as C{round} does: half to even), then counted once per distinct value:
+    sizes, queue lengths and whole microseconds repeat.
 
-    @ivar add: record one value (floats are rounded as C{round} does, negatives
-        count as 0):
-        C{pending}'s own C{append}.
+    @ivar add: record one value (floats are rounded as C{round} does,
+        negatives count as 0): C{pending}'s own C{append}.
     """
 
     __slots__ = ("_count", "_total", "_minimum", "_maximum", "_buckets", "pending", "add")
