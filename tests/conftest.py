@@ -40,6 +40,31 @@ def clock() -> Clock:
     return c
 
 
+#: The module of Twisted's reactor-builder tests, which must run before anything
+#: starts the global reactor (see L{pytest_collection_modifyitems}).
+REACTOR_BUILDER_TESTS = "tests.unit.test_reactor"
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """
+    Run Twisted's reactor-builder tests (L{REACTOR_BUILDER_TESTS}) first.
+
+    Each of them points the global reactor at a fresh one by swapping its
+    C{__dict__} (C{twisted.internet.test.reactormixins.buildReactor}). A
+    global reactor already running in a thread (the blocking fleet client's,
+    the ZooKeeper fixtures') would go on running on the fresh reactor's state,
+    stop with it, and leave every later test that needs it without one.
+    """
+    def builder(item: pytest.Item) -> bool:
+        module = getattr(item, "module", None)
+        return module is not None and module.__name__ == REACTOR_BUILDER_TESTS
+
+    first = [item for item in items if builder(item)]
+    if first:
+        items[:] = first + [item for item in items if not builder(item)]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """
     With KESTREL_REQUIRE_ALL=1 (as .ci/run sets), a skipped test fails the run.

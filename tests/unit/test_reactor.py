@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.test import test_core, test_fdset, test_tcp, test_threads, test_time
@@ -24,6 +25,19 @@ from twisted.logger import globalLogPublisher
 from kestrel.reactor import install_unless_chosen
 
 _REACTOR = "kestrel.reactor.KestrelReactor"
+
+
+@pytest.fixture(autouse=True)
+def _global_reactor_not_running() -> None:
+    """
+    These tests swap the global reactor's state for a fresh reactor's
+    (Twisted's C{ReactorBuilder.buildReactor}): a global reactor running in a
+    thread would run on that state and stop with it. tests/conftest.py
+    runs them before any test starts it; this says so if that changes.
+    """
+    from twisted.internet import reactor
+
+    assert not reactor.running, "the global reactor runs: run these tests before it starts"
 
 #: Twisted's reactor test builders that cover what txkestrel uses of a reactor.
 _BUILDERS = [
