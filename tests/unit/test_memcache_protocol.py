@@ -26,7 +26,7 @@ from kestrel.protocols.base import HTTP_REFUSED, looks_like_http
 from kestrel.protocols.framing import RequestFramer
 from kestrel.protocols.memcache import MemcacheFactory, MemcacheProtocol
 from kestrel.server import KestrelServer
-from tests.support import StringClient, full_disk_writes, make_server
+from tests.support import ManualThread, StringClient, full_disk_writes, make_server
 
 EPOCH = 1_767_225_600.0
 
@@ -843,3 +843,33 @@ def test_a_line_read_whole_is_answered_once(line: bytes) -> None:
         return
     assert still_open, (line, out)
     assert out.endswith(b"VERSION 1.1.0\r\n"), (line, out)
+
+
+@pytest.mark.parametrize(("behind", "replies", "left"), [
+    (b"", b"STORED\r\n", b"a"),
+    (b"get q\r\n", b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\n", None),
+    (b"set q 0 0 1\r\nb\r\nget q\r\n", b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\n", b"b"),
+])
+def test_a_durable_set_replies_after_its_fsync_then_serves_what_came_behind_it(
+        clock: Clock, tmp_path: Path, behind: bytes, replies: bytes, left: bytes | None) -> None:
+    """
+    Under C{sync_journal: always} a set's C{STORED} leaves only once the
+    fsync covering it ended: alone on its connection, it is written then;
+    requests that arrived behind it are answered after it, in order (a set
+    among them is journaled with it, and covered by the same fsync).
+    """
+    thread = ManualThread()
+    server = make_server(clock, tmp_path, "default: {sync_journal: always}\n",
+                         run_in_thread=thread)
+    try:
+        client = Conn(MemcacheFactory(server))
+        assert client.send(b"set q 0 0 1\r\na\r\n" + behind) == b""
+        clock.advance(0)
+        thread.run_all()
+        assert client.take() == replies
+        assert client.send(b"get q\r\n") == (
+            b"END\r\n" if left is None else b"VALUE q 0 1\r\n%s\r\nEND\r\n" % left)
+        assert client.connected
+    finally:
+        thread.run_all()
+        server.collection.stopService()

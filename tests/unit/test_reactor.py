@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 
 import pytest
 from twisted.internet.defer import Deferred
@@ -21,6 +22,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.test import test_core, test_fdset, test_tcp, test_threads, test_time
 from twisted.internet.test.reactormixins import ReactorBuilder
 from twisted.logger import globalLogPublisher
+from twisted.python.failure import Failure
 
 from kestrel.reactor import install_unless_chosen
 
@@ -116,6 +118,43 @@ class KestrelReactorAdditionsBuilder(ReactorBuilder):
         assert "bad request x" in errors[0]["failure"].getErrorMessage()
         assert "Raising" in errors[0]["log_system"]
         assert len(self.flushLoggedErrors(ValueError)) == 1
+
+    def test_server_connection_reads_end_of_stream_and_reset(self) -> None:
+        """
+        A server-side TCP connection (read in line by KestrelReactor) hands
+        every byte to C{dataReceived} in order; the peer's clean close ends
+        it with C{ConnectionDone}, a reset with C{ConnectionLost}, as on
+        Twisted's reactor.
+        """
+        reactor = self.buildReactor()
+        received: list[bytes] = []
+        reasons: list[object] = []
+
+        class Recording(Protocol):
+            def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted hook
+                received.append(data)
+
+            def connectionLost(self, reason: Failure) -> None:  # noqa: N802 - Twisted hook
+                reasons.append(reason.type)
+                if len(reasons) == 2:
+                    reactor.stop()
+
+        port = reactor.listenTCP(0, Factory.forProtocol(Recording), interface="127.0.0.1")
+        address = ("127.0.0.1", port.getHost().port)
+
+        def connect() -> None:
+            closing = socket.create_connection(address)
+            closing.sendall(b"one ")
+            closing.sendall(b"two")
+            closing.close()
+            resetting = socket.create_connection(address)
+            resetting.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            reactor.callLater(0.2, resetting.close)
+
+        reactor.callWhenRunning(connect)
+        self.runReactor(reactor, timeout=10)
+        assert b"".join(received) == b"one two"
+        assert sorted(r.__name__ for r in reasons) == ["ConnectionDone", "ConnectionLost"]
 
     def test_unexpected_error_in_loop_is_logged_and_the_loop_goes_on(self) -> None:
         """An exception escaping one turn of the main loop is logged; the next turns run."""
