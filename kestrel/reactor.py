@@ -7,18 +7,11 @@ hands every ready descriptor to C{_doReadOrWrite} inside
 L{twisted.python.log.callWithLogger}, which copies and pushes a legacy log
 context (a dictionary naming the connection) around every read: about 1.7 us of
 Python per event on this project's machines, more than the rest of the
-reactor's loop. L{KestrelReactor} is that reactor with these changes: a
+reactor's loop. L{KestrelReactor} is that reactor with one change: a
 descriptor that is only readable (C{EPOLLIN} and nothing else, the usual
 event) is read directly, with the same error handling, and the same
-disconnection handling as Twisted's. When that descriptor is a server-side
-TCP connection (C{twisted.internet.tcp.Server} itself, not a subclass, and
-not being aborted), what its C{doRead} would do is done in line: one
-C{recv} of up to C{bufferSize} bytes; C{EWOULDBLOCK} is nothing to do, any
-other error loses the connection, an empty read is the peer's end of the
-stream, and any data goes to the protocol's C{dataReceived}. That saves two
-Python calls per read, and one request per read is the usual case. Every
-other event (writable, hung up, in error) still goes through Twisted's own
-code, unchanged. Its main loop also
+disconnection handling as Twisted's. Every other event (writable, hung up, in
+error) still goes through Twisted's own code, unchanged. Its main loop also
 sets up its error handler once per run instead of once per turn, and a turn
 with nothing to run (no call from another thread, no delayed call added or
 due, no stop under way: a request served, the usual turn) takes its poll
@@ -45,9 +38,7 @@ import sys
 from typing import Any
 
 from twisted.internet.epollreactor import EPollReactor
-from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.posixbase import _NO_FILEDESC
-from twisted.internet.tcp import EWOULDBLOCK, Server
 from twisted.logger import Logger
 from twisted.python import log
 
@@ -76,7 +67,6 @@ class KestrelReactor(EPollReactor):
             return
         selectables = self._selectables
         only_readable = self._POLL_IN
-        why: BaseException | None
         for fd, event in events:
             selectable = selectables.get(fd)
             if selectable is None:
@@ -85,23 +75,7 @@ class KestrelReactor(EPollReactor):
                 log.callWithLogger(selectable, self._doReadOrWrite, selectable, fd, event)
                 continue
             try:
-                if selectable.fileno() == -1:
-                    why = _NO_FILEDESC
-                elif selectable.__class__ is not Server or selectable._aborting:
-                    why = selectable.doRead()
-                else:
-                    # A server-side TCP connection's doRead and _dataReceived,
-                    # in line (see the module docstring).
-                    try:
-                        data = selectable.socket.recv(selectable.bufferSize)
-                    except OSError as e:
-                        why = None if e.args[0] == EWOULDBLOCK else CONNECTION_LOST
-                    else:
-                        if data:
-                            why = None
-                            selectable.protocol.dataReceived(data)
-                        else:
-                            why = CONNECTION_DONE
+                why = _NO_FILEDESC if selectable.fileno() == -1 else selectable.doRead()
             except BaseException:
                 why = sys.exc_info()[1]
                 log.err(None, "Unhandled error while reading", system=_prefix(selectable))

@@ -121,9 +121,9 @@ class KestrelReactorAdditionsBuilder(ReactorBuilder):
 
     def test_server_connection_reads_end_of_stream_and_reset(self) -> None:
         """
-        A server-side TCP connection (read in line by KestrelReactor) hands
-        every byte to C{dataReceived} in order; the peer's clean close ends
-        it with C{ConnectionDone}, a reset with C{ConnectionLost}, as on
+        A server-side TCP connection, read on KestrelReactor's direct path,
+        hands every byte to C{dataReceived} in order; the peer's clean close
+        ends it with C{ConnectionDone}, a reset with C{ConnectionLost}, as on
         Twisted's reactor.
         """
         reactor = self.buildReactor()
