@@ -68,9 +68,6 @@ def bucket_bounds(index: int) -> tuple[int, int]:
     return mantissa << shift, ((mantissa + 1) << shift) - 1
 
 
-#: Microseconds per second, as the float whose C{__mul__} scales seconds.
-_MICROS = 1e6
-
 #: Seconds between two settles of every histogram of a server (L{Metrics.settle}):
 #: what waits uncounted is at most what the server recorded in that time.
 SETTLE_INTERVAL = 1.0
@@ -431,8 +428,9 @@ class Metrics:
         C{item_fsync_delay_usec} (from that write until the fsync ended).
         """
         self.fsync_delay_usec.add(seconds * 1e6)
-        # (scaled in C: one value per durable write)
-        self.item_fsync_delay_usec.pending.extend(map(_MICROS.__mul__, write_delays))
+        item = self.item_fsync_delay_usec
+        for delay in write_delays:
+            item.add(delay * 1e6)
 
     def write_recorder(self, clock: _Clock, queue: str) -> Callable[[T], T]:
         """

@@ -13,9 +13,7 @@ writes return C{None}, so the hot path of such a queue makes no Deferred.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from functools import partial
-from operator import sub
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -38,15 +36,14 @@ C{kind} C{"write"} or C{"fsync"}, after the file was cut back and the
 Deferreds concerned failed.
 """
 
-FsyncObserver = Callable[[float, Iterable[float]], None]
+FsyncObserver = Callable[[float, Sequence[float]], None]
 """
 Told of every successful fsync of a journal file: C{(seconds, write_delays)}.
 
 C{seconds} is how long the fsync took (clock seconds, from its start until
 its result reached the reactor thread); C{write_delays} holds, for each
-write the fsync made durable, the seconds from that write until then (one
-per write covered, possibly none for a bare L{sync}): an iterator, to be
-read during the call (it is computed as it is read, in C).
+write the fsync made durable, the seconds from that write until then (its
+length is the number of writes covered, possibly 0 for a bare L{sync}).
 """
 
 
@@ -616,7 +613,7 @@ class PeriodicSyncFile:
         assert observer is not None
         now = self._clock.seconds()
         try:
-            observer(now - started, map(partial(sub, now), write_times))
+            observer(now - started, [now - t for t in write_times])
         except Exception:
             self._log.failure("fsync observer of {path} failed", path=self.path)
 

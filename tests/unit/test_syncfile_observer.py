@@ -9,7 +9,7 @@ fsync is injected.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ class Observed:
     def __init__(self) -> None:
         self.calls: list[tuple[float, list[float]]] = []
 
-    def __call__(self, seconds: float, write_delays: Iterable[float]) -> None:
+    def __call__(self, seconds: float, write_delays: Sequence[float]) -> None:
         self.calls.append((round(seconds, 6), [round(d, 6) for d in write_delays]))
 
 
@@ -122,7 +122,7 @@ def test_failed_fsync_is_not_reported(tmp_path: Path, clock: Clock) -> None:
 def test_failing_observer_is_logged_and_acknowledgements_go_on(tmp_path: Path,
                                                               clock: Clock) -> None:
     """An observer that raises is logged; the write it was told of is still durable."""
-    def broken(seconds: float, write_delays: Iterable[float]) -> None:
+    def broken(seconds: float, write_delays: Sequence[float]) -> None:
         raise ValueError("observer bug")
 
     f = PeriodicSyncFile(str(tmp_path / "q"), clock, 0.0, fsync=CountingFsync(),
