@@ -323,11 +323,11 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         read-behind, on disk only: the fill reads no record not yet durable);
         return the callback of its durable Deferred, which shows it.
         """
-        on_disk = self._store(item, seen=False)
+        self._store(item, seen=False)
         observer = self.observer
         if observer is not None:
             observer.item_added(len(item.data), len(self._items))
-        if on_disk:
+        if self.journal.in_read_behind:
             return self._synced_on_disk
         return self._unsynced.hold(item)
 
@@ -358,14 +358,10 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             # (never into the add's Deferred: the add was acknowledged and is visible)
             self._log.failure("Reading back or compacting {queue} failed", queue=self.name)
 
-    def _store(self, item: QItem, seen: bool = True) -> bool:
-        """
-        Count an added item; keep it in memory (unless read-behind), seen by
-        readers or not. Whether the queue is in read-behind (the item on disk only).
-        """
+    def _store(self, item: QItem, seen: bool = True) -> None:
+        """Count an added item; keep it in memory (unless read-behind), seen by readers or not."""
         size = len(item.data)
-        on_disk = self.journal.in_read_behind
-        if not on_disk:
+        if not self.journal.in_read_behind:
             if seen:
                 self._items.append(item)
             self.memory_bytes += size
@@ -374,7 +370,6 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         self.put_bytes += size
         self.bytes += size
         self.length += 1
-        return on_disk
 
     # ----- reading
 

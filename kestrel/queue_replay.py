@@ -57,7 +57,7 @@ class QueueReplay(QueueEvents):
     put_items: int
     put_bytes: int
 
-    def _store(self, item: QItem) -> bool:
+    def _store(self, item: QItem) -> None:
         raise NotImplementedError
 
     def _pop_head(self) -> QItem | None:

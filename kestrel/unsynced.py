@@ -137,10 +137,7 @@ class DurableAdd:
             self._log.failure("Showing a durable add to {queue} failed", queue=self._queue)
             self._answer(Failure())
             return
-        try:
-            self._then(True)  # (_answer, inlined: one call fewer per durable add)
-        except Exception:
-            self._log.failure("Answering a durable add to {queue} failed", queue=self._queue)
+        self._answer(True)
 
     def errback(self, fail: Failure) -> None:
         """

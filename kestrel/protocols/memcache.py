@@ -271,8 +271,7 @@ class MemcacheProtocol(SessionProtocol):
             self._in_process = True
             self._serve(request, block, False)
             self._in_process = False
-            if self._out:  # (a durable set has no reply yet: nothing to flush)
-                self._flush()
+            self._flush()
         except Exception:
             self._in_process = False
             self._internal_error()
@@ -614,26 +613,11 @@ class MemcacheProtocol(SessionProtocol):
         return b"" if req.noreply else _STORED if stored else _NOT_STORED
 
     def _stored_later(self, outcome: object, req: SetRequest) -> None:
-        """
-        A set answered later (durable acknowledgement): send its reply, carry
-        on. With nothing else queued, buffered or owed (the usual durable
-        set: one request at a time per connection) the reply is written at
-        once, as L{_async_reply} and L{_flush} would write it.
-        """
+        """A set answered later (durable acknowledgement): queue its reply, carry on."""
         if outcome.__class__ is Failure:
             self._error(outcome, req)
-            return
-        reply = b"" if req.noreply else _STORED if outcome else _NOT_STORED
-        if (self._in_process or self._closing or self._out or self._buf or self._parts
-                or self._read_closed or self._paused):
-            self._async_reply(reply)
-            return
-        self._waiting = False
-        if self._idle_call is not None:
-            self._last_active = self.clock.seconds()
-        if reply:
-            self.stats.bytes_written += len(reply)
-            self.write_reply(reply)
+        else:
+            self._async_reply(b"" if req.noreply else _STORED if outcome else _NOT_STORED)
 
     def _queue_command(self, req: QueueCommand) -> Reply:
         session = self.session
