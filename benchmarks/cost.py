@@ -60,6 +60,13 @@ Workloads (1 KiB items):
   a close's confirm) to a journal file, one write each, as "journal-floor":
   the least a Python server on Twisted costs that journals every request
   before replying (no stats, metrics, limits or checks);
+* in durable-N, with --durable-floor, that server writing and fsyncing its
+  journal once per reactor turn before the turn's replies, as
+  "durable-floor" (and without Twisted as "durable-python-floor"); with
+  --bookkeeping-floor, the durable floor also doing per set what a Kestrel
+  queue keeps and counts (limits, an item, counters, txkestrel's metrics,
+  unseen until the fsync), as "bookkeeping-floor": the floor under
+  txkestrel's own layers;
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -535,10 +542,17 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
         port = free_port()
         proc = stack.enter_context(floor_process(port, reactor, journal))
         plain.append(Server(label, port, proc.pid))  # (Kestrel's dialect: /open, /close)
-    if args.durable_floor and ("kestrel", True) in wants:
-        for label, reactor in (("durable-floor", "kestrel"), ("durable-python-floor", "none")):
+    durable_floors: list[tuple[str, str, bool]] = []
+    if args.durable_floor:
+        durable_floors += [("durable-floor", "kestrel", False),
+                           ("durable-python-floor", "none", False)]
+    if args.bookkeeping_floor:
+        durable_floors.append(("bookkeeping-floor", "kestrel", True))
+    if ("kestrel", True) in wants:
+        for label, reactor, bookkeeping in durable_floors:
             port = free_port()
-            proc = stack.enter_context(floor_process(port, reactor, root / label, durable=True))
+            proc = stack.enter_context(floor_process(port, reactor, root / label, durable=True,
+                                                     bookkeeping=bookkeeping))
             durable.append(Server(label, port, proc.pid, durable=True))
     return plain, durable
 
@@ -588,6 +602,11 @@ def main(argv: list[str] | None = None) -> int:
                              "queue writing and fsyncing its journal once per reactor turn "
                              "before replying) in durable-N, on txkestrel's reactor as "
                              "durable-floor and without Twisted as durable-python-floor")
+    parser.add_argument("--bookkeeping-floor", action="store_true",
+                        help="also run benchmarks/floor_server.py --journal --durable "
+                             "--bookkeeping (the durable floor doing, per set, what a Kestrel "
+                             "queue keeps and counts: limits, item, counters, metrics, unseen "
+                             "until the fsync) in durable-N as bookkeeping-floor")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")

@@ -32,8 +32,26 @@ at the end of the turn, then one `fsync` per queue, and only then are the
 turn's replies sent (one send per connection). That is the least a Python
 server costs per durable enqueue on this machine: the floor of `durable-N`.
 
+With `--bookkeeping` as well (`cost.py --bookkeeping-floor`, as
+"bookkeeping-floor") a set also does, in the fewest Python steps, what a
+Kestrel queue must do per durable add and the durable floor leaves out:
+it finds the queue's books by name, checks Kestrel's limits (`max_items`,
+`max_size`, `max_item_size`), makes an item with its add time and expiry,
+counts Kestrel's counters (`cmd_set`, `total_items`; per queue `items`,
+`bytes`, `mem_bytes`, `total_items`, `put_items`, `put_bytes`), records
+Kestrel's metrics in txkestrel's own histograms (`kestrel.metrics`:
+`request_size`, `queue_size`, `set_latency_usec` until the reply,
+`item_fsync_delay_usec` and `fsync_delay_usec`, settled once a second),
+and keeps the item unseen by readers until the turn's fsync is done. No
+layers, no Deferreds, no error handling: the least a durable set costs in
+Python with Kestrel's bookkeeping, the floor that txkestrel's own layering
+sits on in `durable-N`. Sets only: a get is served as the durable floor
+serves it, without the books. Only on a Twisted reactor.
+
     python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] PORT
     python3 benchmarks/floor_server.py [--reactor ...] --journal DIR [--durable] PORT
+    python3 benchmarks/floor_server.py [--reactor kestrel|epoll] --journal DIR --durable \
+        --bookkeeping PORT
 """
 
 from __future__ import annotations
@@ -56,9 +74,11 @@ if str(ROOT) not in sys.path:
 from twisted.internet.protocol import Factory, Protocol  # noqa: E402
 
 from kestrel.journal.records import REMOVE_BYTES, Opcode, encode_add, encode_xid  # noqa: E402
+from kestrel.metrics import SETTLE_INTERVAL, Metrics, QueueMetrics  # noqa: E402
+from kestrel.names import decode_queue_name  # noqa: E402
 from kestrel.protocols.base import write_now  # noqa: E402
 
-QUEUES: defaultdict[bytes, deque[bytes]] = defaultdict(deque)
+QUEUES: defaultdict[bytes, deque[bytes | FloorItem]] = defaultdict(deque)
 
 #: The xids of reliable reads (one counter for every queue: the floor never replays).
 XIDS = count(1)
@@ -93,8 +113,16 @@ def end_turn() -> None:
     for queue, records in TURN_RECORDS.items():
         fd = journal_fd(queue)
         os.write(fd, b"".join(records))
+        started = time.time() if BOOKKEEPING else 0.0
         os.fsync(fd)
+        if BOOKKEEPING:
+            BOOKS[queue].synced(started)
     TURN_RECORDS.clear()
+    if TURN_SETS:
+        now = time.time()
+        for add, started in TURN_SETS:
+            add((now - started) * 1e6)
+        TURN_SETS.clear()
     replies = TURN_REPLIES[:]
     TURN_REPLIES.clear()
     for send, data in replies:
@@ -107,6 +135,108 @@ def record(queue: bytes, data: bytes) -> None:
         TURN_RECORDS[queue].append(data)
     else:
         os.write(journal_fd(queue), data)
+
+
+#: With --bookkeeping (and --durable): what a Kestrel queue keeps and counts per add.
+BOOKKEEPING = False
+#: Kestrel's limits on a queue (its defaults: no limit).
+MAX_ITEMS = 2**31 - 1
+MAX_SIZE = 2**63 - 1
+MAX_ITEM_SIZE = 2**63 - 1
+#: Every histogram (txkestrel's own), settled every SETTLE_INTERVAL seconds.
+METRICS = Metrics()
+#: With --bookkeeping: the histogram and start time of each set answered this turn.
+TURN_SETS: list[tuple[Callable[[float], None], float]] = []
+
+
+class FloorItem:
+    """An item as a Kestrel queue holds it: its data, add time and expiry (epoch ms)."""
+
+    __slots__ = ("data", "add_time_ms", "expiry_ms")
+
+    def __init__(self, data: bytes, add_time_ms: int, expiry_ms: int) -> None:
+        self.data = data
+        self.add_time_ms = add_time_ms
+        self.expiry_ms = expiry_ms
+
+
+class ServerStats:
+    """Kestrel's server-wide counters that a set moves."""
+
+    __slots__ = ("cmd_set", "total_items")
+
+    def __init__(self) -> None:
+        self.cmd_set = 0
+        self.total_items = 0
+
+
+STATS = ServerStats()
+
+
+class QueueBooks:
+    """
+    What a Kestrel queue keeps and counts per durable add, and nothing
+    more: its counters, its metrics, and the items added this turn, unseen
+    by readers until the turn's fsync is done (L{synced}).
+    """
+
+    __slots__ = ("key", "name", "fifo", "unseen", "write_times", "metrics", "length", "bytes",
+                 "memory_bytes", "total_items", "put_items", "put_bytes")
+
+    def __init__(self, name: bytes) -> None:
+        self.key = name
+        self.name = decode_queue_name(name)
+        self.fifo = QUEUES[name]
+        self.unseen: list[FloorItem] = []
+        self.write_times: list[float] = []
+        self.metrics: QueueMetrics = METRICS.queue(self.name)
+        self.length = self.bytes = self.memory_bytes = 0
+        self.total_items = self.put_items = self.put_bytes = 0
+
+    def add(self, data: bytes, exptime: int) -> bytes:
+        """Keep and count a durable add of C{data}; return its reply."""
+        now = time.time()
+        size = len(data)
+        STATS.cmd_set += 1
+        if size > MAX_ITEM_SIZE or self.length >= MAX_ITEMS or self.bytes + size > MAX_SIZE:
+            return b"NOT_STORED\r\n"
+        now_ms = int(now * 1000)
+        item = FloorItem(data, now_ms, now_ms + exptime * 1000 if exptime else 0)
+        TURN_RECORDS[self.key].append(encode_add(data, now_ms, item.expiry_ms))
+        self.unseen.append(item)
+        self.write_times.append(now)
+        self.length += 1
+        self.bytes += size
+        self.memory_bytes += size
+        self.total_items += 1
+        self.put_items += 1
+        self.put_bytes += size
+        STATS.total_items += 1
+        metrics = self.metrics
+        metrics.request_size.add(size)
+        metrics.queue_size.add(self.length)
+        TURN_SETS.append((metrics.set_latency_usec.add, now))
+        return b"STORED\r\n"
+
+    def synced(self, started: float) -> None:
+        """The fsync started at C{started} is done: record it; readers may have the items."""
+        now = time.time()
+        METRICS.record_fsync(now - started, [now - t for t in self.write_times])
+        self.write_times.clear()
+        self.fifo.extend(self.unseen)
+        self.unseen.clear()
+
+
+#: With --bookkeeping: each queue's books, by name.
+BOOKS: dict[bytes, QueueBooks] = {}
+
+
+def books_of(name: bytes) -> QueueBooks:
+    """The books of queue C{name}, opened on its first set (the name checked as txkestrel does)."""
+    books = BOOKS.get(name)
+    if books is None:
+        books = BOOKS[name] = QueueBooks(name)
+    return books
 
 
 #: The listen() backlog, txkestrel's default `listen_backlog`.
@@ -130,16 +260,19 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
             if len(buf) < end + 2:
                 break
             data = buf[nl + 2:end]
+            pos = end + 2
+            if BOOKKEEPING:
+                out.append(books_of(words[1]).add(data, int(words[3])))
+                continue
             if JOURNAL_DIR is not None:
                 record(words[1], encode_add(data, int(time.time() * 1000), 0))
             QUEUES[words[1]].append(data)
             out.append(b"STORED\r\n")
-            pos = end + 2
         elif words and words[0] == b"get" and len(words) >= 2:
             if b"/" in words[1]:
                 out.append(reliable_read(words[1], opened))
             elif q := QUEUES.get(words[1]):
-                item = q.popleft()
+                item = data_of(q.popleft())
                 if JOURNAL_DIR is not None:
                     record(words[1], REMOVE_BYTES)
                 out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
@@ -150,6 +283,11 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
             out.append(b"ERROR\r\n")
             pos = nl + 2
     return (out[0] if len(out) == 1 else b"".join(out)), buf[pos:]
+
+
+def data_of(item: bytes | FloorItem) -> bytes:
+    """What a queue holds is the item's data (with --bookkeeping, a L{FloorItem}'s)."""
+    return item.data if item.__class__ is FloorItem else item  # type: ignore[return-value]
 
 
 def reliable_read(key: bytes, opened: OpenReads) -> bytes:
@@ -163,7 +301,7 @@ def reliable_read(key: bytes, opened: OpenReads) -> bytes:
         q = QUEUES.get(name)
         if not q or name in opened:
             return b"END\r\n"
-        item = q.popleft()
+        item = data_of(q.popleft())
         xid = next(XIDS)
         opened[name] = (xid, item)
         if JOURNAL_DIR is not None:
@@ -275,12 +413,19 @@ def main() -> None:
     parser.add_argument("--durable", action="store_true",
                         help="with --journal: one write and one fsync per queue per reactor "
                              "turn, before the turn's replies are sent")
+    parser.add_argument("--bookkeeping", action="store_true",
+                        help="with --durable, on a Twisted reactor: per set, also what a "
+                             "Kestrel queue keeps and counts (limits, an item with its times, "
+                             "counters, metrics settled once a second, unseen until the fsync)")
     args = parser.parse_args()
     if args.durable and not args.journal:
         parser.error("--durable needs --journal")
-    global JOURNAL_DIR, DURABLE
+    if args.bookkeeping and (not args.durable or args.reactor == "none"):
+        parser.error("--bookkeeping needs --durable and a Twisted reactor")
+    global JOURNAL_DIR, DURABLE, BOOKKEEPING
     JOURNAL_DIR = args.journal
     DURABLE = args.durable
+    BOOKKEEPING = args.bookkeeping
     if args.reactor == "none":
         serve_without_twisted(args.port)
         return
@@ -290,6 +435,10 @@ def main() -> None:
         install()
     from twisted.internet import reactor
 
+    if BOOKKEEPING:
+        from twisted.internet.task import LoopingCall
+
+        LoopingCall(METRICS.settle).start(SETTLE_INTERVAL, now=False)
     factory = Factory.forProtocol(FloorProtocol)
     reactor.listenTCP(args.port, factory, backlog=BACKLOG, interface="127.0.0.1")  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]

@@ -208,11 +208,13 @@ def summary(rates: list[float]) -> str:
 
 @contextmanager
 def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = None,
-                  durable: bool = False) -> Iterator[subprocess.Popen[bytes]]:
+                  durable: bool = False,
+                  bookkeeping: bool = False) -> Iterator[subprocess.Popen[bytes]]:
     """
     C{benchmarks/floor_server.py}: the least a Twisted memcache queue costs
     (no journal, unless C{journal} is a folder for its journal files;
-    C{durable}: fsynced once per reactor turn before the turn's replies).
+    C{durable}: fsynced once per reactor turn before the turn's replies;
+    C{bookkeeping}, with C{durable}: Kestrel's per-add bookkeeping too).
 
     C{reactor} is C{"kestrel"} (txkestrel's), C{"epoll"} (Twisted's own) or
     C{"none"} (a bare C{select.epoll} loop, no Twisted).
@@ -220,7 +222,8 @@ def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = No
     extra: list[str] = []
     if journal is not None:
         journal.mkdir(parents=True, exist_ok=True)
-        extra = ["--journal", str(journal), *(["--durable"] if durable else [])]
+        extra = ["--journal", str(journal), *(["--durable"] if durable else []),
+                 *(["--bookkeeping"] if bookkeeping else [])]
     proc = _popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
                              "--reactor", reactor, *extra, str(port)],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},

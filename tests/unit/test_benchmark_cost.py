@@ -132,6 +132,45 @@ def test_floor_reliable_read_opens_closes_and_gives_back(tmp_path: Path, reactor
     assert records[2].xid == records[3].xid != records[4].xid
 
 
+def test_bookkeeping_floor_answers_after_the_fsync_with_items_that_replay(
+        tmp_path: Path) -> None:
+    """
+    The bookkeeping floor (floor_server.py --durable --bookkeeping) stores
+    what it acknowledges: each set is answered STORED, seen by no reader
+    before the fsync of its turn, served by a later get in order, and
+    journaled as an ADDX record carrying its add time and expiry (each hit
+    as a REMOVE). A queue name txkestrel refuses is refused here too: the
+    connection closes, the server lives on.
+    """
+    port = free_port()
+    journal_dir = tmp_path / "journal"
+    before_ms = int(time.time() * 1000)
+    with floor_process(port, "kestrel", journal_dir, durable=True, bookkeeping=True):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            assert _exchange(sock, b"set q 0 0 5\r\nhello\r\n", b"\r\n") == b"STORED\r\n"
+            # (unseen until the turn's fsync: not even by a get in the same turn)
+            assert _exchange(sock, b"set q 0 60 2\r\nhi\r\nget q\r\nget q\r\n",
+                             b"END\r\nEND\r\n") == (
+                b"STORED\r\nVALUE q 0 5\r\nhello\r\nEND\r\nEND\r\n")
+            assert _exchange(sock, b"get q\r\n", b"END\r\n") == b"VALUE q 0 2\r\nhi\r\nEND\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"set a/b 0 0 1\r\nx\r\n")
+            assert sock.recv(65536) == b""
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            assert _exchange(sock, b"get q\r\n", b"END\r\n") == b"END\r\n"
+    (name,) = os.listdir(journal_dir)
+    (journal_dir / name).rename(journal_dir / "q")
+    records: list[rec.Record] = []
+    FileJournal(str(journal_dir), "q", Clock(), None).replay(records.append)
+    assert [type(r) for r in records] == [rec.Add, rec.Add, rec.Remove, rec.Remove]
+    first, second = records[:2]
+    assert isinstance(first, rec.Add) and isinstance(second, rec.Add)
+    assert (first.data, first.expiry_ms) == (b"hello", 0)
+    assert second.data == b"hi"
+    assert before_ms <= first.add_time_ms <= second.add_time_ms <= int(time.time() * 1000)
+    assert second.expiry_ms == second.add_time_ms + 60_000
+
+
 def test_report_reads_both_floors() -> None:
     """report.py says what share of txkestrel's CPU each floor server costs."""
 
