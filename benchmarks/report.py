@@ -159,12 +159,22 @@ def render(data: dict[str, Any]) -> str:
 
 
 def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Paragraphs comparing txkestrel with the floor servers (twisted-, journal-) that ran."""
+    """
+    Paragraphs comparing txkestrel with the floor servers that ran:
+    twisted- and journal-floor per pair; in durable-N, the durable and
+    bookkeeping floors per set, each against Redis's cost when Redis ran.
+    """
     lines = []
     journaled = []
+    durable = []
     for name, rows in by_workload.items():
         cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
-        if "txkestrel" not in cpu or rows[0]["unit"] != "pair":
+        if "txkestrel" not in cpu:
+            continue
+        if rows[0]["unit"] == "set":
+            durable += _durable_floors(name, cpu)
+            continue
+        if rows[0]["unit"] != "pair":
             continue
         title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
         title = f"{title[0].lower()}{title[1:]}"
@@ -189,7 +199,29 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
                 "it replies, with no stats, metrics, limits, expiry or checks: the least a "
                 "Python server on Twisted costs that journals every request ("
                 + "; ".join(journaled) + ")."]
+    if durable:
+        out += ["", "*durable-floor* (`--durable-floor`) is the journal floor writing and fsyncing "
+                "its journal once per reactor turn before the turn's replies; "
+                "*bookkeeping-floor* (`--bookkeeping-floor`) is the durable floor doing, per "
+                "set, what a Kestrel queue keeps and counts (limits, an item, counters, "
+                "txkestrel's metrics, unseen until the fsync) with no layers. CPU us per set "
+                "(against Redis's): " + "; ".join(durable) + "."]
     return out
+
+
+def _durable_floors(workload: str, cpu: dict[str, float]) -> list[str]:
+    """One clause for C{workload} if a durable floor ran: each floor's and txkestrel's cost."""
+    servers = [s for s in ("durable-floor", "bookkeeping-floor") if s in cpu]
+    if not servers:
+        return []
+    redis = cpu.get("redis")
+
+    def cost(server: str) -> str:
+        against = f" ({cpu[server] / redis:.2f}x)" if redis else ""
+        return f"{server} {cpu[server]:,.1f}{against}"
+
+    head = f"Redis {redis:,.1f}, " if redis else ""
+    return [f"{workload}: {head}" + ", ".join(cost(s) for s in [*servers, "txkestrel"])]
 
 
 def public_command(command: str) -> str:

@@ -182,3 +182,21 @@ def test_report_reads_both_floors() -> None:
     assert "45.0 of txkestrel's 90.0 us per pair (50%)" in text
     assert "54.0 against txkestrel's 90.0 us per pair" in text
     assert report.floor_reading({"db-1": [row("txkestrel", 90.0)]}) == []
+
+
+def test_report_reads_the_durable_floors_against_redis() -> None:
+    """report.py gives, per durable workload, each durable floor's and txkestrel's cost."""
+
+    def row(server: str, cpu: float) -> dict[str, object]:
+        return {"server": server, "unit": "set", "cpu_us": {"median": cpu}}
+
+    text = "\n".join(report.floor_reading({"durable-50": [
+        row("txkestrel", 22.5), row("redis", 12.5), row("durable-floor", 15.0),
+        row("bookkeeping-floor", 18.0)]}))
+    assert ("durable-50: Redis 12.5, durable-floor 15.0 (1.20x), bookkeeping-floor 18.0 "
+            "(1.44x), txkestrel 22.5 (1.80x)") in text
+    without_redis = "\n".join(report.floor_reading({"durable-10": [
+        row("txkestrel", 30.0), row("bookkeeping-floor", 24.0)]}))
+    assert "durable-10: bookkeeping-floor 24.0, txkestrel 30.0." in without_redis
+    assert report.floor_reading({"durable-50": [row("txkestrel", 22.5),
+                                                row("redis", 12.5)]}) == []
