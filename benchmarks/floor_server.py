@@ -66,6 +66,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -272,7 +273,9 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
             if b"/" in words[1]:
                 out.append(reliable_read(words[1], opened))
             elif q := QUEUES.get(words[1]):
-                item = data_of(q.popleft())
+                item: Any = q.popleft()
+                if item.__class__ is FloorItem:  # (--bookkeeping)
+                    item = item.data
                 if JOURNAL_DIR is not None:
                     record(words[1], REMOVE_BYTES)
                 out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
@@ -283,11 +286,6 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
             out.append(b"ERROR\r\n")
             pos = nl + 2
     return (out[0] if len(out) == 1 else b"".join(out)), buf[pos:]
-
-
-def data_of(item: bytes | FloorItem) -> bytes:
-    """What a queue holds is the item's data (with --bookkeeping, a L{FloorItem}'s)."""
-    return item.data if item.__class__ is FloorItem else item  # type: ignore[return-value]
 
 
 def reliable_read(key: bytes, opened: OpenReads) -> bytes:
@@ -301,7 +299,9 @@ def reliable_read(key: bytes, opened: OpenReads) -> bytes:
         q = QUEUES.get(name)
         if not q or name in opened:
             return b"END\r\n"
-        item = data_of(q.popleft())
+        item: Any = q.popleft()
+        if item.__class__ is FloorItem:  # (--bookkeeping)
+            item = item.data
         xid = next(XIDS)
         opened[name] = (xid, item)
         if JOURNAL_DIR is not None:
