@@ -36,8 +36,10 @@ With `--bookkeeping` as well (`cost.py --bookkeeping-floor`, as
 "bookkeeping-floor") a set also does, in the fewest Python steps, what a
 Kestrel queue must do per durable add and the durable floor leaves out:
 it finds the queue's books by name, checks Kestrel's limits (`max_items`,
-`max_size`, `max_item_size`), makes an item with its add time and expiry,
-counts Kestrel's counters (`cmd_set`, `total_items`; per queue `items`,
+`max_size`, `max_item_size`), makes an item with its add time and expiry
+(`kestrel.item.QItem`, the expiry as `memcache_expiry_ms` reads it),
+counts Kestrel's counters (`cmd_set`, `total_items` in txkestrel's
+`ServerStats`; per queue `items`,
 `bytes`, `mem_bytes`, `total_items`, `put_items`, `put_bytes`), records
 Kestrel's metrics in txkestrel's own histograms (`kestrel.metrics`:
 `request_size`, `queue_size`, `set_latency_usec` until the reply,
@@ -74,12 +76,14 @@ if str(ROOT) not in sys.path:
 
 from twisted.internet.protocol import Factory, Protocol  # noqa: E402
 
+from kestrel.item import QItem, memcache_expiry_ms  # noqa: E402
 from kestrel.journal.records import REMOVE_BYTES, Opcode, encode_add, encode_xid  # noqa: E402
 from kestrel.metrics import SETTLE_INTERVAL, Metrics, QueueMetrics  # noqa: E402
 from kestrel.names import decode_queue_name  # noqa: E402
 from kestrel.protocols.base import write_now  # noqa: E402
+from kestrel.stats import ServerStats  # noqa: E402
 
-QUEUES: defaultdict[bytes, deque[bytes | FloorItem]] = defaultdict(deque)
+QUEUES: defaultdict[bytes, deque[bytes | QItem]] = defaultdict(deque)
 
 #: The xids of reliable reads (one counter for every queue: the floor never replays).
 XIDS = count(1)
@@ -150,28 +154,8 @@ METRICS = Metrics()
 TURN_SETS: list[tuple[Callable[[float], None], float]] = []
 
 
-class FloorItem:
-    """An item as a Kestrel queue holds it: its data, add time and expiry (epoch ms)."""
-
-    __slots__ = ("data", "add_time_ms", "expiry_ms")
-
-    def __init__(self, data: bytes, add_time_ms: int, expiry_ms: int) -> None:
-        self.data = data
-        self.add_time_ms = add_time_ms
-        self.expiry_ms = expiry_ms
-
-
-class ServerStats:
-    """Kestrel's server-wide counters that a set moves."""
-
-    __slots__ = ("cmd_set", "total_items")
-
-    def __init__(self) -> None:
-        self.cmd_set = 0
-        self.total_items = 0
-
-
-STATS = ServerStats()
+#: txkestrel's server-wide counters (a set moves C{cmd_set} and C{total_items}).
+STATS = ServerStats(time.time())
 
 
 class QueueBooks:
@@ -188,7 +172,7 @@ class QueueBooks:
         self.key = name
         self.name = decode_queue_name(name)
         self.fifo = QUEUES[name]
-        self.unseen: list[FloorItem] = []
+        self.unseen: list[QItem] = []
         self.write_times: list[float] = []
         self.metrics: QueueMetrics = METRICS.queue(self.name)
         self.length = self.bytes = self.memory_bytes = 0
@@ -202,7 +186,7 @@ class QueueBooks:
         if size > MAX_ITEM_SIZE or self.length >= MAX_ITEMS or self.bytes + size > MAX_SIZE:
             return b"NOT_STORED\r\n"
         now_ms = int(now * 1000)
-        item = FloorItem(data, now_ms, now_ms + exptime * 1000 if exptime else 0)
+        item = QItem(data, now_ms, memcache_expiry_ms(exptime, now_ms) if exptime else 0)
         TURN_RECORDS[self.key].append(encode_add(data, now_ms, item.expiry_ms))
         self.unseen.append(item)
         self.write_times.append(now)
@@ -274,7 +258,7 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
                 out.append(reliable_read(words[1], opened))
             elif q := QUEUES.get(words[1]):
                 item: Any = q.popleft()
-                if item.__class__ is FloorItem:  # (--bookkeeping)
+                if item.__class__ is QItem:  # (--bookkeeping)
                     item = item.data
                 if JOURNAL_DIR is not None:
                     record(words[1], REMOVE_BYTES)
@@ -300,7 +284,7 @@ def reliable_read(key: bytes, opened: OpenReads) -> bytes:
         if not q or name in opened:
             return b"END\r\n"
         item: Any = q.popleft()
-        if item.__class__ is FloorItem:  # (--bookkeeping)
+        if item.__class__ is QItem:  # (--bookkeeping)
             item = item.data
         xid = next(XIDS)
         opened[name] = (xid, item)
