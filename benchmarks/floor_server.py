@@ -39,8 +39,8 @@ it finds the queue's books by name, checks Kestrel's limits (`max_items`,
 `max_size`, `max_item_size`), makes an item with its add time and expiry
 (`kestrel.item.QItem`, the expiry as `memcache_expiry_ms` reads it),
 counts Kestrel's counters (`cmd_set`, `total_items` in txkestrel's
-`ServerStats`; per queue `items`,
-`bytes`, `mem_bytes`, `total_items`, `put_items`, `put_bytes`), records
+`ServerStats`; per queue `items`, `bytes`, `mem_bytes`, `total_items`,
+`put_items`, `put_bytes`), records
 Kestrel's metrics in txkestrel's own histograms (`kestrel.metrics`:
 `request_size`, `queue_size`, `set_latency_usec` until the reply,
 `item_fsync_delay_usec` and `fsync_delay_usec`, settled once a second),
