@@ -40,9 +40,24 @@ def pin_servers(cpus: set[int] | None) -> None:
     SERVER_CPUS = cpus
 
 
+#: What every server started from now on runs under (a command and its
+#: options, e.g. valgrind's), and how long it may take to listen (C{None}:
+#: L{wait_port}'s default); L{run_under} sets them.
+COMMAND_PREFIX: list[str] = []
+START_TIMEOUT: float | None = None
+
+
+def run_under(prefix: list[str], start_timeout: float | None) -> None:
+    """Start every server from now on as C{prefix + command} (C{[]}: as itself)."""
+    global COMMAND_PREFIX, START_TIMEOUT
+    COMMAND_PREFIX = list(prefix)
+    START_TIMEOUT = start_timeout
+
+
 def _popen(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-    """C{subprocess.Popen} of a server, on L{SERVER_CPUS}."""
-    return subprocess.Popen(args, preexec_fn=_on_server_cpus, **kwargs)  # type: ignore[call-overload]
+    """C{subprocess.Popen} of a server, on L{SERVER_CPUS}, under L{COMMAND_PREFIX}."""
+    return subprocess.Popen([*COMMAND_PREFIX, *args], preexec_fn=_on_server_cpus,
+                            **kwargs)  # type: ignore[call-overload]
 
 
 def _on_server_cpus() -> None:
@@ -100,7 +115,10 @@ def serving(proc: subprocess.Popen[bytes], *ports: int) -> Iterator[None]:
     """Enter once every one of C{ports} accepts connections; stop C{proc} on the way out."""
     try:
         for port in ports:
-            wait_port(port, proc)
+            if START_TIMEOUT is None:
+                wait_port(port, proc)
+            else:
+                wait_port(port, proc, START_TIMEOUT)
         yield
     finally:
         stop(proc)

@@ -98,15 +98,20 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         #: Whether an add is acknowledged only once its fsync succeeded (and
         #: seen by readers only then): C{durable_acks}, or C{sync_journal: always}.
         self.acks_durably = config.durable_acks or config.sync_journal == 0.0
+        # (whether an add may have to make room first: see offer)
+        self._bounded = (config.max_items is not None or config.max_size is not None
+                         or config.max_age is not None)
         self._upkeep_from = upkeep_from(config)
         self._add_upkeep_from = upkeep_from(config, adding=True)
+        # (what readers see; never replaced, only changed in place: Unsynced
+        # appends to it)
         self._items: deque[QItem] = deque()
-        # (durable adds' items, after _items, seen by no reader until their fsync)
-        self._unsynced = Unsynced(self._show, self._all_shown)
         self._reads = OpenReads(clock, self._time_out_open_reads)
         self._reads.timeout = config.open_transaction_timeout
         self._blocked = BlockingReads(clock, journal.after_written, lambda: self._closed,
                                       self.count_get)
+        # (durable adds' items, after _items, seen by no reader until their fsync)
+        self._unsynced = Unsynced(self._items, self._blocked.wake, self._all_shown)
         # (the containers behind _reads and _blocked, tested per plain read)
         self._open_by_xid = self._reads.by_xid
         self._waiting = self._blocked.waiting
@@ -140,6 +145,9 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
     def config(self, config: QueueConfig) -> None:
         self._config = config
         self.acks_durably = config.durable_acks or config.sync_journal == 0.0
+        # (whether an add may have to make room first: see offer)
+        self._bounded = (config.max_items is not None or config.max_size is not None
+                         or config.max_age is not None)
         self._upkeep_from = upkeep_from(config)
         self._add_upkeep_from = upkeep_from(config, adding=True)
         self._reads.timeout = config.open_transaction_timeout
@@ -217,9 +225,14 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         health = self._health
         if not health.takes_adds:
             return fail(health.unavailable())
-        if not self._make_room():
+        items = self._items
+        # (_make_room's own first tests, inlined: a queue with no limits, and no
+        # expiring head, has nothing to make room for, and the call costs more)
+        if (self._bounded or (items and items[0].expiry_ms)) and not self._make_room():
             return False
-        now_ms = int(self._clock.seconds() * 1000)
+        clock = self._clock
+        now = clock.seconds()
+        now_ms = int(now * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
                      expiry_ms if cfg.max_age is None else self._expiry_for(expiry_ms, now_ms))
         journal = self.journal
@@ -241,7 +254,12 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             elif then is None:
                 d = journal.add_unseen(item)
             else:
-                add = DurableAdd(self.name, then)
+                # (its latency, from now until the producer is answered, is
+                # recorded by the add itself: the session records at-once answers)
+                observer = self.observer
+                add = DurableAdd(self.name, then,
+                                 None if observer is None else observer.record_set_latency,
+                                 now, clock.seconds)
                 d = journal.add_unseen(item, add)  # (None: add is told)
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)
@@ -249,7 +267,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         if add is not None:
             told = add.told
             if told is None:  # (the usual case: told once the turn's fsync is done)
-                add.shown = self._hold(item)
+                add.shown = self._store(item, unseen=True)
                 return None
             if told.__class__ is Failure:
                 d = fail(told)  # (refused at once)
@@ -268,11 +286,10 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             # Seen by no reader before the fsync covering its record: the
             # journal's Deferred is this write's own, chain on it directly.
             # (None: durable once written, as in a memory journal: seen now.)
-            return d.addCallbacks(self._hold(item), self._durable_add_failed)
+            shown = self._store(item, unseen=True)
+            assert shown is not None
+            return d.addCallbacks(shown, self._durable_add_failed)
         self._store(item)
-        observer = self.observer
-        if observer is not None:
-            observer.item_added(size, len(self._items))
         self._blocked.wake()
         if d is not None and not d.called:
             d.addErrback(self._records.write_failed)
@@ -317,30 +334,11 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         """A durable add's write or fsync failed: the recovery drops it; say why."""
         return unavailable_failure(self.name, failure)
 
-    def _hold(self, item: QItem) -> Callable[[object], bool]:
-        """
-        Store a durable add's item unseen by readers (L{Unsynced}; in
-        read-behind, on disk only: the fill reads no record not yet durable);
-        return the callback of its durable Deferred, which shows it.
-        """
-        self._store(item, seen=False)
-        observer = self.observer
-        if observer is not None:
-            observer.item_added(len(item.data), len(self._items))
-        if self.journal.in_read_behind:
-            return self._synced_on_disk
-        return self._unsynced.hold(item)
-
     def _synced_on_disk(self, _: object) -> bool:
         """A durable add kept on disk only is durable: the fill may read it back now."""
         self._all_shown()
         self._blocked.wake()
         return True
-
-    def _show(self, item: QItem) -> None:
-        """The fsync covering an unseen item succeeded: readers may have it (one is woken)."""
-        self._items.append(item)
-        self._blocked.wake()
 
     def _all_shown(self) -> None:
         """
@@ -358,18 +356,34 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             # (never into the add's Deferred: the add was acknowledged and is visible)
             self._log.failure("Reading back or compacting {queue} failed", queue=self.name)
 
-    def _store(self, item: QItem, seen: bool = True) -> None:
-        """Count an added item; keep it in memory (unless read-behind), seen by readers or not."""
+    def _store(self, item: QItem, unseen: bool = False,
+               observed: bool = True) -> Callable[[object], bool] | None:
+        """
+        Count an added item and keep it in memory (unless read-behind); tell
+        the observer (unless not C{observed}: a replayed item). Readers see it
+        at once, or, C{unseen} (a durable add), once the fsync covering its
+        record succeeded: then return the callback of its durable Deferred,
+        which shows it (L{Unsynced}; in read-behind, where it is on disk
+        only, the fill reads no record not yet durable).
+        """
         size = len(item.data)
-        if not self.journal.in_read_behind:
-            if seen:
-                self._items.append(item)
-            self.memory_bytes += size
         self.total_items += 1
         self.put_items += 1
         self.put_bytes += size
         self.bytes += size
         self.length += 1
+        in_memory = not self.journal.in_read_behind
+        if in_memory:
+            self.memory_bytes += size
+            if not unseen:
+                self._items.append(item)
+        if observed:
+            observer = self.observer
+            if observer is not None:
+                observer.item_added(size, len(self._items))
+        if not unseen:
+            return None
+        return self._unsynced.hold(item) if in_memory else self._synced_on_disk
 
     # ----- reading
 

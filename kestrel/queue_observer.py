@@ -7,6 +7,7 @@ built without an observer measures nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -18,6 +19,15 @@ class QueueObserver(Protocol):
     must be cheap and must not raise. A queue built without an observer
     reads no clock and calls nothing for them. Durations are clock seconds.
     """
+
+    @property
+    def record_set_latency(self) -> Callable[[float], object]:
+        """
+        What records the microseconds a durable add took, from the queue's
+        offer until its producer was answered after its fsync (Kestrel's
+        C{set_latency_usec}; adds answered at once are recorded by the
+        caller of C{offer}).
+        """
 
     def journal_rewritten(self, seconds: float) -> None:
         """A journal rewrite (compaction) took C{seconds}."""

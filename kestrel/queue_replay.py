@@ -57,7 +57,8 @@ class QueueReplay(QueueEvents):
     put_items: int
     put_bytes: int
 
-    def _store(self, item: QItem) -> None:
+    def _store(self, item: QItem, unseen: bool = False,
+               observed: bool = True) -> Callable[[object], bool] | None:
         raise NotImplementedError
 
     def _pop_head(self) -> QItem | None:
@@ -114,7 +115,7 @@ class QueueReplay(QueueEvents):
 
     def added(self, item: QItem, xid: int) -> None:
         """Replay: store the item at the tail (an ADD_XID's xid means nothing now)."""
-        self._store(item)
+        self._store(item, observed=False)
         self._read_behind.start_if_full(keep_head=False)
 
     def removed(self) -> None:
@@ -162,7 +163,7 @@ class QueueReplay(QueueEvents):
         before_since = reads.clear()
         xid_before = reads.xid_counter
         counters = (self.total_items, self.put_items, self.put_bytes)
-        self._items = deque()
+        self._items.clear()  # (in place: Unsynced appends to this deque)
         self._unsynced.drop()  # (the journal holds them only if they became durable)
         self.length = self.bytes = self.memory_bytes = 0
         reads.xid_counter = 0
@@ -214,6 +215,6 @@ class QueueReplay(QueueEvents):
 
     def _forget_replayed(self) -> None:
         """Replay found a damaged rotated file: forget what came before (see FileJournal.replay)."""
-        self._items = deque()
+        self._items.clear()  # (in place: Unsynced appends to this deque)
         self._reads.clear()
         self.length = self.bytes = self.memory_bytes = 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
@@ -32,6 +31,7 @@ from kestrel.queue_info import QueueInfo
 from kestrel.session_thrift import ThriftReads
 from kestrel.settled import PENDING, Pending, in_deferred, settled
 from kestrel.status import Status
+from kestrel.unsynced import Answer
 
 if TYPE_CHECKING:
     from kestrel.collection import QueueCollection
@@ -483,12 +483,10 @@ class ClientSession(ThriftReads):
 
     @overload
     def offer_item(self, name: str, data: bytes, expiry_ms: int,
-                   answer: Callable[..., object],
-                   *args: object) -> bool | Deferred[bool] | None: ...
+                   answer: Answer) -> bool | Deferred[bool] | None: ...
 
     def offer_item(self, name: str, data: bytes, expiry_ms: int = 0,
-                   answer: Callable[..., object] | None = None,
-                   *args: object) -> bool | Deferred[bool] | None:
+                   answer: Answer | None = None) -> bool | Deferred[bool] | None:
         """
         Add C{data} to C{name} (absolute expiry in epoch ms, 0: never): whether
         it was stored, when the add answered at once without a Deferred (as
@@ -497,32 +495,31 @@ class ClientSession(ThriftReads):
 
         Records C{set_latency_usec}: until the add answered, which for a
         durable acknowledgement is after the fsync that covers it. Given
-        C{answer}, an add answered later calls C{answer(outcome, *args)}
-        then (outcome: C{True}, C{False} or the L{Failure}): in the callback
-        of the returned Deferred, whose result is C{answer}'s, or, for a
-        durable add to a plain queue, with no Deferred at all (C{None} is
-        returned: L{PersistentQueue.offer}'s C{then}).
+        C{answer}, an add answered later calls C{answer(outcome)} then
+        (outcome: C{True}, C{False} or the L{Failure}): in the callback of
+        the returned Deferred, whose result is C{answer}'s, or, for a durable
+        add to a plain queue, with no Deferred at all (C{None} is returned:
+        L{PersistentQueue.offer}'s C{then}; the queue records its latency).
         """
         if self.refuse_writes or self._status.blocks_writes:
             raise AvailabilityError("setItem")
         self._stats.cmd_set += 1
         clock = self._clock
         started = clock.seconds()
-        then = None if answer is None else partial(self._set_answered, name, started, answer, args)
-        stored = self._collection.offer(name, data, expiry_ms, then=then)
+        stored = self._collection.offer(name, data, expiry_ms, then=answer)
         if stored is None:
-            return None  # (then records it and answers)
+            return None  # (the queue records its latency, then answers)
         if stored is True or stored is False or stored.called:
             # Answered at once (the hot path): record directly, no callback.
             self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
             return stored
-        return stored.addBoth(then or partial(self._set_answered, name, started, None, ()))
+        return stored.addBoth(self._set_answered, name, started, answer)
 
-    def _set_answered(self, name: str, started: float, answer: Callable[..., object] | None,
-                      args: tuple, outcome: object) -> object:
+    def _set_answered(self, outcome: object, name: str, started: float,
+                      answer: Answer | None) -> object:
         """Record C{set_latency_usec} of an add that answered later; C{answer} it, if given."""
         self._metrics.record_set(name, (self._clock.seconds() - started) * 1e6)
-        return outcome if answer is None else answer(outcome, *args)
+        return outcome if answer is None else answer(outcome)  # type: ignore[arg-type]
 
     def set_items(self, name: str, items: Iterable[bytes], expiry_ms: int = 0, *,
                   stop_at_refusal: bool = False) -> Deferred[list[object]]:

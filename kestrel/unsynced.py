@@ -6,12 +6,14 @@ is acknowledged only once the fsync covering its record succeeded; if that
 fsync fails the producer is refused, so the item must never have been
 served. Until then the queue keeps the item here, after every item readers
 may see; the add's callback shows it (and every older one, since an fsync
-covers a prefix of the file) in record order. A failed fsync leaves the
+covers a prefix of the file) in record order: appended to what readers
+see, one blocked reader woken per item. A failed fsync leaves the
 items here until the journal-failure reload L{drop}s them with the rest of
 memory (see docs/journal.md, "Visibility under a durable policy").
 
 L{DurableAdd} answers one such add's producer without a Deferred: it is the
-waiter the journal file tells when the record is durable.
+waiter the journal file tells when the record is durable, and it records
+the add's C{set_latency_usec} on the way.
 """
 
 from __future__ import annotations
@@ -26,35 +28,40 @@ from twisted.python.failure import Failure
 from kestrel.item import QItem
 from kestrel.queue_health import unavailable_failure
 
-__all__ = ["Answer", "DurableAdd", "Unsynced"]
+__all__ = ["Answer", "DurableAdd", "LatencyRecorder", "Unsynced"]
 
 #: What answers a durable add's producer, told C{True} or the L{Failure}
 #: (L{DurableAdd}; C{then} of L{kestrel.queue.PersistentQueue.offer}).
 Answer = Callable[[bool | Failure], object]
+
+#: What records one add's latency, in microseconds (a histogram's C{add}).
+LatencyRecorder = Callable[[float], object]
 
 
 class Unsynced:
     """
     The not-yet-durable items of one queue, oldest first.
 
-    Promises: L{show} is handed items in the order they were held, each at
-    most once, and only from the callback L{hold} returned for that item or
+    Promises: items are appended to C{visible} in the order they were held,
+    each at most once, and only from the callback L{hold} returned for that item or
     a later one; after L{drop}, no callback returned before it shows anything.
     """
 
-    __slots__ = ("_items", "_held", "_shown", "_show", "_all_shown")
+    __slots__ = ("_items", "_held", "_shown", "_visible", "_wake", "_all_shown")
 
-    def __init__(self, show: Callable[[QItem], None], all_shown: Callable[[], None]) -> None:
+    def __init__(self, visible: deque[QItem], wake: Callable[[], object],
+                 all_shown: Callable[[], None]) -> None:
         """
-        @param show: called with each item, oldest first, once the fsync
-            covering its record succeeded (the queue appends it to what
-            readers see and wakes a reader).
+        @param visible: what readers see: each item is appended to it, oldest
+            first, once the fsync covering its record succeeded.
+        @param wake: called once per item appended (the queue wakes a reader).
         @param all_shown: called after a callback showed the last item held.
         """
         self._items: deque[QItem] = deque()
         self._held = 0  # (numbers handed out, the last item's)
         self._shown = 0  # (the number of the last item shown or dropped)
-        self._show = show
+        self._visible = visible
+        self._wake = wake
         self._all_shown = all_shown
 
     def __len__(self) -> int:
@@ -72,13 +79,17 @@ class Unsynced:
 
     def _synced(self, number: int, _: object = None) -> bool:
         """The fsync covering held item C{number} succeeded: show it and every older one."""
-        items = self._items
-        if self._shown >= number:
+        shown = self._shown
+        if shown >= number:
             return True  # (shown by a later item's callback, or dropped)
-        show = self._show
-        while self._shown < number and items:
-            self._shown += 1
-            show(items.popleft())
+        items = self._items
+        append = self._visible.append
+        wake = self._wake
+        while shown < number and items:
+            shown += 1
+            self._shown = shown  # (before wake, which runs readers)
+            append(items.popleft())
+            wake()
         if not items:
             self._all_shown()
         return True
@@ -97,17 +108,20 @@ class DurableAdd:
     The waiter (L{kestrel.journal.syncfile.Waiter}) of one durable add's
     record, which answers the add's producer by calling C{then} instead of
     firing a Deferred: a durable add is the one request that always waits,
-    and this is its whole answer path.
+    and this is its whole answer path, from the journal file to the
+    producer.
 
     Promises: C{then} is called at most once, and never before the queue
     set L{shown}. Once the fsync covering the record succeeded, C{shown()}
-    runs (the queue shows the item: see L{Unsynced.hold}), then
-    C{then(True)}; if that fsync or the write failed, C{then(failure)} with
-    a L{JournalUnavailable}. Told before the queue set L{shown} (a write
+    runs (the queue shows the item: see L{Unsynced.hold}), the add's
+    latency is recorded, then C{then(True)}; if that fsync or the write
+    failed, the latency is recorded, then C{then(failure)} with a
+    L{JournalUnavailable}. Told before the queue set L{shown} (a write
     refused at once, or nothing to wait for), it keeps the outcome in
-    L{told} and calls nothing: the queue answers at once instead. Nothing
-    raises into the journal: a failure of C{shown} answers C{then} with it,
-    and one of C{then} is logged.
+    L{told}, records and calls nothing: the queue answers at once instead.
+    Nothing raises into the journal: a failure of C{shown} answers C{then}
+    with it; one of recording (then C{then} is called all the same) or of
+    C{then} is logged.
 
     @ivar shown: what shows the item once durable (set by the queue once it
         holds the item), or C{None} before.
@@ -115,42 +129,57 @@ class DurableAdd:
         if told before L{shown} was set.
     """
 
-    __slots__ = ("_queue", "_then", "shown", "told")
+    __slots__ = ("_queue", "_then", "_record", "_started", "_seconds", "shown", "told")
 
     _log = Logger()
 
-    def __init__(self, queue: str, then: Answer) -> None:
+    def __init__(self, queue: str, then: Answer, record: LatencyRecorder | None = None,
+                 started: float = 0.0, seconds: Callable[[], float] | None = None) -> None:
+        """
+        @param queue: the queue's name, for the failure and the log.
+        @param then: the producer's answer.
+        @param record: given, called with the microseconds from C{started}
+            to the answer, read from C{seconds} (the queue's clock): the
+            add's C{set_latency_usec}.
+        """
         self._queue = queue
         self._then = then
+        self._record = record
+        self._started = started
+        self._seconds = seconds
         self.shown: Callable[[object], object] | None = None
         self.told: bool | Failure | None = None
 
-    def callback(self, result: None) -> None:
-        """The record is durable: show the item, answer C{True}."""
+    def callback(self, result: Failure | None) -> None:
+        """
+        Told by the journal file: C{None} once the record is durable (show
+        the item, answer C{True}); the L{Failure} of its write or fsync
+        (answer a L{JournalUnavailable}: the journal's recovery drops the
+        item). It is also L{errback}.
+        """
         shown = self.shown
         if shown is None:
-            self.told = True
+            self.told = True if result is None else result
             return
-        try:
-            shown(None)
-        except Exception:
-            self._log.failure("Showing a durable add to {queue} failed", queue=self._queue)
-            self._answer(Failure())
-            return
-        self._answer(True)
-
-    def errback(self, fail: Failure) -> None:
-        """
-        The record's write or fsync failed: answer a L{JournalUnavailable}
-        (the journal's recovery drops the item).
-        """
-        if self.shown is None:
-            self.told = fail
-            return
-        self._answer(unavailable_failure(self._queue, fail))
-
-    def _answer(self, outcome: bool | Failure) -> None:
+        outcome: bool | Failure
+        if result is None:
+            try:
+                shown(None)
+                outcome = True
+            except Exception:
+                self._log.failure("Showing a durable add to {queue} failed", queue=self._queue)
+                outcome = Failure()
+        else:
+            outcome = unavailable_failure(self._queue, result)
+        record = self._record
+        if record is not None:
+            try:
+                record((self._seconds() - self._started) * 1e6)  # type: ignore[misc]
+            except Exception:
+                self._log.failure("Recording a durable add to {queue} failed", queue=self._queue)
         try:
             self._then(outcome)
         except Exception:
             self._log.failure("Answering a durable add to {queue} failed", queue=self._queue)
+
+    errback = callback

@@ -94,6 +94,14 @@ _UNCOUNTED_READ = 16 * 1024
 Reply = bytes | Deferred[bytes]
 
 
+class _NoReply:
+    """A C{noreply} request, as L{MemcacheProtocol._error} reads it: its failure is not answered."""
+
+    noreply = True
+
+
+_NOREPLY = _NoReply()
+
 
 def value_reply(item: QItem | None, key: bytes) -> bytes:
     """The reply to a fetch: C{VALUE <key> 0 <len>} block with C{END}, or C{END} alone."""
@@ -430,10 +438,20 @@ class MemcacheProtocol(SessionProtocol):
         self._waiting = False
         if self._idle_call is not None:
             self._last_active = self.clock.seconds()
-        if reply:
-            self._out.append(reply)
-        if not self._in_process:
-            self._flush()
+        out = self._out
+        if self._in_process:
+            if reply:
+                out.append(reply)  # (written at the end of the pass)
+        else:
+            if out:
+                if reply:
+                    out.append(reply)
+                self._flush()
+            elif reply:
+                # (_flush of this one reply, which needs no join: outside a
+                # pass no write batch is open; a durable set's usual answer)
+                self.stats.bytes_written += len(reply)
+                self.write_reply(reply)
             if self._buf or self._parts or self._read_closed:
                 self._process()
             elif self._paused:
@@ -589,15 +607,16 @@ class MemcacheProtocol(SessionProtocol):
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % encode_text(req.error)
-        # (a durable acknowledgement: _stored_later queues the reply, called by
-        # the session, not a reply Deferred for _serve to wait on)
+        # (a durable acknowledgement: answer queues the reply, called by the
+        # queue, not a reply Deferred for _serve to wait on)
         session = self.session
         assert session is not None
         exptime = req.exptime
+        answer = self._stored_quietly if req.noreply else self._stored_later
         # (_expiry_ms is 0 for no exptime too: the test here saves its call per set)
         stored = session.offer_item(req.name, data, self._expiry_ms(exptime) if exptime else 0,
-                                    self._stored_later, req)
-        if stored is None:  # (a durable add: _stored_later is called once it is durable)
+                                    answer)
+        if stored is None:  # (a durable add: answer is called once it is durable)
             self._waiting = True
             return b""
         # (not isinstance(stored, Deferred): Deferred is an ABC, whose check
@@ -607,17 +626,26 @@ class MemcacheProtocol(SessionProtocol):
             if outcome is not True and outcome is not False:
                 self._waiting = True
                 if stored.called:  # (refused at once: answered now, as a refusal found later is)
-                    stored.addBoth(self._stored_later, req)
+                    stored.addBoth(answer)
                 return b""
             stored = outcome
         return b"" if req.noreply else _STORED if stored else _NOT_STORED
 
-    def _stored_later(self, outcome: object, req: SetRequest) -> None:
+    def _stored_later(self, outcome: object) -> None:
         """A set answered later (durable acknowledgement): queue its reply, carry on."""
-        if outcome.__class__ is Failure:
-            self._error(outcome, req)
+        if outcome is True:
+            self._async_reply(_STORED)
+        elif outcome.__class__ is Failure:
+            self._error(outcome)
         else:
-            self._async_reply(b"" if req.noreply else _STORED if outcome else _NOT_STORED)
+            self._async_reply(_NOT_STORED)
+
+    def _stored_quietly(self, outcome: object) -> None:
+        """A C{noreply} set answered later: carry on, replying nothing (not even an error)."""
+        if outcome.__class__ is Failure:
+            self._error(outcome, _NOREPLY)
+        else:
+            self._async_reply(b"")
 
     def _queue_command(self, req: QueueCommand) -> Reply:
         session = self.session

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 
 import pytest
+from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
@@ -77,3 +78,49 @@ def test_nothing_it_calls_raises_into_the_journal() -> None:
         durable.callback(None)
         failed.errback(Failure(OSError(errno.EIO, "Input/output error")))
     assert sum(e.get("log_failure") is not None for e in events) == 2
+
+
+def test_it_records_the_latency_of_its_answer_then_answers() -> None:
+    """
+    Given what records, the microseconds from C{started} to the answer, on
+    the queue's clock, are recorded before the producer is answered: once
+    durable, and once failed.
+    """
+    clock = Clock()
+    clock.advance(10)
+    order: list[object] = []
+    durable = DurableAdd("q", lambda outcome: order.append(("answer", outcome)),
+                         lambda usec: order.append(("latency", usec)), 10.0, clock.seconds)
+    failed = DurableAdd("q", lambda outcome: order.append(("answer", type(outcome))),
+                        lambda usec: order.append(("latency", usec)), 10.25, clock.seconds)
+    durable.shown = failed.shown = lambda _: None
+    clock.advance(0.5)
+    durable.callback(None)
+    failed.errback(Failure(OSError(errno.EIO, "Input/output error")))
+    assert order == [("latency", 500_000.0), ("answer", True),
+                     ("latency", 250_000.0), ("answer", Failure)]
+
+
+def test_told_before_it_is_shown_it_records_nothing() -> None:
+    """A refusal at once, or nothing to wait for: the caller of offer records and answers."""
+    recorded: list[float] = []
+    for tell in ("callback", "errback"):
+        add = DurableAdd("q", recorded.append, recorded.append, 0.0, Clock().seconds)
+        getattr(add, tell)(None if tell == "callback" else Failure(OSError(errno.EIO, "EIO")))
+        assert add.told is not None
+    assert recorded == []
+
+
+def test_a_failure_to_record_is_logged_and_the_producer_answered_all_the_same() -> None:
+    """Recording raises into nothing: it is logged, and the producer is answered."""
+    answers: list[object] = []
+
+    def broken(usec: float) -> None:
+        raise RuntimeError("histogram gone wrong")
+
+    add = DurableAdd("q", answers.append, broken, 0.0, Clock().seconds)
+    add.shown = lambda _: None
+    with capturedLogs() as events:
+        add.callback(None)
+    assert answers == [True]
+    assert sum(e.get("log_failure") is not None for e in events) == 1

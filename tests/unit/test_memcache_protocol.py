@@ -845,6 +845,38 @@ def test_a_line_read_whole_is_answered_once(line: bytes) -> None:
     assert out.endswith(b"VERSION 1.1.0\r\n"), (line, out)
 
 
+@pytest.mark.parametrize("noreply", [False, True])
+def test_a_durable_set_whose_fsync_fails_is_refused_unless_noreply(
+        clock: Clock, tmp_path: Path, noreply: bool) -> None:
+    """
+    A durable set whose fsync fails is answered C{SERVER_ERROR}, or, sent
+    C{noreply}, not at all; either way the connection lives on and answers
+    the request that came behind it, and the item is never served.
+    """
+    thread = ManualThread()
+    server = make_server(clock, tmp_path,
+                         "journal_fsync: thread\ndefault: {sync_journal: always}\n",
+                         run_in_thread=thread)
+    try:
+        client = Conn(MemcacheFactory(server))
+        quiet = b" noreply" if noreply else b""
+        assert client.send(b"set q 0 0 1%s\r\na\r\nversion\r\n" % quiet) == b""
+        thread.fail_all(OSError(5, "Input/output error"))
+        refusal = b"" if noreply else b"SERVER_ERROR queue q is read-only"
+        replies = client.take()
+        assert replies.startswith(refusal) and replies.endswith(b"VERSION %s\r\n"
+                                                                % __version__.encode())
+        assert replies.count(b"\r\n") == 1 + (not noreply)
+        for _ in range(5):  # (the recovery, its fsyncs run as they come)
+            clock.advance(1)
+            thread.run_all()
+        assert client.send(b"get q\r\n") == b"END\r\n"
+        assert client.connected
+    finally:
+        thread.run_all()
+        server.collection.stopService()
+
+
 @pytest.mark.parametrize(("behind", "replies", "left"), [
     (b"", b"STORED\r\n", b"a"),
     (b"get q\r\n", b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\n", None),

@@ -161,6 +161,33 @@ def test_config_change_takes_effect_at_once(clock: Clock) -> None:
     assert value(q.add(b"c")) is True
 
 
+@pytest.mark.parametrize("limit", [{"max_size": 2}, {"max_items": 2}])
+def test_an_add_meets_the_limits_of_a_config_assigned_since(clock: Clock, limit: dict) -> None:
+    """Limits assigned after the queue was made, and taken away again, apply to the next add."""
+    q = make(clock)
+    value(q.add(b"a"))
+    value(q.add(b"b"))
+    q.config = attrs.evolve(q.config, **limit)
+    assert value(q.add(b"c")) is False
+    q.config = attrs.evolve(q.config, discard_old_when_full=True)
+    assert value(q.add(b"c")) is True and q.discarded == 1
+    q.config = attrs.evolve(q.config, **{name: None for name in limit})
+    assert value(q.add(b"d")) is True and q.discarded == 1
+    assert datas(q) == [b"b", b"c", b"d"]
+
+
+@pytest.mark.parametrize("expiring", ["max_age", "expiry"])
+def test_an_add_discards_the_expired_head_first(clock: Clock, expiring: str) -> None:
+    """With no limit but an expired head (its own expiry, or a max_age since), the add sweeps it."""
+    q = make(clock)
+    value(q.add(b"old", expiry_ms=ms(clock) + 1000 if expiring == "expiry" else 0))
+    clock.advance(5)
+    if expiring == "max_age":
+        q.config = attrs.evolve(q.config, max_age=3.0)
+    assert value(q.add(b"new")) is True
+    assert q.expired_items == 1 and q.length == 1 and datas(q) == [b"new"]
+
+
 def test_fanout_only_master_stores_nothing(clock: Clock) -> None:
     """A fanout_only master reports success and stores and journals nothing; a child stores."""
     master = make(clock, name="m", fanout_only=True)

@@ -60,10 +60,10 @@ def test_durable_set_latency_lasts_until_the_fsync(clock: Clock, tmp_path: Path,
         if answered == "by a Deferred":
             d = session.set_item("q", b"a")
         else:
-            def answer(outcome: object, extra: object) -> None:
-                told.append((outcome, extra, server.metrics.set_latency_usec.count))
+            def answer(outcome: object) -> None:
+                told.append((outcome, "extra", server.metrics.set_latency_usec.count))
 
-            assert session.offer_item("q", b"a", 0, answer, "extra") is None
+            assert session.offer_item("q", b"a", 0, answer) is None
         assert server.metrics.set_latency_usec.count == 0
         clock.advance(0.004)
         thread.run_all()
