@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -93,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm", type=int, default=2000,
                         help="sets or pairs of the run whose total is subtracted")
     parser.add_argument("--size", type=int, default=1024, help="item size in bytes")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="counts per server, the servers in turn within each; the table "
+                             "gives the median (min-max)")
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="another checkout of txkestrel, counted as txkestrel-before")
     parser.add_argument("--redis", default=shutil.which("redis-server") or "",
@@ -167,39 +171,50 @@ def per_request(server: Server, work: Workload, args: argparse.Namespace) -> flo
     return (long - short) / args.requests
 
 
-def report(work: Workload, counts: dict[str, float]) -> list[str]:
-    """The table of C{counts} (instructions per request by server), with ratios."""
+def report(work: Workload, counts: dict[str, list[float]]) -> list[str]:
+    """
+    The table of C{counts} (each server's instructions per request, one per
+    run): the median (min-max), and the medians' ratios to txkestrel's and
+    Redis's.
+    """
     unit = "set" if work.durable else "pair"
     lines = [f"### {work.name}", "",
              f"| server | instructions per {unit} | vs txkestrel | vs redis |",
              "|---|---|---|---|"]
-    ours = counts.get("txkestrel")
-    redis = counts.get("redis")
-    for name, count in counts.items():
-        versus = [f"{count / base:.2f}x" if base else "-" for base in (ours, redis)]
-        lines.append(f"| {name} | {count:,.0f} | {versus[0]} | {versus[1]} |")
+    medians = {name: statistics.median(runs) for name, runs in counts.items()}
+    ours = medians.get("txkestrel")
+    redis = medians.get("redis")
+    for name, runs in counts.items():
+        median = medians[name]
+        versus = [f"{median / base:.2f}x" if base else "-" for base in (ours, redis)]
+        spread = f" ({min(runs):,.0f}-{max(runs):,.0f})" if len(runs) > 1 else ""
+        lines.append(f"| {name} | {median:,.0f}{spread} | {versus[0]} | {versus[1]} |")
     return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Count every server of every workload asked for; print the tables."""
+    """Count every server of every workload asked for, --runs times; print the tables."""
     args = parse_args(argv)
     if shutil.which(args.valgrind) is None:
         raise SystemExit(f"{args.valgrind}: not found (apt-get install valgrind)")
     out: list[str] = []
     for name in args.only:
         work = workload(name, args.size)
-        counts: dict[str, float] = {}
-        for server in candidates(args, work):
-            counts[server.name] = per_request(server, work, args)
-            print(f"  {work.name} {server.name}: {counts[server.name]:,.0f} instructions "
-                  f"per request", file=sys.stderr, flush=True)
+        chosen = list(candidates(args, work))
+        counts: dict[str, list[float]] = {server.name: [] for server in chosen}
+        for run in range(1, args.runs + 1):
+            for server in chosen:
+                count = per_request(server, work, args)
+                counts[server.name].append(count)
+                print(f"  {work.name} {server.name} run {run}: {count:,.0f} instructions "
+                      f"per request", file=sys.stderr, flush=True)
         out += report(work, counts)
     info = machine()
     print(f"{info['date']}: {info['cpus']} CPUs ({info['cpu_model']}), Linux {info['kernel']}, "
           f"Python {info['python']}, Twisted {info['twisted']}.\n"
           f"Instructions in user space per request under cachegrind: ({args.warm} + "
-          f"{args.requests} requests - {args.warm}) / {args.requests}; {args.size} B items.\n")
+          f"{args.requests} requests - {args.warm}) / {args.requests}; {args.size} B items; "
+          f"median (min-max) of {args.runs} run{'s' if args.runs > 1 else ''}.\n")
     print("\n".join(out))
     return 0
 

@@ -279,7 +279,8 @@ class MemcacheProtocol(SessionProtocol):
             self._in_process = True
             self._serve(request, block, False)
             self._in_process = False
-            self._flush()
+            if self._out:  # (none when the request waits: a durable set)
+                self._flush()
         except Exception:
             self._in_process = False
             self._internal_error()
