@@ -42,9 +42,10 @@ class Unsynced:
     """
     The not-yet-durable items of one queue, oldest first.
 
-    Promises: items are appended to C{visible} in the order they were held,
-    each at most once, and only from the callback L{hold} returned for that item or
-    a later one; after L{drop}, no callback returned before it shows anything.
+    Promises: items are appended to C{visible} in the order they were
+    held, each at most once, and only from the callback L{hold} returned
+    for that item or a later one, each append followed by one C{wake};
+    after L{drop}, no callback returned before it shows anything.
     """
 
     __slots__ = ("_items", "_held", "_shown", "_visible", "_wake", "_all_shown")

@@ -633,7 +633,7 @@ class MemcacheProtocol(SessionProtocol):
         return b"" if req.noreply else _STORED if stored else _NOT_STORED
 
     def _stored_later(self, outcome: object) -> None:
-        """A set answered later (durable acknowledgement): queue its reply, carry on."""
+        """A set answered later (durable acknowledgement): reply, and carry on."""
         if outcome is True:
             self._async_reply(_STORED)
         elif outcome.__class__ is Failure:
