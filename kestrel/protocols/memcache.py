@@ -449,8 +449,7 @@ class MemcacheProtocol(SessionProtocol):
                     out.append(reply)
                 self._flush()
             elif reply:
-                # (_flush of this one reply, which needs no join: outside a
-                # pass no write batch is open; a durable set's usual answer)
+                # (as _flush does, with no join: outside a pass no write batch is open)
                 self.stats.bytes_written += len(reply)
                 self.write_reply(reply)
             if self._buf or self._parts or self._read_closed:
@@ -608,8 +607,7 @@ class MemcacheProtocol(SessionProtocol):
     def _set(self, req: SetRequest, data: bytes) -> Reply:
         if req.error is not None:
             return b"" if req.noreply else b"CLIENT_ERROR %s\r\n" % encode_text(req.error)
-        # (a durable acknowledgement: answer queues the reply, called by the
-        # queue, not a reply Deferred for _serve to wait on)
+        # (acknowledged durably, the queue calls answer: no reply Deferred for _serve)
         session = self.session
         assert session is not None
         exptime = req.exptime
