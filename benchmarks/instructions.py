@@ -157,7 +157,7 @@ def instructions(server: Server, work: Workload, count: int, valgrind: str) -> i
             with server.start(folder / "server", port):
                 work.run(server.protocol, port, server.queue_suffix, count)
         finally:
-            servers.run_under([], None)
+            servers.run_under([])
         found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
         if found is None:
             raise RuntimeError(f"no instruction count in {log}:\n{log.read_text()[-2000:]}")

@@ -41,13 +41,13 @@ def pin_servers(cpus: set[int] | None) -> None:
 
 
 #: What every server started from now on runs under (a command and its
-#: options, e.g. valgrind's), and how long it may take to listen (C{None}:
-#: L{wait_port}'s default); L{run_under} sets them.
+#: options, e.g. valgrind's), and how many seconds it may take to listen;
+#: L{run_under} sets them.
 COMMAND_PREFIX: list[str] = []
-START_TIMEOUT: float | None = None
+START_TIMEOUT = 30.0
 
 
-def run_under(prefix: list[str], start_timeout: float | None) -> None:
+def run_under(prefix: list[str], start_timeout: float = 30.0) -> None:
     """Start every server from now on as C{prefix + command} (C{[]}: as itself)."""
     global COMMAND_PREFIX, START_TIMEOUT
     COMMAND_PREFIX = list(prefix)
@@ -115,10 +115,7 @@ def serving(proc: subprocess.Popen[bytes], *ports: int) -> Iterator[None]:
     """Enter once every one of C{ports} accepts connections; stop C{proc} on the way out."""
     try:
         for port in ports:
-            if START_TIMEOUT is None:
-                wait_port(port, proc)
-            else:
-                wait_port(port, proc, START_TIMEOUT)
+            wait_port(port, proc, START_TIMEOUT)
         yield
     finally:
         stop(proc)

@@ -259,10 +259,10 @@ class QueueMetrics:
     below, which record C{journal_rewrite_usec}, C{journal_rotation_usec},
     C{fill_readbehind_usec} (from seconds), C{request_size},
     C{queue_size}, C{tx_map_size} and C{tx_expire_list_size}; a durable
-    add records its own C{set_latency_usec} (C{record_set_latency}).
+    add adds its own C{set_latency_usec}.
     """
 
-    __slots__ = (*QUEUE_METRICS, "record_set_latency")
+    __slots__ = QUEUE_METRICS
     # One annotation per name of QUEUE_METRICS, in its order (a test checks it).
     journal_rewrite_usec: Histogram
     journal_rotation_usec: Histogram
@@ -280,8 +280,6 @@ class QueueMetrics:
     def __init__(self) -> None:
         for name in QUEUE_METRICS:
             setattr(self, name, Histogram())
-        #: Record one durable add's C{set_latency_usec} (the queue calls it).
-        self.record_set_latency: Callable[[float], None] = self.set_latency_usec.add
 
     def items(self) -> Iterator[tuple[str, Histogram]]:
         """Yield C{(name, histogram)} in L{QUEUE_METRICS} order."""

@@ -94,20 +94,11 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         self.observer = observer
         self.journal = journal
         self._clock = clock
-        self._config = config
-        #: Whether an add is acknowledged only once its fsync succeeded (and
-        #: seen by readers only then): C{durable_acks}, or C{sync_journal: always}.
-        self.acks_durably = config.durable_acks or config.sync_journal == 0.0
-        # (whether an add may have to make room first: see offer)
-        self._bounded = (config.max_items is not None or config.max_size is not None
-                         or config.max_age is not None)
-        self._upkeep_from = upkeep_from(config)
-        self._add_upkeep_from = upkeep_from(config, adding=True)
         # (what readers see; never replaced, only changed in place: Unsynced
         # appends to it)
         self._items: deque[QItem] = deque()
         self._reads = OpenReads(clock, self._time_out_open_reads)
-        self._reads.timeout = config.open_transaction_timeout
+        self.config = config  # (and what derives from it: see the setter)
         self._blocked = BlockingReads(clock, journal.after_written, lambda: self._closed,
                                       self.count_get)
         # (durable adds' items, after _items, seen by no reader until their fsync)
@@ -144,6 +135,8 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
     @config.setter
     def config(self, config: QueueConfig) -> None:
         self._config = config
+        #: Whether an add is acknowledged only once its fsync succeeded (and
+        #: seen by readers only then): C{durable_acks}, or C{sync_journal: always}.
         self.acks_durably = config.durable_acks or config.sync_journal == 0.0
         # (whether an add may have to make room first: see offer)
         self._bounded = (config.max_items is not None or config.max_size is not None
@@ -258,7 +251,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
                 # recorded by the add itself: the session records at-once answers)
                 observer = self.observer
                 add = DurableAdd(self.name, then,
-                                 None if observer is None else observer.record_set_latency,
+                                 None if observer is None else observer.set_latency_usec.add,
                                  now, clock.seconds)
                 d = journal.add_unseen(item, add)  # (None: add is told)
         except Exception as e:

@@ -7,8 +7,14 @@ built without an observer measures nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
+
+
+class Recorder(Protocol):
+    """A distribution values are added to (a metrics histogram)."""
+
+    def add(self, value: float) -> object:
+        """Record C{value}; cheap, and never raises."""
 
 
 class QueueObserver(Protocol):
@@ -21,10 +27,10 @@ class QueueObserver(Protocol):
     """
 
     @property
-    def record_set_latency(self) -> Callable[[float], object]:
+    def set_latency_usec(self) -> Recorder:
         """
-        What records the microseconds a durable add took, from the queue's
-        offer until its producer was answered after its fsync (Kestrel's
+        Where a durable add's microseconds, from the queue's offer until its
+        producer was answered after its fsync, are added (Kestrel's
         C{set_latency_usec}; adds answered at once are recorded by the
         caller of C{offer}).
         """

@@ -93,14 +93,8 @@ _UNCOUNTED_READ = 16 * 1024
 #: (a handler that wires its own callback instead sets _waiting and returns b"": _set).
 Reply = bytes | Deferred[bytes]
 
-
-class _NoReply:
-    """A C{noreply} request, as L{MemcacheProtocol._error} reads it: its failure is not answered."""
-
-    noreply = True
-
-
-_NOREPLY = _NoReply()
+#: A C{noreply} set, as L{MemcacheProtocol._error} reads it: its failure is not answered.
+_QUIET_SET = SetRequest(b"", 0, 0, noreply=True)
 
 
 def value_reply(item: QItem | None, key: bytes) -> bytes:
@@ -642,7 +636,7 @@ class MemcacheProtocol(SessionProtocol):
     def _stored_quietly(self, outcome: object) -> None:
         """A C{noreply} set answered later: carry on, replying nothing (not even an error)."""
         if outcome.__class__ is Failure:
-            self._error(outcome, _NOREPLY)
+            self._error(outcome, _QUIET_SET)
         else:
             self._async_reply(b"")
 
