@@ -21,6 +21,13 @@ Workloads (the client is the asyncio one of `cost.py`, run natively):
 * dequeue-1 and reliable-1: one connection, enqueue then dequeue (reliable:
   `/open` + `/close`; Redis: LMOVE + LREM), one request at a time.
 
+Work done once a second weighs more per request here than at full speed:
+under cachegrind a server serves some 40 times fewer requests a second.
+In a Python server that is above all the settle of its histograms, whose
+cost grows with the distinct values recorded since the last; with
+--settle-rarely the Python servers settle once in 10^6 s instead
+(`benchmarks/settle_rarely`), and the count leaves it out.
+
 Servers: txkestrel (this checkout), --baseline-src (another checkout, as
 "txkestrel-before"), Redis (--redis, Debian's `redis-server`), and for
 durable-N with --floors the durable floor and the bookkeeping floor
@@ -29,6 +36,7 @@ durable-N with --floors the durable floor and the bookkeeping floor
     python3 benchmarks/instructions.py                         # durable-50: txkestrel and Redis
     python3 benchmarks/instructions.py --floors --baseline-src ../before
     python3 benchmarks/instructions.py --only dequeue-1 reliable-1
+    python3 benchmarks/instructions.py --floors --settle-rarely
 """
 
 from __future__ import annotations
@@ -51,6 +59,9 @@ import servers  # noqa: E402
 from cost import machine  # noqa: E402
 
 DURABLE_CONFIG = "default:\n  sync_journal: always\n  durable_acks: true\n"
+
+#: The folder put on the Python servers' path by --settle-rarely (its sitecustomize).
+SETTLE_RARELY = Path(__file__).resolve().with_name("settle_rarely")
 
 #: How long a server under valgrind may take to start listening, in seconds.
 START_SECONDS = 300.0
@@ -103,6 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="redis-server binary; '' to leave Redis out")
     parser.add_argument("--floors", action="store_true",
                         help="in durable-N, count the durable floor and the bookkeeping floor")
+    parser.add_argument("--settle-rarely", action="store_true",
+                        help="run the Python servers with their histograms settled once in "
+                             "10^6 s instead of every second (benchmarks/settle_rarely): "
+                             "counts without that once-a-second work, which cachegrind's "
+                             "slowdown makes weigh far more per request than at full speed")
     parser.add_argument("--valgrind", default=shutil.which("valgrind") or "valgrind",
                         help="valgrind binary (apt-get install valgrind)")
     return parser.parse_args(argv)
@@ -197,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if shutil.which(args.valgrind) is None:
         raise SystemExit(f"{args.valgrind}: not found (apt-get install valgrind)")
+    if args.settle_rarely:
+        servers.python_path_after([str(SETTLE_RARELY)])
     out: list[str] = []
     for name in args.only:
         work = workload(name, args.size)
@@ -210,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"per request", file=sys.stderr, flush=True)
         out += report(work, counts)
     info = machine()
+    rarely = ("; Python servers settling their histograms once in 10^6 s"
+              if args.settle_rarely else "")
     print(f"{info['date']}: {info['cpus']} CPUs ({info['cpu_model']}), Linux {info['kernel']}, "
           f"Python {info['python']}, Twisted {info['twisted']}.\n"
           f"Instructions in user space per request under cachegrind: ({args.warm} + "
           f"{args.requests} requests - {args.warm}) / {args.requests}; {args.size} B items; "
-          f"median (min-max) of {args.runs} run{'s' if args.runs > 1 else ''}.\n")
+          f"median (min-max) of {args.runs} run{'s' if args.runs > 1 else ''}{rarely}.\n")
     print("\n".join(out))
     return 0
 

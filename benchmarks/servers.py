@@ -54,6 +54,23 @@ def run_under(prefix: list[str], start_timeout: float = 30.0) -> None:
     START_TIMEOUT = start_timeout
 
 
+#: Folders put after the server's own code on the C{PYTHONPATH} of every
+#: Python server started from now on (e.g. one holding a C{sitecustomize});
+#: L{python_path_after} sets them.
+PYTHON_PATH_AFTER: list[str] = []
+
+
+def python_path_after(folders: list[str]) -> None:
+    """Put C{folders} after its code on the path of every Python server from now on."""
+    global PYTHON_PATH_AFTER
+    PYTHON_PATH_AFTER = list(folders)
+
+
+def _python_env(src: Path) -> dict[str, str]:
+    """The environment of a Python server whose code is at C{src}."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *PYTHON_PATH_AFTER])}
+
+
 def _popen(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
     """C{subprocess.Popen} of a server, on L{SERVER_CPUS}, under L{COMMAND_PREFIX}."""
     return subprocess.Popen([*COMMAND_PREFIX, *args], preexec_fn=_on_server_cpus,
@@ -142,7 +159,7 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
         f"thrift_port: {thrift_port}\nadmin_port: 0\n{extra_config}"
         f"queue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = _python_env(src)
     with open(workdir / "kestrel.log", "wb") as log:
         chosen = ["--reactor", reactor] if reactor else []
         proc = _popen([sys.executable, "-m", "twisted", "--log-format=text", *chosen,
@@ -241,7 +258,7 @@ def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = No
                  *(["--bookkeeping"] if bookkeeping else [])]
     proc = _popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
                              "--reactor", reactor, *extra, str(port)],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            cwd=ROOT, env=_python_env(ROOT),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with serving(proc, port):
         yield proc

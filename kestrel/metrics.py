@@ -118,9 +118,10 @@ class Histogram:
         pending = self.pending
         if not pending:
             return
-        # (rounded, then counted per distinct value, both in C: latencies are
-        # floats, nearly all distinct; rounded to whole units they repeat)
-        distinct = Counter(map(round, pending))
+        # (counted per distinct value in C: latencies are floats, nearly all
+        # distinct, so they are rounded first; sizes and lengths are ints,
+        # which rounding leaves as they are, at more cost than counting them)
+        distinct = Counter(pending if pending[0].__class__ is int else map(round, pending))
         pending.clear()
         buckets = self._buckets
         count = self._count
@@ -128,6 +129,8 @@ class Histogram:
         low = self._minimum
         high = self._maximum
         for v, n in distinct.items():
+            if v.__class__ is not int:  # (a float among ints)
+                v = round(v)
             if v < 0:
                 v = 0
             if v < _EXACT:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -234,3 +235,29 @@ def test_instructions_counts_what_a_server_runs_per_request(tmp_path: Path) -> N
     floor = next(s for s in instructions.candidates(args, work) if s.name == "durable-floor")
     per_set = instructions.per_request(floor, work, args)
     assert 5_000 < per_set < 200_000
+
+
+def test_settle_rarely_reaches_the_servers_own_metrics() -> None:
+    """
+    C{--settle-rarely} puts its folder after a Python server's code on the
+    server's path: that server's histograms settle once in 10^6 s; a server
+    started after it is reset settles every second, as it always does.
+    """
+    import instructions
+    import servers
+
+    def settle_interval() -> float:
+        env = servers._python_env(servers.ROOT)
+        out = subprocess.run([sys.executable, "-c",
+                              "import kestrel.metrics; print(kestrel.metrics.SETTLE_INTERVAL)"],
+                             env=env, cwd=servers.ROOT, capture_output=True, check=True)
+        return float(out.stdout)
+
+    servers.python_path_after([str(instructions.SETTLE_RARELY)])
+    try:
+        assert servers._python_env(servers.ROOT)["PYTHONPATH"].split(os.pathsep) == [
+            str(servers.ROOT), str(instructions.SETTLE_RARELY)]
+        assert settle_interval() == 1e6
+    finally:
+        servers.python_path_after([])
+    assert settle_interval() == 1.0
