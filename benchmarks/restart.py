@@ -32,12 +32,24 @@ as above while it sends `get small/peek` over and over on one connection,
 printing how many such requests were answered before the big queue's first
 reply and the slowest round trip among them (how long the replay kept the
 server from answering).
+
+With --cachegrind the server runs under valgrind's cachegrind, and each run
+also prints the instructions it executed in user space from its start to
+its stop after the first reply: a figure that load does not move, where the
+times above move by tens of per cent on a shared machine. Less the count of
+a run with `--items 10`, it is the replay's own. With --src the server is
+another checkout's, to compare two versions:
+
+    python benchmarks/restart.py --runs 1 --cachegrind
+    python benchmarks/restart.py --runs 1 --cachegrind --items 10
+    python benchmarks/restart.py --runs 1 --cachegrind --src ../before
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -137,14 +149,24 @@ def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: f
     raise SystemExit("no reply before the timeout")
 
 
+def instructions_counted(log: Path) -> int:
+    """The instructions a cachegrind run counted, from its log (C{--log-file})."""
+    found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
+    if found is None:
+        raise RuntimeError(f"no instruction count in {log}:\n{log.read_text()[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
 def one_run(workdir: Path, queue: str, memory: str, timeout: float,
-            small: str | None = None, all_ports: bool = False
-            ) -> tuple[float, float, float, float, int, list[float]]:
+            small: str | None = None, all_ports: bool = False, valgrind: str | None = None,
+            src: Path = ROOT) -> tuple[float, float, float, float, int, list[float], int]:
     """
     One restart: (seconds to the first item of C{queue}, server CPU seconds,
     RSS MiB, seconds to the first item of C{small} (nan without),
-    C{queues_loading} right after that item (-1 without), and the round trips
-    of the peeks at C{small} made meanwhile).
+    C{queues_loading} right after that item (-1 without), the round trips
+    of the peeks at C{small} made meanwhile, and, given C{valgrind}, the
+    instructions the server executed under cachegrind from its start to its
+    stop after that reply (else 0)). The server's code is the checkout at C{src}.
     """
     port = free_port()
     others = ((free_port(), free_port(), free_port()) if all_ports else (0, 0, 0))
@@ -163,11 +185,15 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
         with open(journal, "rb") as f:
             os.fsync(f.fileno())
         subprocess.run(["cat", str(journal)], stdout=subprocess.DEVNULL, check=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    counted = workdir / "cachegrind.log"
+    prefix = [] if valgrind is None else [
+        valgrind, "--tool=cachegrind", "--cache-sim=no",
+        f"--cachegrind-out-file={workdir / 'cachegrind.out'}", f"--log-file={counted}"]
     with open(workdir / "kestrel.log", "wb") as log:
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "twisted", "--log-format=text",
-                                 "kestrel", "--config", str(config)], cwd=ROOT, env=env,
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "twisted", "--log-format=text",
+                                 "kestrel", "--config", str(config)], cwd=src, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
         small_elapsed, loading, peeks = float("nan"), -1, []
@@ -187,8 +213,10 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
             if small is not None:
                 running.clear()
                 peeker.join()
-        return (elapsed, cpu_seconds(proc.pid), rss_mib(proc.pid), small_elapsed, loading,
-                peeks)
+        cpu, rss = cpu_seconds(proc.pid), rss_mib(proc.pid)
+        stop(proc)
+        return (elapsed, cpu, rss, small_elapsed, loading, peeks,
+                0 if valgrind is None else instructions_counted(counted))
     finally:
         stop(proc)
         # (the first get may have rotated the journal: drop every file it left)
@@ -218,9 +246,24 @@ def main() -> None:
     parser.add_argument("--all-ports", action="store_true",
                         help="also open the text, thrift and admin ports (as the built-in "
                              "defaults do; without it only memcache listens)")
+    parser.add_argument("--cachegrind", action="store_true",
+                        help="run the server under valgrind's cachegrind and print the "
+                             "instructions it executed from its start to its stop after the "
+                             "first reply (apt-get install valgrind): unlike the times, a "
+                             "figure load does not move; less those of a run with --items 10, "
+                             "the replay's own")
+    parser.add_argument("--src", type=Path, default=ROOT,
+                        help="run the server from this checkout of txkestrel (default: "
+                             "this one); the journal is written by this one's encoder")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (journal, config, server log)")
     args = parser.parse_args()
+    valgrind = None
+    if args.cachegrind:
+        valgrind = shutil.which("valgrind")
+        if valgrind is None:
+            parser.error("--cachegrind: valgrind not found (apt-get install valgrind)")
+        args.timeout = max(args.timeout, 1800.0)
     workdir = Path(tempfile.mkdtemp(prefix="kestrel-restart-", dir=args.dir))
     try:
         (workdir / "queues").mkdir()
@@ -236,9 +279,10 @@ def main() -> None:
               f"{'memcache, text, thrift, admin' if args.all_ports else 'memcache only'}")
         results = []
         for run in range(args.runs):
-            elapsed, cpu, rss, small_elapsed, loading, peeks = one_run(
-                workdir, queue, args.memory, args.timeout, small, args.all_ports)
-            results.append((elapsed, cpu, rss, small_elapsed))
+            elapsed, cpu, rss, small_elapsed, loading, peeks, counted = one_run(
+                workdir, queue, args.memory, args.timeout, small, args.all_ports, valgrind,
+                args.src.resolve())
+            results.append((elapsed, cpu, rss, small_elapsed, counted))
             if small is not None:
                 print(f"run {run + 1}: small queue's first reply after {small_elapsed:.2f} s "
                       f"(queues_loading then: {loading}); then {len(peeks)} peeks at it "
@@ -246,14 +290,17 @@ def main() -> None:
                       f"{max(peeks, default=float('nan')) * 1000:.1f} ms, median "
                       f"{statistics.median(peeks or [float('nan')]) * 1000:.2f} ms")
             print(f"run {run + 1}: first reply after {elapsed:.2f} s, server CPU {cpu:.2f} s, "
-                  f"RSS {rss:.0f} MiB, load average {os.getloadavg()[0]:.2f}")
+                  f"RSS {rss:.0f} MiB, load average {os.getloadavg()[0]:.2f}"
+                  + (f"; {counted:,} instructions (under cachegrind)" if valgrind else ""))
         if small is not None:
             print(f"median: small queue's first reply after "
                   f"{statistics.median(r[3] for r in results):.2f} s")
         print(f"median: first reply after {statistics.median(r[0] for r in results):.2f} s, "
               f"server CPU {statistics.median(r[1] for r in results):.2f} s, "
               f"RSS {statistics.median(r[2] for r in results):.0f} MiB "
-              f"(load average {os.getloadavg()[0]:.2f})")
+              f"(load average {os.getloadavg()[0]:.2f})"
+              + (f"; {statistics.median(r[4] for r in results):,.0f} instructions"
+                 if valgrind else ""))
     finally:
         if args.keep:
             print(f"kept {workdir} (the journal and the last run's kestrel.log)")

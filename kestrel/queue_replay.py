@@ -116,7 +116,9 @@ class QueueReplay(QueueEvents):
     def added(self, item: QItem, xid: int) -> None:
         """Replay: store the item at the tail (an ADD_XID's xid means nothing now)."""
         self._store(item, observed=False)
-        self._read_behind.start_if_full(keep_head=False)
+        # (start_if_full's own size test, first: a call per replayed item costs more)
+        if self.bytes >= self._config.max_memory_size:
+            self._read_behind.start_if_full(keep_head=False)
 
     def removed(self) -> None:
         """Replay: drop the head item."""

@@ -208,7 +208,9 @@ _ADDX_HEAD = struct.Struct("<Biqq")
 _XID_ADDX_HEAD = struct.Struct("<Biiqq")
 _I32 = struct.Struct("<i")
 _I32_I32 = struct.Struct("<ii")
-_I32_Q_Q = struct.Struct("<iqq")
+#: What follows an ADDX record's opcode: its block's size, then the item's add
+#: time and expiry (the item's bytes follow, to the block's end).
+ADDX_BODY = struct.Struct("<iqq")
 _I32_I32_Q_Q = struct.Struct("<iiqq")
 
 REMOVE_BYTES = b"\x01"
@@ -271,7 +273,7 @@ def read_record(buf: bytes | bytearray | memoryview | mmap.mmap,
     op = buf[pos]
     if op == 2 and pos + 21 <= end:
         # ADDX, the record nearly every byte of a journal belongs to: one unpack.
-        size, add_ms, exp_ms = _I32_Q_Q.unpack_from(buf, pos + 1)
+        size, add_ms, exp_ms = ADDX_BODY.unpack_from(buf, pos + 1)
         nxt = pos + 5 + size
         if size >= 16 and nxt <= end:
             return Add(bytes(buf[pos + 21:nxt]), add_ms, exp_ms), nxt

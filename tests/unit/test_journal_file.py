@@ -11,6 +11,7 @@ import errno
 import os
 import shutil
 import stat
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -177,6 +178,25 @@ def test_replay_of_damaged_bytes_never_raises(good: list[rec.Record], garbage: b
                                                                            r.expiry_s * 1000)
                        for r in expected.records]
         assert (Path(d) / "q").stat().st_size == expected.end
+
+
+@pytest.mark.parametrize("size", [0, 15])
+def test_addx_block_shorter_than_its_times_cuts_the_file(tmp_path: Path, clock: Clock,
+                                                         size: int) -> None:
+    """
+    An ADDX whose block is shorter than its add time and expiry (16 bytes)
+    is damage, as the record decoder says: replay keeps the records before
+    it, cuts the file there with a warning, and applies nothing after it.
+    """
+    kept = rec.encode_add(b"kept", 5)
+    damaged = struct.pack("<Biqq", 2, size, 1, 2) + rec.encode_add(b"after", 6)
+    (tmp_path / "q").write_bytes(kept + damaged)
+    with capturedLogs() as events:
+        j, got = open_journal(tmp_path, clock)
+    j.close()
+    assert got == [rec.Add(b"kept", 5, 0)]
+    assert (tmp_path / "q").stat().st_size == len(kept)
+    assert len(warnings_of(events)) == 1
 
 
 def test_invalid_opcode_cuts_rest_of_file(tmp_path: Path, clock: Clock) -> None:
