@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import overload
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -260,7 +261,8 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         if add is not None:
             told = add.told
             if told is None:  # (the usual case: told once the turn's fsync is done)
-                add.shown = self._store(item, unseen=True)
+                number = add.number = self._store(item, unseen=True)
+                add.shown = self._unsynced.show_through if number else self._synced_on_disk
                 return None
             if told.__class__ is Failure:
                 d = fail(told)  # (refused at once)
@@ -279,8 +281,9 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             # Seen by no reader before the fsync covering its record: the
             # journal's Deferred is this write's own, chain on it directly.
             # (None: durable once written, as in a memory journal: seen now.)
-            shown = self._store(item, unseen=True)
-            assert shown is not None
+            number = self._store(item, unseen=True)
+            shown = (partial(self._unsynced.show_through, number) if number
+                     else self._synced_on_disk)
             return d.addCallbacks(shown, self._durable_add_failed)
         self._store(item)
         self._blocked.wake()
@@ -327,7 +330,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         """A durable add's write or fsync failed: the recovery drops it; say why."""
         return unavailable_failure(self.name, failure)
 
-    def _synced_on_disk(self, _: object) -> bool:
+    def _synced_on_disk(self, _: object = None) -> bool:
         """A durable add kept on disk only is durable: the fill may read it back now."""
         self._all_shown()
         self._blocked.wake()
@@ -349,15 +352,15 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             # (never into the add's Deferred: the add was acknowledged and is visible)
             self._log.failure("Reading back or compacting {queue} failed", queue=self.name)
 
-    def _store(self, item: QItem, unseen: bool = False,
-               observed: bool = True) -> Callable[[object], bool] | None:
+    def _store(self, item: QItem, unseen: bool = False, observed: bool = True) -> int:
         """
         Count an added item and keep it in memory (unless read-behind); tell
         the observer (unless not C{observed}: a replayed item). Readers see it
         at once, or, C{unseen} (a durable add), once the fsync covering its
-        record succeeded: then return the callback of its durable Deferred,
-        which shows it (L{Unsynced}; in read-behind, where it is on disk
-        only, the fill reads no record not yet durable).
+        record succeeded: then return its number in L{Unsynced}, for
+        L{Unsynced.show_through} to show it then; 0 for an item seen at once,
+        and for one in read-behind, on disk only (the fill reads no record not
+        yet durable: L{_synced_on_disk} lets it read on).
         """
         size = len(item.data)
         self.total_items += 1
@@ -374,9 +377,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             observer = self.observer
             if observer is not None:
                 observer.item_added(size, len(self._items))
-        if not unseen:
-            return None
-        return self._unsynced.hold(item) if in_memory else self._synced_on_disk
+        return self._unsynced.hold(item) if unseen and in_memory else 0
 
     # ----- reading
 

@@ -57,8 +57,7 @@ class QueueReplay(QueueEvents):
     put_items: int
     put_bytes: int
 
-    def _store(self, item: QItem, unseen: bool = False,
-               observed: bool = True) -> Callable[[object], bool] | None:
+    def _store(self, item: QItem, unseen: bool = False, observed: bool = True) -> int:
         raise NotImplementedError
 
     def _pop_head(self) -> QItem | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -43,9 +42,9 @@ class Unsynced:
     The not-yet-durable items of one queue, oldest first.
 
     Promises: items are appended to C{visible} in the order they were
-    held, each at most once, and only from the callback L{hold} returned
-    for that item or a later one, each append followed by one C{wake};
-    after L{drop}, no callback returned before it shows anything.
+    held, each at most once, and only by L{show_through} of the number
+    L{hold} returned for that item or a later one, each append followed by
+    one C{wake}; after L{drop}, no number returned before it shows anything.
     """
 
     __slots__ = ("_items", "_held", "_shown", "_visible", "_wake", "_all_shown")
@@ -68,18 +67,21 @@ class Unsynced:
     def __len__(self) -> int:
         return len(self._items)
 
-    def hold(self, item: QItem) -> Callable[[object], bool]:
+    def hold(self, item: QItem) -> int:
         """
-        Keep C{item} unseen; return the callback for its record's durable
-        Deferred, which shows it (and the older items held) and returns C{True}.
+        Keep C{item} unseen; return its number (from 1 up), which
+        L{show_through} is told once the fsync covering its record succeeded.
         """
         self._items.append(item)
         self._held += 1
-        # (a partial, not a lambda: one Python frame fewer per durable add)
-        return partial(self._synced, self._held)
+        return self._held
 
-    def _synced(self, number: int, _: object = None) -> bool:
-        """The fsync covering held item C{number} succeeded: show it and every older one."""
+    def show_through(self, number: int, _: object = None) -> bool:
+        """
+        The fsync covering held item C{number} succeeded: show it and every
+        older one; return C{True} (so that, given the number first with
+        C{functools.partial}, it is a durable Deferred's callback).
+        """
         shown = self._shown
         if shown >= number:
             return True  # (shown by a later item's callback, or dropped)
@@ -113,8 +115,9 @@ class DurableAdd:
     producer.
 
     Promises: C{then} is called at most once, and never before the queue
-    set L{shown}. Once the fsync covering the record succeeded, C{shown()}
-    runs (the queue shows the item: see L{Unsynced.hold}), the add's
+    set L{shown}. Once the fsync covering the record succeeded,
+    C{shown(number)} runs (the queue shows the item: see
+    L{Unsynced.show_through}), the add's
     latency is recorded, then C{then(True)}; if that fsync or the write
     failed, the latency is recorded, then C{then(failure)} with a
     L{JournalUnavailable}. Told before the queue set L{shown} (a write
@@ -124,13 +127,15 @@ class DurableAdd:
     with it; one of recording (then C{then} is called all the same) or of
     C{then} is logged.
 
-    @ivar shown: what shows the item once durable (set by the queue once it
-        holds the item), or C{None} before.
+    @ivar shown: what shows the item once durable, told L{number} (set by
+        the queue once it holds the item), or C{None} before.
+    @ivar number: the item's number in the queue's L{Unsynced} (0 for an
+        item kept on disk only), set by the queue with L{shown}.
     @ivar told: C{None} until told; C{True}, or the write's own L{Failure},
         if told before L{shown} was set.
     """
 
-    __slots__ = ("_queue", "_then", "_record", "_started", "_seconds", "shown", "told")
+    __slots__ = ("_queue", "_then", "_record", "_started", "_seconds", "shown", "number", "told")
 
     _log = Logger()
 
@@ -148,7 +153,8 @@ class DurableAdd:
         self._record = record
         self._started = started
         self._seconds = seconds
-        self.shown: Callable[[object], object] | None = None
+        self.shown: Callable[[int], object] | None = None
+        self.number = 0
         self.told: bool | Failure | None = None
 
     def callback(self, result: Failure | None) -> None:
@@ -165,7 +171,7 @@ class DurableAdd:
         outcome: bool | Failure
         if result is None:
             try:
-                shown(None)
+                shown(self.number)
                 outcome = True
             except Exception:
                 self._log.failure("Showing a durable add to {queue} failed", queue=self._queue)

@@ -34,11 +34,13 @@ def test_told_before_it_is_shown_it_keeps_the_outcome_and_answers_nothing() -> N
 
 
 def test_once_durable_it_shows_the_item_then_answers_true() -> None:
+    """C{shown} is told the item's number, then the producer is answered."""
     order: list[object] = []
     add = DurableAdd("q", lambda outcome: order.append(("answer", outcome)))
-    add.shown = lambda _: order.append("shown")
+    add.number = 7
+    add.shown = lambda number: order.append(("shown", number))
     add.callback(None)
-    assert order == ["shown", ("answer", True)]
+    assert order == [("shown", 7), ("answer", True)]
 
 
 @pytest.mark.parametrize("error", [OSError(errno.EIO, "Input/output error"),

@@ -35,33 +35,33 @@ def items(count: int) -> list[QItem]:
     return [QItem(b"%d" % n, 0, 0) for n in range(count)]
 
 
-def test_a_callback_shows_its_item_and_every_older_one_each_with_a_wake() -> None:
+def test_a_number_shows_its_item_and_every_older_one_each_with_a_wake() -> None:
     """Appended in the order held, one wake after each append; C{all_shown} once empty."""
     shown = Shown()
     unsynced = shown.unsynced()
     a, b, c = items(3)
-    callbacks = [unsynced.hold(a), unsynced.hold(b), unsynced.hold(c)]
+    numbers = [unsynced.hold(a), unsynced.hold(b), unsynced.hold(c)]
     assert len(unsynced) == 3 and not shown.visible
-    assert callbacks[1](None) is True
+    assert unsynced.show_through(numbers[1]) is True
     assert list(shown.visible) == [a, b] and len(unsynced) == 1
     assert shown.events == [("wake", 1), ("wake", 2)]
-    assert callbacks[0](None) is True  # (shown already: nothing more)
-    assert callbacks[2](None) is True
+    assert unsynced.show_through(numbers[0]) is True  # (shown already: nothing more)
+    assert unsynced.show_through(numbers[2], "a Deferred's result") is True
     assert list(shown.visible) == [a, b, c]
     assert shown.events == [("wake", 1), ("wake", 2), ("wake", 3), "all shown"]
 
 
-def test_after_drop_no_callback_from_before_shows_anything() -> None:
+def test_after_drop_no_number_from_before_shows_anything() -> None:
     shown = Shown()
     unsynced = shown.unsynced()
     a, b, c = items(3)
     before = [unsynced.hold(a), unsynced.hold(b)]
     unsynced.drop()
     after = unsynced.hold(c)
-    for callback in before:
-        callback(None)
+    for number in before:
+        unsynced.show_through(number)
     assert not shown.visible and len(unsynced) == 1
-    after(None)
+    unsynced.show_through(after)
     assert list(shown.visible) == [c] and len(unsynced) == 0
 
 
@@ -72,21 +72,21 @@ def test_a_reader_woken_by_a_show_may_drop_the_rest() -> None:
     a, b = items(2)
     unsynced.hold(a)
     last = unsynced.hold(b)
-    last(None)
+    unsynced.show_through(last)
     assert list(visible) == [a] and len(unsynced) == 0
     later = unsynced.hold(b)
-    later(None)
+    unsynced.show_through(later)
     assert list(visible) == [a, b]
 
 
 @given(st.lists(st.integers(min_value=0, max_value=19), max_size=40))
-def test_whatever_the_order_of_callbacks_items_are_shown_in_order_once(order: list[int]) -> None:
+def test_whatever_the_order_of_numbers_items_are_shown_in_order_once(order: list[int]) -> None:
     shown = Shown()
     unsynced = shown.unsynced()
     held = items(20)
-    callbacks = [unsynced.hold(item) for item in held]
+    numbers = [unsynced.hold(item) for item in held]
     for n in order:
-        callbacks[n](None)
+        unsynced.show_through(numbers[n])
     count = max(order) + 1 if order else 0
     assert list(shown.visible) == held[:count]
     assert len(unsynced) == 20 - count
