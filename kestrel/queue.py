@@ -330,7 +330,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         """A durable add's write or fsync failed: the recovery drops it; say why."""
         return unavailable_failure(self.name, failure)
 
-    def _synced_on_disk(self, _: object = None) -> bool:
+    def _synced_on_disk(self, _: object) -> bool:
         """A durable add kept on disk only is durable: the fill may read it back now."""
         self._all_shown()
         self._blocked.wake()

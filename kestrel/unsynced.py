@@ -84,7 +84,7 @@ class Unsynced:
         """
         shown = self._shown
         if shown >= number:
-            return True  # (shown by a later item's callback, or dropped)
+            return True  # (shown through a later number, or dropped)
         items = self._items
         append = self._visible.append
         wake = self._wake
