@@ -42,7 +42,6 @@ durable-N with --floors the durable floor and the bookkeeping floor
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
 import sys
@@ -164,20 +163,14 @@ def instructions(server: Server, work: Workload, count: int, valgrind: str) -> i
     """Every instruction C{server} executed in user space, from start to stop, serving C{count}."""
     with tempfile.TemporaryDirectory(prefix=f"instructions-{server.name}-") as tmp:
         folder = Path(tmp)
-        log = folder / "cachegrind.log"
-        servers.run_under([valgrind, "--tool=cachegrind", "--cache-sim=no",
-                           f"--cachegrind-out-file={folder / 'cachegrind.out'}",
-                           f"--log-file={log}"], START_SECONDS)
+        servers.run_under(servers.cachegrind_prefix(valgrind, folder), START_SECONDS)
         try:
             port = servers.free_port()
             with server.start(folder / "server", port):
                 work.run(server.protocol, port, server.queue_suffix, count)
         finally:
             servers.run_under([])
-        found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
-        if found is None:
-            raise RuntimeError(f"no instruction count in {log}:\n{log.read_text()[-2000:]}")
-        return int(found.group(1).replace(",", ""))
+        return servers.cachegrind_count(folder)
 
 
 def per_request(server: Server, work: Workload, args: argparse.Namespace) -> float:

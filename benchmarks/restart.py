@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import socket
 import statistics
@@ -64,7 +63,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.servers import cpu_seconds, free_port, stop  # noqa: E402
+from benchmarks.servers import (  # noqa: E402
+    cachegrind_count,
+    cachegrind_prefix,
+    cpu_seconds,
+    free_port,
+    stop,
+)
 from kestrel.journal import records as rec  # noqa: E402
 
 MIB = 1024 * 1024
@@ -149,14 +154,6 @@ def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: f
     raise SystemExit("no reply before the timeout")
 
 
-def instructions_counted(log: Path) -> int:
-    """The instructions a cachegrind run counted, from its log (C{--log-file})."""
-    found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
-    if found is None:
-        raise RuntimeError(f"no instruction count in {log}:\n{log.read_text()[-2000:]}")
-    return int(found.group(1).replace(",", ""))
-
-
 def one_run(workdir: Path, queue: str, memory: str, timeout: float,
             small: str | None = None, all_ports: bool = False, valgrind: str | None = None,
             src: Path = ROOT) -> tuple[float, float, float, float, int, list[float], int]:
@@ -186,10 +183,7 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
             os.fsync(f.fileno())
         subprocess.run(["cat", str(journal)], stdout=subprocess.DEVNULL, check=True)
     env = {**os.environ, "PYTHONPATH": str(src)}
-    counted = workdir / "cachegrind.log"
-    prefix = [] if valgrind is None else [
-        valgrind, "--tool=cachegrind", "--cache-sim=no",
-        f"--cachegrind-out-file={workdir / 'cachegrind.out'}", f"--log-file={counted}"]
+    prefix = [] if valgrind is None else cachegrind_prefix(valgrind, workdir)
     with open(workdir / "kestrel.log", "wb") as log:
         started = time.monotonic()
         proc = subprocess.Popen([*prefix, sys.executable, "-m", "twisted", "--log-format=text",
@@ -216,7 +210,7 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
         cpu, rss = cpu_seconds(proc.pid), rss_mib(proc.pid)
         stop(proc)
         return (elapsed, cpu, rss, small_elapsed, loading, peeks,
-                0 if valgrind is None else instructions_counted(counted))
+                0 if valgrind is None else cachegrind_count(workdir))
     finally:
         stop(proc)
         # (the first get may have rotated the journal: drop every file it left)

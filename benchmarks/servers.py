@@ -14,6 +14,7 @@ server's process, whose pid is what `/proc/<pid>/stat` is read for.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import statistics
@@ -52,6 +53,28 @@ def run_under(prefix: list[str], start_timeout: float = 30.0) -> None:
     global COMMAND_PREFIX, START_TIMEOUT
     COMMAND_PREFIX = list(prefix)
     START_TIMEOUT = start_timeout
+
+
+def cachegrind_prefix(valgrind: str, folder: Path) -> list[str]:
+    """
+    The command prefix that runs a server under valgrind's cachegrind
+    (instructions only, no cache simulation), its output and log in C{folder}.
+    """
+    return [valgrind, "--tool=cachegrind", "--cache-sim=no",
+            f"--cachegrind-out-file={folder / 'cachegrind.out'}",
+            f"--log-file={folder / 'cachegrind.log'}"]
+
+
+def cachegrind_count(folder: Path) -> int:
+    """
+    The instructions a server run under L{cachegrind_prefix} with C{folder}
+    executed in user space, from start to exit (its log's C{I refs}).
+    """
+    log = folder / "cachegrind.log"
+    found = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
+    if found is None:
+        raise RuntimeError(f"no instruction count in {log}:\n{log.read_text()[-2000:]}")
+    return int(found.group(1).replace(",", ""))
 
 
 #: Folders put after the server's own code on the C{PYTHONPATH} of every
