@@ -68,6 +68,7 @@ from benchmarks.servers import (  # noqa: E402
     cachegrind_prefix,
     cpu_seconds,
     free_port,
+    python_env,
     stop,
 )
 from kestrel.journal import records as rec  # noqa: E402
@@ -182,12 +183,11 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
         with open(journal, "rb") as f:
             os.fsync(f.fileno())
         subprocess.run(["cat", str(journal)], stdout=subprocess.DEVNULL, check=True)
-    env = {**os.environ, "PYTHONPATH": str(src)}
     prefix = [] if valgrind is None else cachegrind_prefix(valgrind, workdir)
     with open(workdir / "kestrel.log", "wb") as log:
         started = time.monotonic()
         proc = subprocess.Popen([*prefix, sys.executable, "-m", "twisted", "--log-format=text",
-                                 "kestrel", "--config", str(config)], cwd=src, env=env,
+                                 "kestrel", "--config", str(config)], cwd=src, env=python_env(src),
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
         small_elapsed, loading, peeks = float("nan"), -1, []

@@ -41,14 +41,17 @@ def pin_servers(cpus: set[int] | None) -> None:
     SERVER_CPUS = cpus
 
 
+#: Seconds a server may take to start listening, unless L{run_under} says otherwise.
+DEFAULT_START_TIMEOUT = 30.0
+
 #: What every server started from now on runs under (a command and its
 #: options, e.g. valgrind's), and how many seconds it may take to listen;
 #: L{run_under} sets them.
 COMMAND_PREFIX: list[str] = []
-START_TIMEOUT = 30.0
+START_TIMEOUT = DEFAULT_START_TIMEOUT
 
 
-def run_under(prefix: list[str], start_timeout: float = 30.0) -> None:
+def run_under(prefix: list[str], start_timeout: float = DEFAULT_START_TIMEOUT) -> None:
     """Start every server from now on as C{prefix + command} (C{[]}: as itself)."""
     global COMMAND_PREFIX, START_TIMEOUT
     COMMAND_PREFIX = list(prefix)
@@ -89,8 +92,8 @@ def python_path_after(folders: list[str]) -> None:
     PYTHON_PATH_AFTER = list(folders)
 
 
-def _python_env(src: Path) -> dict[str, str]:
-    """The environment of a Python server whose code is at C{src}."""
+def python_env(src: Path) -> dict[str, str]:
+    """The environment of a Python server whose code is at C{src} (and L{PYTHON_PATH_AFTER})."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *PYTHON_PATH_AFTER])}
 
 
@@ -113,7 +116,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes],
+              timeout: float = DEFAULT_START_TIMEOUT) -> None:
     """Return once C{port} accepts connections; raise if C{proc} dies or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -182,7 +186,7 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
         f"thrift_port: {thrift_port}\nadmin_port: 0\n{extra_config}"
         f"queue_path: {workdir / 'queues'}\nstatus_file: {workdir / 'status'}\n"
     )
-    env = _python_env(src)
+    env = python_env(src)
     with open(workdir / "kestrel.log", "wb") as log:
         chosen = ["--reactor", reactor] if reactor else []
         proc = _popen([sys.executable, "-m", "twisted", "--log-format=text", *chosen,
@@ -281,7 +285,7 @@ def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = No
                  *(["--bookkeeping"] if bookkeeping else [])]
     proc = _popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
                              "--reactor", reactor, *extra, str(port)],
-                            cwd=ROOT, env=_python_env(ROOT),
+                            cwd=ROOT, env=python_env(ROOT),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with serving(proc, port):
         yield proc

@@ -247,7 +247,7 @@ def test_settle_rarely_reaches_the_servers_own_metrics() -> None:
     import servers
 
     def settle_interval() -> float:
-        env = servers._python_env(servers.ROOT)
+        env = servers.python_env(servers.ROOT)
         out = subprocess.run([sys.executable, "-c",
                               "import kestrel.metrics; print(kestrel.metrics.SETTLE_INTERVAL)"],
                              env=env, cwd=servers.ROOT, capture_output=True, check=True)
@@ -255,7 +255,7 @@ def test_settle_rarely_reaches_the_servers_own_metrics() -> None:
 
     servers.python_path_after([str(instructions.SETTLE_RARELY)])
     try:
-        assert servers._python_env(servers.ROOT)["PYTHONPATH"].split(os.pathsep) == [
+        assert servers.python_env(servers.ROOT)["PYTHONPATH"].split(os.pathsep) == [
             str(servers.ROOT), str(instructions.SETTLE_RARELY)]
         assert settle_interval() == 1e6
     finally:
