@@ -60,13 +60,16 @@ Workloads (1 KiB items):
   a close's confirm) to a journal file, one write each, as "journal-floor":
   the least a Python server on Twisted costs that journals every request
   before replying (no stats, metrics, limits or checks);
+* with --bookkeeping-floor, the journal floor also doing per request what
+  a Kestrel queue keeps and counts (limits, an item, expiry, counters,
+  txkestrel's metrics), as "bookkeeping-floor": the floor under txkestrel's
+  own layers;
 * in durable-N, with --durable-floor, that server writing and fsyncing its
   journal once per reactor turn before the turn's replies, as
   "durable-floor" (and without Twisted as "durable-python-floor"); with
   --bookkeeping-floor, the durable floor also doing per set what a Kestrel
-  queue keeps and counts (limits, an item, counters, txkestrel's metrics,
-  unseen until the fsync), as "bookkeeping-floor": the floor under
-  txkestrel's own layers;
+  queue keeps and counts (as above, the item unseen until the fsync), as
+  "bookkeeping-floor";
 * latency-100 (--latency): 100 connections sending sets and gets, one at a
   time each, at a fixed total rate (--rate requests/s); p50 and p99 of the
   request latency instead of the throughput.
@@ -529,19 +532,23 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
                 folder = root / (f"{label}-durable" if sync else label)
                 proc = stack.enter_context(process(port, folder, sync))
                 servers.append(Server(label, port, proc.pid, durable=sync, protocol=protocol))
-    floors: list[tuple[str, str, Path | None]] = []
+    floors: list[tuple[str, str, Path | None, bool]] = []
     if args.floor:
-        floors.append(("twisted-floor", "kestrel", None))
+        floors.append(("twisted-floor", "kestrel", None, False))
     if args.floor and args.epoll:
-        floors.append(("twisted-floor-epoll", "epoll", None))
+        floors.append(("twisted-floor-epoll", "epoll", None, False))
     if args.python_floor:
-        floors.append(("python-floor", "none", None))
+        floors.append(("python-floor", "none", None, False))
     if args.journal_floor:
-        floors.append(("journal-floor", "kestrel", root / "journal-floor"))
-    for label, reactor, journal in floors:
-        port = free_port()
-        proc = stack.enter_context(floor_process(port, reactor, journal))
-        plain.append(Server(label, port, proc.pid))  # (Kestrel's dialect: /open, /close)
+        floors.append(("journal-floor", "kestrel", root / "journal-floor", False))
+    if args.bookkeeping_floor:
+        floors.append(("bookkeeping-floor", "kestrel", root / "bookkeeping-floor", True))
+    if ("kestrel", False) in wants:
+        for label, reactor, journal, bookkeeping in floors:
+            port = free_port()
+            proc = stack.enter_context(floor_process(port, reactor, journal,
+                                                     bookkeeping=bookkeeping))
+            plain.append(Server(label, port, proc.pid))  # (Kestrel's dialect: /open, /close)
     durable_floors: list[tuple[str, str, bool]] = []
     if args.durable_floor:
         durable_floors += [("durable-floor", "kestrel", False),
@@ -551,8 +558,8 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
     if ("kestrel", True) in wants:
         for label, reactor, bookkeeping in durable_floors:
             port = free_port()
-            proc = stack.enter_context(floor_process(port, reactor, root / label, durable=True,
-                                                     bookkeeping=bookkeeping))
+            proc = stack.enter_context(floor_process(port, reactor, root / f"{label}-durable",
+                                                     durable=True, bookkeeping=bookkeeping))
             durable.append(Server(label, port, proc.pid, durable=True))
     return plain, durable
 
@@ -603,10 +610,11 @@ def main(argv: list[str] | None = None) -> int:
                              "before replying) in durable-N, on txkestrel's reactor as "
                              "durable-floor and without Twisted as durable-python-floor")
     parser.add_argument("--bookkeeping-floor", action="store_true",
-                        help="also run benchmarks/floor_server.py --journal --durable "
-                             "--bookkeeping (the durable floor doing, per set, what a Kestrel "
-                             "queue keeps and counts: limits, item, counters, metrics, unseen "
-                             "until the fsync) in durable-N as bookkeeping-floor")
+                        help="also run benchmarks/floor_server.py --journal --bookkeeping "
+                             "(the journal floor doing, per request, what a Kestrel queue keeps "
+                             "and counts: limits, item, expiry, counters, metrics) as "
+                             "bookkeeping-floor; in durable-N with --durable too (unseen until "
+                             "the fsync)")
     parser.add_argument("--floor", action="store_true",
                         help="also run benchmarks/floor_server.py (a bare Twisted memcache "
                              "queue, no journal): the reactor's and kernel's share")

@@ -33,26 +33,36 @@ turn's replies sent (one send per connection). That is the least a Python
 server costs per durable enqueue on this machine: the floor of `durable-N`.
 
 With `--bookkeeping` as well (`cost.py --bookkeeping-floor`, as
-"bookkeeping-floor") a set also does, in the fewest Python steps, what a
-Kestrel queue must do per durable add and the durable floor leaves out:
-it finds the queue's books by name, checks Kestrel's limits (`max_items`,
-`max_size`, `max_item_size`), makes an item with its add time and expiry
-(`kestrel.item.QItem`, the expiry as `memcache_expiry_ms` reads it),
-counts Kestrel's counters (`cmd_set`, `total_items` in txkestrel's
+"bookkeeping-floor") every request also does, in the fewest Python steps,
+what a Kestrel queue must do per request and the journal floors leave out.
+A set finds the queue's books by name (a new name checked as txkestrel
+checks it: `kestrel.names.decode_queue_name`), checks Kestrel's limits
+(`max_items`, `max_size`, `max_item_size`), makes an item with its add time
+and expiry (`kestrel.item.QItem`, the expiry as `memcache_expiry_ms` reads
+it), counts Kestrel's counters (`cmd_set`, `total_items` in txkestrel's
 `ServerStats`; per queue `items`, `bytes`, `mem_bytes`, `total_items`,
-`put_items`, `put_bytes`), records
-Kestrel's metrics in txkestrel's own histograms (`kestrel.metrics`:
-`request_size`, `queue_size`, `set_latency_usec` until the reply,
-`item_fsync_delay_usec` and `fsync_delay_usec`, settled once a second),
-and keeps the item unseen by readers until the turn's fsync is done. No
-layers, no Deferreds, no error handling: the least a durable set costs in
-Python with Kestrel's bookkeeping, the floor that txkestrel's own layering
-sits on in `durable-N`. Sets only: a get is served as the durable floor
-serves it, without the books. Only on a Twisted reactor.
+`put_items`, `put_bytes`) and records Kestrel's metrics in txkestrel's own
+histograms (`kestrel.metrics`: `request_size`, `queue_size`,
+`set_latency_usec` until the reply; with `--durable`,
+`item_fsync_delay_usec` and `fsync_delay_usec`), all settled once a second.
+With `--durable` the item is unseen by readers until its turn's fsync is
+done; without, its record is written and it is seen at once. A get (plain,
+`/open`, `/close`) discards expired head items (`expired_items`), counts
+`cmd_get`, `get_hits` or `get_misses`, per queue `get_items_hit` or
+`get_items_miss`, `items`, `bytes`, `mem_bytes`, `age`, and for an open
+read `transactions` and the open reads, and records `get_hit_latency_usec`
+or `get_miss_latency_usec`, `delivery_latency_msec`, `queue_size`, and for
+an open or a close `tx_map_size` and `tx_expire_list_size`. No layers,
+Deferreds, sessions, error handling or upkeep checks, and no holding of a
+plain read until its reply is in the kernel (txkestrel's own promise, not
+Kestrel's): the least a request costs in Python with Kestrel's
+bookkeeping, the floor that txkestrel's own layering sits on (in
+`durable-N` with `--durable`; one request at a time without). Only on a
+Twisted reactor.
 
     python3 benchmarks/floor_server.py [--reactor kestrel|epoll|none] PORT
     python3 benchmarks/floor_server.py [--reactor ...] --journal DIR [--durable] PORT
-    python3 benchmarks/floor_server.py [--reactor kestrel|epoll] --journal DIR --durable \
+    python3 benchmarks/floor_server.py [--reactor kestrel|epoll] --journal DIR [--durable] \
         --bookkeeping PORT
 """
 
@@ -89,7 +99,7 @@ QUEUES: defaultdict[bytes, deque[bytes | QItem]] = defaultdict(deque)
 XIDS = count(1)
 
 #: A connection's open reads: (xid, item) per queue (bare name).
-OpenReads = dict[bytes, tuple[int, bytes]]
+OpenReads = dict[bytes, tuple[int, Any]]
 
 #: With --journal: the folder, and the open journal file of each queue.
 JOURNAL_DIR: str | None = None
@@ -142,7 +152,7 @@ def record(queue: bytes, data: bytes) -> None:
         os.write(journal_fd(queue), data)
 
 
-#: With --bookkeeping (and --durable): what a Kestrel queue keeps and counts per add.
+#: With --bookkeeping: what a Kestrel queue keeps and counts per request.
 BOOKKEEPING = False
 #: Kestrel's limits on a queue (its defaults: no limit).
 MAX_ITEMS = 2**31 - 1
@@ -160,26 +170,30 @@ STATS = ServerStats(time.time())
 
 class QueueBooks:
     """
-    What a Kestrel queue keeps and counts per durable add, and nothing
-    more: its counters, its metrics, and the items added this turn, unseen
-    by readers until the turn's fsync is done (L{synced}).
+    What a Kestrel queue keeps and counts per request, and nothing more:
+    its counters, its metrics and its items. A durable add (--durable) is
+    unseen by readers until the turn's fsync is done (L{synced}); otherwise
+    its record is written and it is seen at once.
     """
 
     __slots__ = ("key", "name", "fifo", "unseen", "write_times", "metrics", "length", "bytes",
-                 "memory_bytes", "total_items", "put_items", "put_bytes")
+                 "memory_bytes", "total_items", "put_items", "put_bytes", "get_items_hit",
+                 "get_items_miss", "expired_items", "transactions", "open_reads", "age_ms")
 
     def __init__(self, name: bytes) -> None:
         self.key = name
         self.name = decode_queue_name(name)
-        self.fifo = QUEUES[name]
+        self.fifo: deque[QItem] = QUEUES[name]  # type: ignore[assignment]
         self.unseen: list[QItem] = []
         self.write_times: list[float] = []
         self.metrics: QueueMetrics = METRICS.queue(self.name)
         self.length = self.bytes = self.memory_bytes = 0
         self.total_items = self.put_items = self.put_bytes = 0
+        self.get_items_hit = self.get_items_miss = self.expired_items = 0
+        self.transactions = self.open_reads = self.age_ms = 0
 
     def add(self, data: bytes, exptime: int) -> bytes:
-        """Keep and count a durable add of C{data}; return its reply."""
+        """Keep and count an add of C{data}; return its reply."""
         now = time.time()
         size = len(data)
         STATS.cmd_set += 1
@@ -187,9 +201,14 @@ class QueueBooks:
             return b"NOT_STORED\r\n"
         now_ms = int(now * 1000)
         item = QItem(data, now_ms, memcache_expiry_ms(exptime, now_ms) if exptime else 0)
-        TURN_RECORDS[self.key].append(encode_add(data, now_ms, item.expiry_ms))
-        self.unseen.append(item)
-        self.write_times.append(now)
+        record = encode_add(data, now_ms, item.expiry_ms)
+        if DURABLE:
+            TURN_RECORDS[self.key].append(record)
+            self.unseen.append(item)
+            self.write_times.append(now)
+        else:
+            os.write(journal_fd(self.key), record)
+            self.fifo.append(item)
         self.length += 1
         self.bytes += size
         self.memory_bytes += size
@@ -200,7 +219,10 @@ class QueueBooks:
         metrics = self.metrics
         metrics.request_size.add(size)
         metrics.queue_size.add(self.length)
-        TURN_SETS.append((metrics.set_latency_usec.add, now))
+        if DURABLE:
+            TURN_SETS.append((metrics.set_latency_usec.add, now))
+        else:
+            metrics.set_latency_usec.add((time.time() - now) * 1e6)
         return b"STORED\r\n"
 
     def synced(self, started: float) -> None:
@@ -210,6 +232,71 @@ class QueueBooks:
         self.write_times.clear()
         self.fifo.extend(self.unseen)
         self.unseen.clear()
+
+    def take(self, key: bytes, open_read: bool) -> tuple[bytes, QItem | None]:
+        """
+        Remove the live head item (expired ones are discarded first, each
+        journaled as a REMOVE) for a get of C{key}; with C{open_read}, as
+        an open read under a fresh xid (C{item.xid}). Counted and recorded
+        as Kestrel does: the reply and the item, or END and C{None}.
+        """
+        now = time.time()
+        STATS.cmd_get += 1
+        fifo = self.fifo
+        now_ms = int(now * 1000)
+        item = None
+        while fifo:
+            head = fifo.popleft()
+            size = len(head.data)
+            self.length -= 1
+            self.bytes -= size
+            self.memory_bytes -= size
+            if not head.expiry_ms or head.expiry_ms >= now_ms:
+                item = head
+                break
+            self.expired_items += 1
+            record(self.key, REMOVE_BYTES)
+        metrics = self.metrics
+        if item is None:
+            STATS.get_misses += 1
+            self.get_items_miss += 1
+            metrics.get_miss_latency_usec.add((time.time() - now) * 1e6)
+            return b"END\r\n", None
+        STATS.get_hits += 1
+        self.get_items_hit += 1
+        wait_ms = now_ms - item.add_time_ms
+        self.age_ms = wait_ms if wait_ms > 0 else 0
+        if open_read:
+            self.transactions += 1
+            self.open_reads += 1
+            item.xid = xid = next(XIDS)
+            record(self.key, encode_xid(Opcode.REMOVE_TENTATIVE_XID, xid))
+            metrics.tx_map_size.add(self.open_reads)
+            metrics.tx_expire_list_size.add(0)
+        else:
+            record(self.key, REMOVE_BYTES)
+        metrics.queue_size.add(len(fifo))
+        done = time.time()
+        metrics.get_hit_latency_usec.add((done - now) * 1e6)
+        metrics.delivery_latency_msec.add(done * 1000 - item.add_time_ms)
+        data = item.data
+        return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data), item
+
+    def confirm(self, xid: int) -> None:
+        """Confirm open read C{xid}: journaled, and the open reads recorded."""
+        self.open_reads -= 1
+        record(self.key, encode_xid(Opcode.CONFIRM_REMOVE, xid))
+        self.metrics.tx_map_size.add(self.open_reads)
+        self.metrics.tx_expire_list_size.add(0)
+
+    def give_back(self, item: QItem) -> None:
+        """An open read's connection has gone: its item is back at the head."""
+        size = len(item.data)
+        self.open_reads -= 1
+        self.fifo.appendleft(QItem(item.data, item.add_time_ms, item.expiry_ms))
+        self.length += 1
+        self.bytes += size
+        self.memory_bytes += size
 
 
 #: With --bookkeeping: each queue's books, by name.
@@ -254,12 +341,12 @@ def answer(buf: bytes, opened: OpenReads) -> tuple[bytes, bytes]:
             QUEUES[words[1]].append(data)
             out.append(b"STORED\r\n")
         elif words and words[0] == b"get" and len(words) >= 2:
-            if b"/" in words[1]:
+            if BOOKKEEPING:
+                out.append(booked_read(words[1], opened))
+            elif b"/" in words[1]:
                 out.append(reliable_read(words[1], opened))
             elif q := QUEUES.get(words[1]):
                 item: Any = q.popleft()
-                if item.__class__ is QItem:  # (--bookkeeping)
-                    item = item.data
                 if JOURNAL_DIR is not None:
                     record(words[1], REMOVE_BYTES)
                 out.append(b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (words[1], len(item), item))
@@ -284,8 +371,6 @@ def reliable_read(key: bytes, opened: OpenReads) -> bytes:
         if not q or name in opened:
             return b"END\r\n"
         item: Any = q.popleft()
-        if item.__class__ is QItem:  # (--bookkeeping)
-            item = item.data
         xid = next(XIDS)
         opened[name] = (xid, item)
         if JOURNAL_DIR is not None:
@@ -298,10 +383,36 @@ def reliable_read(key: bytes, opened: OpenReads) -> bytes:
     return b"END\r\n"
 
 
+def booked_read(key: bytes, opened: OpenReads) -> bytes:
+    """
+    The reply to C{get <key>} with Kestrel's books (--bookkeeping): a plain
+    get, C{<q>/open} (END if this connection holds one of the queue open
+    already) or C{<q>/close} (END); anything else, END.
+    """
+    name, _, option = key.partition(b"/")
+    if not option:
+        return books_of(name).take(key, False)[0]
+    if option == b"open":
+        if name in opened:
+            return b"END\r\n"
+        reply, item = books_of(name).take(key, True)
+        if item is not None:
+            opened[name] = (item.xid, item)
+        return reply
+    if option == b"close":
+        closed = opened.pop(name, None)
+        if closed is not None:
+            books_of(name).confirm(closed[0])
+    return b"END\r\n"
+
+
 def give_back(opened: OpenReads) -> None:
     """A connection has gone: its open items are back at the head of their queues."""
     for name, (_, item) in opened.items():
-        QUEUES[name].appendleft(item)
+        if BOOKKEEPING:
+            books_of(name).give_back(item)
+        else:
+            QUEUES[name].appendleft(item)
     opened.clear()
 
 
@@ -398,14 +509,15 @@ def main() -> None:
                         help="with --journal: one write and one fsync per queue per reactor "
                              "turn, before the turn's replies are sent")
     parser.add_argument("--bookkeeping", action="store_true",
-                        help="with --durable, on a Twisted reactor: per set, also what a "
+                        help="with --journal, on a Twisted reactor: per request, also what a "
                              "Kestrel queue keeps and counts (limits, an item with its times, "
-                             "counters, metrics settled once a second, unseen until the fsync)")
+                             "expiry, counters, metrics settled once a second; with --durable, "
+                             "unseen until the fsync)")
     args = parser.parse_args()
     if args.durable and not args.journal:
         parser.error("--durable needs --journal")
-    if args.bookkeeping and (not args.durable or args.reactor == "none"):
-        parser.error("--bookkeeping needs --durable and a Twisted reactor")
+    if args.bookkeeping and (not args.journal or args.reactor == "none"):
+        parser.error("--bookkeeping needs --journal and a Twisted reactor")
     global JOURNAL_DIR, DURABLE, BOOKKEEPING
     JOURNAL_DIR = args.journal
     DURABLE = args.durable

@@ -29,9 +29,11 @@ cost grows with the distinct values recorded since the last; with
 (`benchmarks/settle_rarely`), and the count leaves it out.
 
 Servers: txkestrel (this checkout), --baseline-src (another checkout, as
-"txkestrel-before"), Redis (--redis, Debian's `redis-server`), and for
-durable-N with --floors the durable floor and the bookkeeping floor
-(`benchmarks/floor_server.py`). Needs `apt-get install valgrind`.
+"txkestrel-before"), Redis (--redis, Debian's `redis-server`), and with
+--floors the floors of `benchmarks/floor_server.py`: for durable-N the
+durable floor and the bookkeeping floor, for dequeue-1 and reliable-1 the
+journal floor and the bookkeeping floor (the same without `--durable`).
+Needs `apt-get install valgrind`.
 
     python3 benchmarks/instructions.py                         # durable-50: txkestrel and Redis
     python3 benchmarks/instructions.py --floors --baseline-src ../before
@@ -112,7 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--redis", default=shutil.which("redis-server") or "",
                         help="redis-server binary; '' to leave Redis out")
     parser.add_argument("--floors", action="store_true",
-                        help="in durable-N, count the durable floor and the bookkeeping floor")
+                        help="count the floors too: in durable-N the durable floor and the "
+                             "bookkeeping floor, one request at a time the journal floor and "
+                             "the bookkeeping floor")
     parser.add_argument("--settle-rarely", action="store_true",
                         help="run the Python servers with their histograms settled once in "
                              "10^6 s instead of every second (benchmarks/settle_rarely): "
@@ -152,11 +156,13 @@ def candidates(args: argparse.Namespace, work: Workload) -> Iterator[Server]:
         fsync = "always" if work.durable else "no"
         yield Server("redis", "resp", lambda folder, port: servers.redis_process(
             args.redis, port, folder, fsync=fsync))
-    if args.floors and work.durable:
-        yield Server("durable-floor", "kestrel", lambda folder, port: servers.floor_process(
-            port, journal=folder / "journal", durable=True))
+    if args.floors:
+        durable = work.durable
+        yield Server("durable-floor" if durable else "journal-floor", "kestrel",
+                     lambda folder, port: servers.floor_process(
+                         port, journal=folder / "journal", durable=durable))
         yield Server("bookkeeping-floor", "kestrel", lambda folder, port: servers.floor_process(
-            port, journal=folder / "journal", durable=True, bookkeeping=True))
+            port, journal=folder / "journal", durable=durable, bookkeeping=True))
 
 
 def instructions(server: Server, work: Workload, count: int, valgrind: str) -> int:

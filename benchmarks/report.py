@@ -167,14 +167,17 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = []
     journaled = []
     durable = []
+    booked = []
     for name, rows in by_workload.items():
         cpu = {r["server"]: r["cpu_us"]["median"] for r in rows}
         if "txkestrel" not in cpu:
             continue
-        if rows[0]["unit"] == "set":
+        unit = rows[0]["unit"]
+        if unit == "set":
             durable += _durable_floors(name, cpu)
             continue
-        if rows[0]["unit"] != "pair":
+        booked += _booked_floor(name, unit, cpu)
+        if unit != "pair":
             continue
         title = WORKLOAD_TITLES.get(name, name).split(" (")[0].split(":")[0]
         title = f"{title[0].lower()}{title[1:]}"
@@ -199,6 +202,12 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
                 "it replies, with no stats, metrics, limits, expiry or checks: the least a "
                 "Python server on Twisted costs that journals every request ("
                 + "; ".join(journaled) + ")."]
+    if booked:
+        out += ["", "*bookkeeping-floor* (`--bookkeeping-floor`) is the journal floor doing, per "
+                "request, what a Kestrel queue keeps and counts (limits, an item, expiry, "
+                "counters, txkestrel's metrics) with no layers: the least a Kestrel-compatible "
+                "server in Python on Twisted costs. CPU us (against the target's peer: Redis per "
+                "pair, beanstalkd per reliable item): " + "; ".join(booked) + "."]
     if durable:
         out += ["", "*durable-floor* (`--durable-floor`) is the journal floor writing and fsyncing "
                 "its journal once per reactor turn before the turn's replies; "
@@ -207,6 +216,26 @@ def floor_reading(by_workload: dict[str, list[dict[str, Any]]]) -> list[str]:
                 "txkestrel's metrics, unseen until the fsync) with no layers. CPU us per set "
                 "(against Redis's): " + "; ".join(durable) + "."]
     return out
+
+
+def _booked_floor(workload: str, unit: str, cpu: dict[str, float]) -> list[str]:
+    """
+    One clause for C{workload} (one request at a time) if the bookkeeping
+    floor ran: its cost and txkestrel's per C{unit}, each against the peer
+    of the target (Redis per pair, beanstalkd per reliable item) when it ran.
+    """
+    if "bookkeeping-floor" not in cpu:
+        return []
+    peer, title = ("redis", "Redis") if unit == "pair" else ("beanstalkd", "beanstalkd")
+    against = cpu.get(peer)
+
+    def cost(server: str) -> str:
+        ratio = f" ({cpu[server] / against:.2f}x)" if against else ""
+        return f"{server} {cpu[server]:,.1f}{ratio}"
+
+    head = f"{title} {against:,.1f}, " if against else ""
+    return [f"{workload}, per {unit}: {head}"
+            + ", ".join(cost(s) for s in ("bookkeeping-floor", "txkestrel"))]
 
 
 def _durable_floors(workload: str, cpu: dict[str, float]) -> list[str]:

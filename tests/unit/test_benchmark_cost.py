@@ -172,6 +172,49 @@ def test_bookkeeping_floor_answers_after_the_fsync_with_items_that_replay(
     assert second.expiry_ms == second.add_time_ms + 60_000
 
 
+def test_bookkeeping_floor_serves_reads_with_kestrels_books(tmp_path: Path) -> None:
+    """
+    Without --durable, the bookkeeping floor (floor_server.py --journal
+    --bookkeeping) serves cost.py's one-request-at-a-time workloads with
+    Kestrel's books: a set is seen at once; a get discards an expired head
+    item (journaled as a REMOVE) and hands out the next; C{/open} holds the
+    head (one per queue and connection) and C{/close} confirms it; what a
+    connection that has gone held open is back at the head. Every request
+    is journaled in records that replay.
+    """
+    port = free_port()
+    journal_dir = tmp_path / "journal"
+    with floor_process(port, "kestrel", journal_dir, bookkeeping=True):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            replies = _exchange(sock, b"set q 0 -1 4\r\ngone\r\nset q 0 0 1\r\na\r\n"
+                                      b"set q 0 0 1\r\nb\r\nset q 0 0 1\r\nc\r\nget q\r\n"
+                                      b"get q/open\r\nget q/open\r\nget q/close\r\n"
+                                      b"get q/open\r\n",
+                                b"VALUE q/open 0 1\r\nc\r\nEND\r\n")
+        assert replies == (b"STORED\r\n" * 4 + b"VALUE q 0 1\r\na\r\nEND\r\n"
+                           b"VALUE q/open 0 1\r\nb\r\nEND\r\nEND\r\nEND\r\n"
+                           b"VALUE q/open 0 1\r\nc\r\nEND\r\n")
+        # (c was open on the connection that has gone: back at the head)
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                replies = _exchange(sock, b"get q\r\n", b"END\r\n")
+            if replies != b"END\r\n" or time.monotonic() > deadline:
+                break
+        assert replies == b"VALUE q 0 1\r\nc\r\nEND\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            assert _exchange(sock, b"get q\r\n", b"END\r\n") == b"END\r\n"
+    (name,) = os.listdir(journal_dir)
+    (journal_dir / name).rename(journal_dir / "q")
+    records: list[rec.Record] = []
+    FileJournal(str(journal_dir), "q", Clock(), None).replay(records.append)
+    assert [type(r) for r in records] == [rec.Add] * 4 + [
+        rec.Remove, rec.Remove, rec.RemoveTentativeXid, rec.ConfirmRemove,
+        rec.RemoveTentativeXid, rec.Remove]
+    assert [r.data for r in records[:4] if isinstance(r, rec.Add)] == [b"gone", b"a", b"b", b"c"]
+    assert records[6].xid == records[7].xid != records[8].xid
+
+
 def test_report_reads_both_floors() -> None:
     """report.py says what share of txkestrel's CPU each floor server costs."""
 
@@ -201,6 +244,45 @@ def test_report_reads_the_durable_floors_against_redis() -> None:
     assert "durable-10: bookkeeping-floor 24.0, txkestrel 30.0." in without_redis
     assert report.floor_reading({"durable-50": [row("txkestrel", 22.5),
                                                 row("redis", 12.5)]}) == []
+
+
+def test_report_reads_the_bookkeeping_floor_against_each_targets_peer() -> None:
+    """
+    One request at a time, report.py gives the bookkeeping floor's and
+    txkestrel's cost against the peer of the target: Redis per pair,
+    beanstalkd per reliable item.
+    """
+
+    def row(server: str, unit: str, cpu: float) -> dict[str, object]:
+        return {"server": server, "unit": unit, "cpu_us": {"median": cpu}}
+
+    text = "\n".join(report.floor_reading({
+        "dequeue-1": [row("txkestrel", "pair", 90.0), row("redis", "pair", 50.0),
+                      row("beanstalkd", "pair", 80.0), row("bookkeeping-floor", "pair", 70.0)],
+        "reliable-1": [row("txkestrel", "item", 140.0), row("redis", "item", 90.0),
+                       row("beanstalkd", "item", 80.0),
+                       row("bookkeeping-floor", "item", 100.0)]}))
+    assert ("dequeue-1, per pair: Redis 50.0, bookkeeping-floor 70.0 (1.40x), txkestrel 90.0 "
+            "(1.80x); reliable-1, per item: beanstalkd 80.0, bookkeeping-floor 100.0 (1.25x), "
+            "txkestrel 140.0 (1.75x).") in text
+    alone = "\n".join(report.floor_reading({"dequeue-1": [
+        row("txkestrel", "pair", 90.0), row("bookkeeping-floor", "pair", 70.0)]}))
+    assert "dequeue-1, per pair: bookkeeping-floor 70.0, txkestrel 90.0." in alone
+
+
+def test_instructions_counts_the_floors_of_each_workload() -> None:
+    """
+    instructions.py --floors counts the durable and bookkeeping floors in
+    durable-N, and the journal and bookkeeping floors one request at a time.
+    """
+    import instructions
+
+    args = instructions.parse_args(["--floors", "--redis", ""])
+    names = {name: [s.name for s in instructions.candidates(args, instructions.workload(
+        name, 1024))] for name in ("durable-50", "dequeue-1", "reliable-1")}
+    assert names == {"durable-50": ["txkestrel", "durable-floor", "bookkeeping-floor"],
+                     "dequeue-1": ["txkestrel", "journal-floor", "bookkeeping-floor"],
+                     "reliable-1": ["txkestrel", "journal-floor", "bookkeeping-floor"]}
 
 
 def test_instructions_reports_ratios_against_txkestrel_and_redis() -> None:
