@@ -386,8 +386,8 @@ class QueueCollection(ExpirySweeps, Service):
               then: None = ...) -> bool | Deferred[bool]: ...
 
     @overload
-    def offer(self, name: str, data: bytes, expiry_ms: int = ...,
-              *, then: Answer | None) -> bool | Deferred[bool] | None: ...
+    def offer(self, name: str, data: bytes, expiry_ms: int,
+              then: Answer | None) -> bool | Deferred[bool] | None: ...
 
     def offer(self, name: str, data: bytes, expiry_ms: int = 0,
               then: Answer | None = None) -> bool | Deferred[bool] | None:
@@ -416,7 +416,7 @@ class QueueCollection(ExpirySweeps, Service):
                                 consumeErrors=True).addCallback(all_true)
         if name in self._fanouts:
             return self._add_with_fanouts(name, data, expiry_ms)
-        return self._add_one(name, data, expiry_ms, then=then)
+        return self._add_one(name, data, expiry_ms, then)
 
     def _add_to_destination(self, name: str, data: bytes, expiry_ms: int) -> Deferred[bool]:
         try:
@@ -460,14 +460,14 @@ class QueueCollection(ExpirySweeps, Service):
 
     @overload
     def _add_one(self, name: str, data: bytes, expiry_ms: int,
-                 *, then: Answer | None) -> bool | Deferred[bool] | None: ...
+                 then: Answer | None) -> bool | Deferred[bool] | None: ...
 
     def _add_one(self, name: str, data: bytes, expiry_ms: int,
                  then: Answer | None = None) -> bool | Deferred[bool] | None:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._create_queue(name)
-        answer = queue.offer(data, expiry_ms, then=then)
+        answer = queue.offer(data, expiry_ms, then)
         # Counted once stored, as the queue counts its own: at once, or for
         # a durable add (still waiting) once written; a stop closes the
         # journals, whose last fsync answers it.

@@ -179,7 +179,9 @@ class JournalLoader:
     C{step_bytes} of journal. Progress is logged per queue (items, bytes,
     seconds) and, during a long startup, every L{REPLAY_PROGRESS_INTERVAL}
     seconds. While it replays, the garbage collector is off (replay makes
-    long-lived objects only).
+    long-lived objects only); once L{start}'s replay is done (at once if
+    there was nothing to replay), every object alive is frozen out of the
+    collector's reach (C{gc.freeze}).
 
     @ivar loading: the queues still loading, by name, in replay order.
     """
@@ -398,13 +400,17 @@ class JournalLoader:
     def _restore_gc(self, freeze: bool = False) -> None:
         """
         Turn the garbage collector back on if replay turned it off; with
-        C{freeze}, first move every object alive (the replayed items) out of
-        its reach (C{gc.freeze}): they are long-lived, and its first pass
-        over them would otherwise hold the reactor for tens of ms.
+        C{freeze}, first move every object alive out of its reach
+        (C{gc.freeze}), whether or not anything was replayed: the replayed
+        items, and what the server made to start (modules, classes, the
+        queues), are long-lived. The collector's first pass over replayed
+        items would hold the reactor for tens of ms, and each full pass
+        after it would walk all of them again for nothing (3.6% of a durable
+        set's instructions, with a server started empty: docs/performance.md).
         """
+        if freeze:
+            gc.freeze()
         if self._gc_was_enabled:
-            if freeze:
-                gc.freeze()
             gc.enable()
         self._gc_was_enabled = None
 

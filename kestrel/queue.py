@@ -168,19 +168,27 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
     def add(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
             add_time_ms: int | None = None) -> Deferred[bool]:
         """L{offer}, its answer always in a Deferred."""
-        return in_deferred(self.offer(data, expiry_ms, xid, add_time_ms))
+        return in_deferred(self.offer(data, expiry_ms, xid=xid, add_time_ms=add_time_ms))
+
+    # (then is third, so that the hot path passes it by position: a call with
+    # keywords is not specialized, and costs a few hundred instructions more)
+    @overload
+    def offer(self, data: bytes, expiry_ms: int = ..., then: None = ...,
+              xid: int | None = ..., add_time_ms: int | None = ...,
+              ) -> bool | Deferred[bool]: ...
 
     @overload
-    def offer(self, data: bytes, expiry_ms: int = ..., xid: int | None = ...,
-              add_time_ms: int | None = ..., then: None = ...) -> bool | Deferred[bool]: ...
+    def offer(self, data: bytes, expiry_ms: int, then: Answer | None,
+              xid: int | None = ..., add_time_ms: int | None = ...,
+              ) -> bool | Deferred[bool] | None: ...
 
     @overload
-    def offer(self, data: bytes, expiry_ms: int = ..., xid: int | None = ...,
-              add_time_ms: int | None = ..., *,
-              then: Answer | None) -> bool | Deferred[bool] | None: ...
+    def offer(self, data: bytes, expiry_ms: int = ..., *, then: Answer | None,
+              xid: int | None = ..., add_time_ms: int | None = ...,
+              ) -> bool | Deferred[bool] | None: ...
 
-    def offer(self, data: bytes, expiry_ms: int = 0, xid: int | None = None,
-              add_time_ms: int | None = None, then: Answer | None = None,
+    def offer(self, data: bytes, expiry_ms: int = 0, then: Answer | None = None,
+              xid: int | None = None, add_time_ms: int | None = None,
               ) -> bool | Deferred[bool] | None:
         """
         Append an item: C{True} if it was stored, C{False} if refused, when
@@ -261,7 +269,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         if add is not None:
             told = add.told
             if told is None:  # (the usual case: told once the turn's fsync is done)
-                number = add.number = self._store(item, unseen=True)
+                number = add.number = self._store(item, True)  # (unseen)
                 add.shown = self._unsynced.show_through if number else self._synced_on_disk
                 return None
             if told.__class__ is Failure:

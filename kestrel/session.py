@@ -506,7 +506,7 @@ class ClientSession(ThriftReads):
         self._stats.cmd_set += 1
         clock = self._clock
         started = clock.seconds()
-        stored = self._collection.offer(name, data, expiry_ms, then=answer)
+        stored = self._collection.offer(name, data, expiry_ms, answer)
         if stored is None:
             return None  # (the queue records its latency, then answers)
         if stored is True or stored is False or stored.called:

@@ -9,6 +9,7 @@ talks to the collection in between, as clients would.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -271,6 +272,40 @@ def test_fanout_child_loading_gets_the_masters_adds(tmp_path: Path, clock: Clock
     child = c.queue("m+child", create=False)
     assert child is not None and child.length == BIG + 1
     c.stopService()
+
+
+@pytest.mark.parametrize("journals", [True, False])
+def test_everything_alive_is_frozen_once_loaded(tmp_path: Path, clock: Clock,
+                                                journals: bool) -> None:
+    """
+    Once start_loading's replay is done (at once when there is no journal),
+    every object alive is out of the garbage collector's reach: the
+    replayed items, and the objects made to start, are long-lived, and a
+    full collection would walk them again for nothing. The collector is on.
+    """
+    if journals:
+        write_journal(tmp_path, "big", big_items())
+    c = loading_collection(tmp_path, clock)
+    gc.unfreeze()
+    try:
+        loaded = fired(c.start_loading())
+        if journals:
+            assert gc.get_freeze_count() == 0  # (nothing frozen while it replays)
+            run_until_loaded(c, clock)
+        assert loaded == [None]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() > 0
+        reached = {id(obj) for obj in gc.get_objects()}  # (every generation but the frozen)
+        assert gc.is_tracked(c) and id(c) not in reached
+        if journals:
+            queue = c.queue("big", create=False)
+            assert queue is not None
+            item = queue.peek()
+            assert item is not None and item.data == big_items()[0]
+            assert gc.is_tracked(item) and id(item) not in reached
+    finally:
+        gc.unfreeze()
+        c.stopService()
 
 
 def test_synchronous_start_still_replays_everything(two_queues: Path, clock: Clock) -> None:
