@@ -57,7 +57,7 @@ from kestrel.queue_replay import QueueReplay
 from kestrel.queue_stats import QueueStats
 from kestrel.read_behind import ReadBehind
 from kestrel.settled import in_deferred
-from kestrel.unsynced import Answer, DurableAdd, Unsynced
+from kestrel.unsynced import Answer, DurableAdd, DurableAdds, Unsynced
 from kestrel.waiters import BlockingReads
 
 __all__ = ["JOURNAL_RETRY_SECONDS", "PersistentQueue", "QueueObserver"]
@@ -104,6 +104,10 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
                                       self.count_get)
         # (durable adds' items, after _items, seen by no reader until their fsync)
         self._unsynced = Unsynced(self._items, self._blocked.wake, self._all_shown)
+        # (what every durable add shares: the name, and what times and records
+        # its set_latency_usec, from offer until its producer is answered)
+        self._durable_adds = DurableAdds(
+            name, None if observer is None else observer.set_latency_usec.add, clock.seconds)
         # (the containers behind _reads and _blocked, tested per plain read)
         self._open_by_xid = self._reads.by_xid
         self._waiting = self._blocked.waiting
@@ -258,10 +262,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             else:
                 # (its latency, from now until the producer is answered, is
                 # recorded by the add itself: the session records at-once answers)
-                observer = self.observer
-                add = DurableAdd(self.name, then,
-                                 None if observer is None else observer.set_latency_usec.add,
-                                 now, clock.seconds)
+                add = DurableAdd(self._durable_adds, then, now)
                 d = journal.add_unseen(item, add)  # (None: add is told)
         except Exception as e:
             self._log.failure("Journal write failed for {queue}; item refused", queue=self.name)

@@ -27,7 +27,7 @@ from twisted.python.failure import Failure
 from kestrel.item import QItem
 from kestrel.queue_health import unavailable_failure
 
-__all__ = ["Answer", "DurableAdd", "LatencyRecorder", "Unsynced"]
+__all__ = ["Answer", "DurableAdd", "DurableAdds", "LatencyRecorder", "Unsynced"]
 
 #: What answers a durable add's producer, told C{True} or the L{Failure}
 #: (L{DurableAdd}; C{then} of L{kestrel.queue.PersistentQueue.offer}).
@@ -106,6 +106,30 @@ class Unsynced:
         self._shown = self._held
 
 
+class DurableAdds:
+    """
+    What every durable add of one queue shares, made once with the queue:
+    the queue's name (for a failure and the log), what records an add's
+    C{set_latency_usec} (the queue observer's histogram, or C{None}), and
+    the clock that times it. A queue's observer is its own for life, and so
+    is a histogram's C{add} (L{kestrel.metrics.Histogram}), so neither is
+    looked up again per add.
+    """
+
+    __slots__ = ("queue", "record", "seconds")
+
+    def __init__(self, queue: str, record: LatencyRecorder | None = None,
+                 seconds: Callable[[], float] | None = None) -> None:
+        """
+        @param queue: the queue's name.
+        @param record: given, called with the microseconds from an add's
+            start to its answer, read from C{seconds} (the queue's clock).
+        """
+        self.queue = queue
+        self.record = record
+        self.seconds = seconds
+
+
 class DurableAdd:
     """
     The waiter (L{kestrel.journal.syncfile.Waiter}) of one durable add's
@@ -135,24 +159,19 @@ class DurableAdd:
         if told before L{shown} was set.
     """
 
-    __slots__ = ("_queue", "_then", "_record", "_started", "_seconds", "shown", "number", "told")
+    __slots__ = ("_shared", "_then", "_started", "shown", "number", "told")
 
     _log = Logger()
 
-    def __init__(self, queue: str, then: Answer, record: LatencyRecorder | None = None,
-                 started: float = 0.0, seconds: Callable[[], float] | None = None) -> None:
+    def __init__(self, shared: DurableAdds, then: Answer, started: float = 0.0) -> None:
         """
-        @param queue: the queue's name, for the failure and the log.
+        @param shared: what the queue's durable adds share (its name, and
+            what records their latency, timed from C{started}).
         @param then: the producer's answer.
-        @param record: given, called with the microseconds from C{started}
-            to the answer, read from C{seconds} (the queue's clock): the
-            add's C{set_latency_usec}.
         """
-        self._queue = queue
+        self._shared = shared
         self._then = then
-        self._record = record
         self._started = started
-        self._seconds = seconds
         self.shown: Callable[[int], object] | None = None
         self.number = 0
         self.told: bool | Failure | None = None
@@ -168,25 +187,27 @@ class DurableAdd:
         if shown is None:
             self.told = True if result is None else result
             return
+        shared = self._shared
         outcome: bool | Failure
         if result is None:
             try:
                 shown(self.number)
                 outcome = True
             except Exception:
-                self._log.failure("Showing a durable add to {queue} failed", queue=self._queue)
+                self._log.failure("Showing a durable add to {queue} failed", queue=shared.queue)
                 outcome = Failure()
         else:
-            outcome = unavailable_failure(self._queue, result)
-        record = self._record
+            outcome = unavailable_failure(shared.queue, result)
+        record = shared.record
         if record is not None:
             try:
-                record((self._seconds() - self._started) * 1e6)  # type: ignore[misc]
+                record((shared.seconds() - self._started) * 1e6)  # type: ignore[misc]
             except Exception:
-                self._log.failure("Recording a durable add to {queue} failed", queue=self._queue)
+                self._log.failure("Recording a durable add to {queue} failed",
+                                  queue=shared.queue)
         try:
             self._then(outcome)
         except Exception:
-            self._log.failure("Answering a durable add to {queue} failed", queue=self._queue)
+            self._log.failure("Answering a durable add to {queue} failed", queue=shared.queue)
 
     errback = callback

@@ -14,12 +14,12 @@ from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from kestrel.errors import JournalUnavailable
-from kestrel.unsynced import DurableAdd
+from kestrel.unsynced import DurableAdd, DurableAdds
 
 
 def recorder() -> tuple[list[object], DurableAdd]:
     answers: list[object] = []
-    return answers, DurableAdd("q", answers.append)
+    return answers, DurableAdd(DurableAdds("q"), answers.append)
 
 
 def test_told_before_it_is_shown_it_keeps_the_outcome_and_answers_nothing() -> None:
@@ -36,7 +36,7 @@ def test_told_before_it_is_shown_it_keeps_the_outcome_and_answers_nothing() -> N
 def test_once_durable_it_shows_the_item_then_answers_true() -> None:
     """C{shown} is told the item's number, then the producer is answered."""
     order: list[object] = []
-    add = DurableAdd("q", lambda outcome: order.append(("answer", outcome)))
+    add = DurableAdd(DurableAdds("q"), lambda outcome: order.append(("answer", outcome)))
     add.number = 7
     add.shown = lambda number: order.append(("shown", number))
     add.callback(None)
@@ -74,7 +74,7 @@ def test_nothing_it_calls_raises_into_the_journal() -> None:
     def broken(outcome: object) -> None:
         raise RuntimeError("producer gone wrong")
 
-    durable, failed = DurableAdd("q", broken), DurableAdd("q", broken)
+    durable, failed = DurableAdd(DurableAdds("q"), broken), DurableAdd(DurableAdds("q"), broken)
     durable.shown = failed.shown = lambda _: None
     with capturedLogs() as events:
         durable.callback(None)
@@ -91,10 +91,9 @@ def test_it_records_the_latency_of_its_answer_then_answers() -> None:
     clock = Clock()
     clock.advance(10)
     order: list[object] = []
-    durable = DurableAdd("q", lambda outcome: order.append(("answer", outcome)),
-                         lambda usec: order.append(("latency", usec)), 10.0, clock.seconds)
-    failed = DurableAdd("q", lambda outcome: order.append(("answer", type(outcome))),
-                        lambda usec: order.append(("latency", usec)), 10.25, clock.seconds)
+    shared = DurableAdds("q", lambda usec: order.append(("latency", usec)), clock.seconds)
+    durable = DurableAdd(shared, lambda outcome: order.append(("answer", outcome)), 10.0)
+    failed = DurableAdd(shared, lambda outcome: order.append(("answer", type(outcome))), 10.25)
     durable.shown = failed.shown = lambda _: None
     clock.advance(0.5)
     durable.callback(None)
@@ -107,7 +106,7 @@ def test_told_before_it_is_shown_it_records_nothing() -> None:
     """A refusal at once, or nothing to wait for: the caller of offer records and answers."""
     recorded: list[float] = []
     for tell in ("callback", "errback"):
-        add = DurableAdd("q", recorded.append, recorded.append, 0.0, Clock().seconds)
+        add = DurableAdd(DurableAdds("q", recorded.append, Clock().seconds), recorded.append)
         getattr(add, tell)(None if tell == "callback" else Failure(OSError(errno.EIO, "EIO")))
         assert add.told is not None
     assert recorded == []
@@ -120,7 +119,7 @@ def test_a_failure_to_record_is_logged_and_the_producer_answered_all_the_same() 
     def broken(usec: float) -> None:
         raise RuntimeError("histogram gone wrong")
 
-    add = DurableAdd("q", answers.append, broken, 0.0, Clock().seconds)
+    add = DurableAdd(DurableAdds("q", broken, Clock().seconds), answers.append)
     add.shown = lambda _: None
     with capturedLogs() as events:
         add.callback(None)
