@@ -224,33 +224,35 @@ def _booked_floor(workload: str, unit: str, cpu: dict[str, float]) -> list[str]:
     floor ran: its cost and txkestrel's per C{unit}, each against the peer
     of the target (Redis per pair, beanstalkd per reliable item) when it ran.
     """
-    if "bookkeeping-floor" not in cpu:
+    peer = ("redis", "Redis") if unit == "pair" else ("beanstalkd", "beanstalkd")
+    return _floor_clause(f"{workload}, per {unit}", cpu, ["bookkeeping-floor"], peer)
+
+
+def _durable_floors(workload: str, cpu: dict[str, float]) -> list[str]:
+    """One clause for C{workload} if a durable floor ran: each floor's and txkestrel's cost."""
+    return _floor_clause(workload, cpu, ["durable-floor", "bookkeeping-floor"],
+                         ("redis", "Redis"))
+
+
+def _floor_clause(label: str, cpu: dict[str, float], floors: list[str],
+                  peer: tuple[str, str]) -> list[str]:
+    """
+    C{label}, then the peer's cost (C{peer}: its server name and title)
+    if it ran, then each of C{floors} that ran and txkestrel's, each
+    against the peer's; nothing if none of C{floors} ran.
+    """
+    servers = [s for s in floors if s in cpu]
+    if not servers:
         return []
-    peer, title = ("redis", "Redis") if unit == "pair" else ("beanstalkd", "beanstalkd")
-    against = cpu.get(peer)
+    name, title = peer
+    against = cpu.get(name)
 
     def cost(server: str) -> str:
         ratio = f" ({cpu[server] / against:.2f}x)" if against else ""
         return f"{server} {cpu[server]:,.1f}{ratio}"
 
     head = f"{title} {against:,.1f}, " if against else ""
-    return [f"{workload}, per {unit}: {head}"
-            + ", ".join(cost(s) for s in ("bookkeeping-floor", "txkestrel"))]
-
-
-def _durable_floors(workload: str, cpu: dict[str, float]) -> list[str]:
-    """One clause for C{workload} if a durable floor ran: each floor's and txkestrel's cost."""
-    servers = [s for s in ("durable-floor", "bookkeeping-floor") if s in cpu]
-    if not servers:
-        return []
-    redis = cpu.get("redis")
-
-    def cost(server: str) -> str:
-        against = f" ({cpu[server] / redis:.2f}x)" if redis else ""
-        return f"{server} {cpu[server]:,.1f}{against}"
-
-    head = f"Redis {redis:,.1f}, " if redis else ""
-    return [f"{workload}: {head}" + ", ".join(cost(s) for s in [*servers, "txkestrel"])]
+    return [f"{label}: {head}" + ", ".join(cost(s) for s in [*servers, "txkestrel"])]
 
 
 def public_command(command: str) -> str:

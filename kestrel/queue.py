@@ -107,7 +107,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         # (what every durable add shares: the name, and what times and records
         # its set_latency_usec, from offer until its producer is answered)
         self._durable_adds = DurableAdds(
-            name, None if observer is None else observer.set_latency_usec.add, clock.seconds)
+            name, clock.seconds, None if observer is None else observer.set_latency_usec.add)
         # (the containers behind _reads and _blocked, tested per plain read)
         self._open_by_xid = self._reads.by_xid
         self._waiting = self._blocked.waiting

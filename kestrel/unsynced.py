@@ -118,12 +118,13 @@ class DurableAdds:
 
     __slots__ = ("queue", "record", "seconds")
 
-    def __init__(self, queue: str, record: LatencyRecorder | None = None,
-                 seconds: Callable[[], float] | None = None) -> None:
+    def __init__(self, queue: str, seconds: Callable[[], float],
+                 record: LatencyRecorder | None = None) -> None:
         """
         @param queue: the queue's name.
+        @param seconds: the queue's clock.
         @param record: given, called with the microseconds from an add's
-            start to its answer, read from C{seconds} (the queue's clock).
+            start to its answer, read from C{seconds}.
         """
         self.queue = queue
         self.record = record
@@ -201,7 +202,7 @@ class DurableAdd:
         record = shared.record
         if record is not None:
             try:
-                record((shared.seconds() - self._started) * 1e6)  # type: ignore[misc]
+                record((shared.seconds() - self._started) * 1e6)
             except Exception:
                 self._log.failure("Recording a durable add to {queue} failed",
                                   queue=shared.queue)

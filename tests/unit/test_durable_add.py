@@ -17,9 +17,14 @@ from kestrel.errors import JournalUnavailable
 from kestrel.unsynced import DurableAdd, DurableAdds
 
 
+def unrecorded() -> DurableAdds:
+    """What the durable adds of a queue "q" with no observer share."""
+    return DurableAdds("q", Clock().seconds)
+
+
 def recorder() -> tuple[list[object], DurableAdd]:
     answers: list[object] = []
-    return answers, DurableAdd(DurableAdds("q"), answers.append)
+    return answers, DurableAdd(unrecorded(), answers.append)
 
 
 def test_told_before_it_is_shown_it_keeps_the_outcome_and_answers_nothing() -> None:
@@ -36,7 +41,7 @@ def test_told_before_it_is_shown_it_keeps_the_outcome_and_answers_nothing() -> N
 def test_once_durable_it_shows_the_item_then_answers_true() -> None:
     """C{shown} is told the item's number, then the producer is answered."""
     order: list[object] = []
-    add = DurableAdd(DurableAdds("q"), lambda outcome: order.append(("answer", outcome)))
+    add = DurableAdd(unrecorded(), lambda outcome: order.append(("answer", outcome)))
     add.number = 7
     add.shown = lambda number: order.append(("shown", number))
     add.callback(None)
@@ -74,7 +79,7 @@ def test_nothing_it_calls_raises_into_the_journal() -> None:
     def broken(outcome: object) -> None:
         raise RuntimeError("producer gone wrong")
 
-    durable, failed = DurableAdd(DurableAdds("q"), broken), DurableAdd(DurableAdds("q"), broken)
+    durable, failed = DurableAdd(unrecorded(), broken), DurableAdd(unrecorded(), broken)
     durable.shown = failed.shown = lambda _: None
     with capturedLogs() as events:
         durable.callback(None)
@@ -91,7 +96,7 @@ def test_it_records_the_latency_of_its_answer_then_answers() -> None:
     clock = Clock()
     clock.advance(10)
     order: list[object] = []
-    shared = DurableAdds("q", lambda usec: order.append(("latency", usec)), clock.seconds)
+    shared = DurableAdds("q", clock.seconds, lambda usec: order.append(("latency", usec)))
     durable = DurableAdd(shared, lambda outcome: order.append(("answer", outcome)), 10.0)
     failed = DurableAdd(shared, lambda outcome: order.append(("answer", type(outcome))), 10.25)
     durable.shown = failed.shown = lambda _: None
@@ -106,7 +111,7 @@ def test_told_before_it_is_shown_it_records_nothing() -> None:
     """A refusal at once, or nothing to wait for: the caller of offer records and answers."""
     recorded: list[float] = []
     for tell in ("callback", "errback"):
-        add = DurableAdd(DurableAdds("q", recorded.append, Clock().seconds), recorded.append)
+        add = DurableAdd(DurableAdds("q", Clock().seconds, recorded.append), recorded.append)
         getattr(add, tell)(None if tell == "callback" else Failure(OSError(errno.EIO, "EIO")))
         assert add.told is not None
     assert recorded == []
@@ -119,7 +124,7 @@ def test_a_failure_to_record_is_logged_and_the_producer_answered_all_the_same() 
     def broken(usec: float) -> None:
         raise RuntimeError("histogram gone wrong")
 
-    add = DurableAdd(DurableAdds("q", broken, Clock().seconds), answers.append)
+    add = DurableAdd(DurableAdds("q", Clock().seconds, broken), answers.append)
     add.shown = lambda _: None
     with capturedLogs() as events:
         add.callback(None)
