@@ -84,6 +84,13 @@ the db workloads are replaced by "one-at-a-time-1/10": the asyncio client
 at depth 1, which writes a set and its get together and waits for both
 replies (one pair at a time, not one request).
 
+The Python servers (txkestrel, the floors) run on the interpreter running
+this script unless --python names another: the python of a venv holding
+txkestrel's dependencies. With --baseline-python, txkestrel-before (this
+checkout unless --baseline-src) runs on that one: the same code on two
+interpreters in one run, e.g. a Python built without profile-guided
+optimization against Debian's.
+
     python benchmarks/cost.py --help
     python benchmarks/cost.py --darner ~/darner/darner --runs 5 --json cost.json
     python benchmarks/cost.py --runs 1 --pairs 2000 --no-strace      # smoke run
@@ -120,12 +127,14 @@ from servers import (
     beanstalkd_process,
     cpu_times,
     darner_process,
+    describe_python,
     floor_process,
     free_port,
     kestrel_process,
     memcached_process,
     pin_servers,
     redis_process,
+    use_python,
 )
 
 DURABLE_CONFIG = "default:\n  sync_journal: always\n  durable_acks: true\n"
@@ -488,21 +497,24 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
     wants = {(p, w.durable) for w in works for p in w.requests}
     plain: list[Server] = []
     durable: list[Server] = []
-    sources: list[tuple[str, Path, str | None]] = [("txkestrel", ROOT, None)]
+    # (label, checkout, reactor, interpreter: None for --python's)
+    sources: list[tuple[str, Path, str | None, str | None]] = [("txkestrel", ROOT, None, None)]
     if args.epoll:
-        sources.append(("txkestrel-epoll", ROOT, "epoll"))
-    if args.baseline_src:
-        sources.append(("txkestrel-before", args.baseline_src.resolve(), None))
-    for label, src, reactor in sources:
+        sources.append(("txkestrel-epoll", ROOT, "epoll", None))
+    if args.baseline_src or args.baseline_python:
+        sources.append(("txkestrel-before", (args.baseline_src or ROOT).resolve(), None,
+                        args.baseline_python))
+    for label, src, reactor, python in sources:
         if ("kestrel", False) in wants:
             port = free_port()
             proc = stack.enter_context(kestrel_process(root / label, port, src=src,
-                                                       reactor=reactor))
+                                                       reactor=reactor, python=python))
             plain.append(Server(label, port, proc.pid))
         if ("kestrel", True) in wants:
-            # The other journal_fsync modes asked for: this checkout only.
-            modes = [m for m in args.journal_fsync if m != "reactor"] if src == ROOT else []
-            for mode in (["reactor"] if "reactor" in args.journal_fsync or src != ROOT
+            # The other journal_fsync modes asked for: this checkout, on --python, only.
+            this = src == ROOT and python is None
+            modes = [m for m in args.journal_fsync if m != "reactor"] if this else []
+            for mode in (["reactor"] if "reactor" in args.journal_fsync or not this
                          else []) + modes:
                 name = label if mode == "reactor" else f"{label}-{mode}"
                 extra = DURABLE_CONFIG if mode == "reactor" else (
@@ -510,7 +522,7 @@ def start_servers(args: argparse.Namespace, works: list[Workload], root: Path,
                 port = free_port()
                 proc = stack.enter_context(kestrel_process(
                     root / f"{name}-durable", port, extra_config=extra, src=src,
-                    reactor=reactor))
+                    reactor=reactor, python=python))
                 durable.append(Server(name, port, proc.pid, durable=True))
     if args.darner:
         port = free_port()
@@ -569,7 +581,13 @@ def _drain(server: Server, work: Workload) -> None:
         queue_client.drain(server.protocol, server.port, work.queue)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """
+    The options of C{argv} (default: the command line), checked: every peer
+    binary asked for exists, and every interpreter asked for runs
+    txkestrel (C{pythons}: each one's description); exits with a usage
+    error otherwise.
+    """
     parser = argparse.ArgumentParser(
         description="Server CPU us per request, throughput, system calls per request and "
                     "load average of txkestrel, darner, memcached, Redis and beanstalkd, "
@@ -591,6 +609,15 @@ def main(argv: list[str] | None = None) -> int:
                              "-F (durable-50: -f 0); '' to leave it out")
     parser.add_argument("--baseline-src", type=Path,
                         help="also run txkestrel from this checkout (labelled txkestrel-before)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of txkestrel and the floor servers: the python of a "
+                             "venv that has txkestrel's dependencies (`pip install .`), e.g. "
+                             "one made with Debian's /usr/bin/python3.11 (default: the one "
+                             "running this script)")
+    parser.add_argument("--baseline-python",
+                        help="also run txkestrel-before (this checkout, or --baseline-src) "
+                             "with this interpreter instead of --python's: the same code on "
+                             "two interpreters, side by side")
     parser.add_argument("--epoll", action="store_true",
                         help="also run txkestrel (and, with --floor, the floor server) on "
                              "Twisted's own epoll reactor instead of txkestrel's")
@@ -653,6 +680,20 @@ def main(argv: list[str] | None = None) -> int:
         binary = getattr(args, flag)
         if binary and not os.path.exists(binary):
             parser.error(f"{binary} not found: apt-get install {package}, or --{flag} ''")
+    args.pythons = {}  # (each interpreter asked for, as describe_python says it)
+    for flag, python in (("python", args.python), ("baseline_python", args.baseline_python)):
+        if python:
+            try:
+                args.pythons[flag] = describe_python(python)
+            except RuntimeError as e:
+                parser.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pythons: dict[str, str] = args.pythons
+    use_python(args.python)
     use_strace = not args.no_strace and strace_works()
     cpus = sorted(os.sched_getaffinity(0))
     pinned = not args.no_pin and len(cpus) >= 2
@@ -661,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, set(cpus[1:]))  # (this process, its threads and its clients)
 
     info = machine()
+    if args.python != sys.executable or args.baseline_python:
+        info["server_python"] = pythons["python"]
+        if args.baseline_python:
+            info["baseline_python"] = pythons["baseline_python"]
     info["pinned"] = (f"servers on CPU {cpus[0]}, clients on CPU "
                       f"{','.join(map(str, cpus[1:]))}" if pinned else "no")
     load_start = os.getloadavg()
@@ -710,12 +755,26 @@ def command_line(argv: list[str] | None) -> str:
     return shlex.join(["python3", "benchmarks/cost.py", *words])
 
 
+def pythons_ran(info: dict[str, object]) -> str:
+    """
+    The interpreters of C{info} (L{machine}'s, with what a run adds): the
+    clients', then, if a run chose others, the Python servers' and
+    txkestrel-before's.
+    """
+    text = f"Python {info['python']}"
+    if "server_python" in info:
+        text += f" (clients); Python servers on {info['server_python']}"
+        if "baseline_python" in info:
+            text += f", txkestrel-before on {info['baseline_python']}"
+    return text
+
+
 def render(info: dict[str, object], load_start: tuple[float, float, float],
            load_end: tuple[float, float, float], args: argparse.Namespace,
            results: list[Result], use_strace: bool) -> str:
     """The figures as Markdown tables, one per workload."""
     lines = [f"{info['date']}: {info['cpus']} CPUs ({info['cpu_model']}), "
-             f"{info['mem_mib']} MiB, Linux {info['kernel']}, Python {info['python']}, "
+             f"{info['mem_mib']} MiB, Linux {info['kernel']}, {pythons_ran(info)}, "
              f"Twisted {info['twisted']}; pinned: {info.get('pinned', 'no')}; load average "
              f"{load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f} at the start, "
              f"{load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} at the end.",

@@ -29,11 +29,13 @@ cost grows with the distinct values recorded since the last; with
 (`benchmarks/settle_rarely`), and the count leaves it out.
 
 Servers: txkestrel (this checkout), --baseline-src (another checkout, as
-"txkestrel-before"), Redis (--redis, Debian's `redis-server`), and with
+"txkestrel-before"; with --baseline-python, that or this checkout on
+another interpreter), Redis (--redis, Debian's `redis-server`), and with
 --floors the floors of `benchmarks/floor_server.py`: for durable-N the
 durable floor and the bookkeeping floor, for dequeue-1 and reliable-1 the
 journal floor and the bookkeeping floor (the same without `--durable`).
-Needs `apt-get install valgrind`.
+The Python servers run on --python (default: the interpreter running this
+script). Needs `apt-get install valgrind`.
 
     python3 benchmarks/instructions.py                         # durable-50: txkestrel and Redis
     python3 benchmarks/instructions.py --floors --baseline-src ../before
@@ -57,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import queue_client  # noqa: E402 - after the path (as cost.py's imports)
 import servers  # noqa: E402
-from cost import machine  # noqa: E402
+from cost import machine, pythons_ran  # noqa: E402
 
 DURABLE_CONFIG = "default:\n  sync_journal: always\n  durable_acks: true\n"
 
@@ -111,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "gives the median (min-max)")
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="another checkout of txkestrel, counted as txkestrel-before")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of txkestrel and the floors: the python of a venv "
+                             "with txkestrel's dependencies (`pip install .`)")
+    parser.add_argument("--baseline-python",
+                        help="also count txkestrel-before (this checkout, or --baseline-src) "
+                             "on this interpreter")
     parser.add_argument("--redis", default=shutil.which("redis-server") or "",
                         help="redis-server binary; '' to leave Redis out")
     parser.add_argument("--floors", action="store_true",
@@ -145,13 +153,14 @@ def candidates(args: argparse.Namespace, work: Workload) -> Iterator[Server]:
     """The servers counted in C{work}, in the order they run."""
     extra = DURABLE_CONFIG if work.durable else ""
 
-    def kestrel(src: Path) -> Starter:
+    def kestrel(src: Path, python: str | None = None) -> Starter:
         return lambda folder, port: servers.kestrel_process(folder, port, extra_config=extra,
-                                                            src=src)
+                                                            src=src, python=python)
 
     yield Server("txkestrel", "kestrel", kestrel(servers.ROOT))
-    if args.baseline_src is not None:
-        yield Server("txkestrel-before", "kestrel", kestrel(args.baseline_src.resolve()))
+    if args.baseline_src is not None or args.baseline_python:
+        yield Server("txkestrel-before", "kestrel",
+                     kestrel((args.baseline_src or servers.ROOT).resolve(), args.baseline_python))
     if args.redis:
         fsync = "always" if work.durable else "no"
         yield Server("redis", "resp", lambda folder, port: servers.redis_process(
@@ -192,7 +201,7 @@ def report(work: Workload, counts: dict[str, list[float]]) -> list[str]:
     run): the median (min-max), and the medians' ratios to txkestrel's and
     Redis's.
     """
-    unit = "set" if work.durable else "pair"
+    unit = "set" if work.durable else "item" if work.name == "reliable-1" else "pair"
     lines = [f"### {work.name}", "",
              f"| server | instructions per {unit} | vs txkestrel | vs redis |",
              "|---|---|---|---|"]
@@ -212,6 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if shutil.which(args.valgrind) is None:
         raise SystemExit(f"{args.valgrind}: not found (apt-get install valgrind)")
+    info = machine()
+    for flag, python in (("server_python", args.python),
+                         ("baseline_python", args.baseline_python)):
+        if python:
+            try:
+                described = servers.describe_python(python)
+            except RuntimeError as e:
+                raise SystemExit(str(e)) from None
+            if python != sys.executable or args.baseline_python:
+                info[flag] = described
+    servers.use_python(args.python)
     if args.settle_rarely:
         servers.python_path_after([str(SETTLE_RARELY)])
     out: list[str] = []
@@ -226,11 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {work.name} {server.name} run {run}: {count:,.0f} instructions "
                       f"per request", file=sys.stderr, flush=True)
         out += report(work, counts)
-    info = machine()
     rarely = ("; Python servers settling their histograms once in 10^6 s"
               if args.settle_rarely else "")
     print(f"{info['date']}: {info['cpus']} CPUs ({info['cpu_model']}), Linux {info['kernel']}, "
-          f"Python {info['python']}, Twisted {info['twisted']}.\n"
+          f"{pythons_ran(info)}, Twisted {info['twisted']}.\n"
           f"Instructions in user space per request under cachegrind: ({args.warm} + "
           f"{args.requests} requests - {args.warm}) / {args.requests}; {args.size} B items; "
           f"median (min-max) of {args.runs} run{'s' if args.runs > 1 else ''}{rarely}.\n")

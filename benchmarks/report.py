@@ -76,7 +76,7 @@ def render(data: dict[str, Any]) -> str:
         "## Per-request cost, side by side",
         "",
         f"Measured {m['date']} on {m['cpus']} CPUs ({m['cpu_model']}), {m['mem_mib']:,} MiB, "
-        f"Linux {m['kernel']}, Python {m['python']}, Twisted {m['twisted']}; pinned: "
+        f"Linux {m['kernel']}, {cost.pythons_ran(m)}, Twisted {m['twisted']}; pinned: "
         f"{m.get('pinned', 'no')}. Load average "
         f"(1/5/15 min) {ls[0]:.2f}/{ls[1]:.2f}/{ls[2]:.2f} at the start and "
         f"{le[0]:.2f}/{le[1]:.2f}/{le[2]:.2f} at the end: "
@@ -259,6 +259,7 @@ def public_command(command: str) -> str:
     """C{command} with the local paths of peer builds and other checkouts replaced by names."""
     words = command.split()
     names = {"--darner": "$DARNER", "--db": "$DARNER_DB", "--baseline-src": "$OTHER_CHECKOUT",
+             "--python": "$SERVER_PYTHON", "--baseline-python": "$BASELINE_PYTHON",
              "--json": "cost.json"}
     for i, word in enumerate(words[:-1]):
         if word in names:

@@ -92,6 +92,43 @@ def python_path_after(folders: list[str]) -> None:
     PYTHON_PATH_AFTER = list(folders)
 
 
+#: The interpreter of every Python server (txkestrel, the floors) started
+#: from now on, unless its start names another: the one running the
+#: benchmark, or the one L{use_python} chose.
+SERVER_PYTHON = sys.executable
+
+#: What a server's interpreter must import to run txkestrel and the floors.
+_NEEDED = "import twisted, yaml, thriftpy2, zope.interface"
+
+
+def use_python(executable: str) -> None:
+    """Run every Python server started from now on with C{executable}."""
+    global SERVER_PYTHON
+    SERVER_PYTHON = executable
+
+
+def describe_python(executable: str) -> str:
+    """
+    C{executable}'s version and the interpreter it runs (a venv's base), as
+    reports print it: C{"3.11.2 (/usr/bin/python3.11)"}. Raises
+    C{RuntimeError}, saying why, if it cannot run txkestrel (it is missing,
+    or lacks a dependency: make a venv with it and C{pip install .}).
+    """
+    probe = (f"{_NEEDED}; import platform, sys; "
+             "print(platform.python_version(), getattr(sys, '_base_executable', sys.executable))")
+    try:
+        done = subprocess.run([executable, "-c", probe], capture_output=True, text=True,
+                              timeout=60, cwd="/")  # (not beside a folder named twisted)
+    except OSError as e:
+        raise RuntimeError(f"{executable}: {e.strerror}") from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        raise RuntimeError(f"{executable} cannot run txkestrel ({last}): make a venv with it "
+                           f"and pip install . into it")
+    version, base = done.stdout.split(maxsplit=1)
+    return f"{version} ({base.strip()})"
+
+
 def python_env(src: Path) -> dict[str, str]:
     """The environment of a Python server whose code is at C{src} (and L{PYTHON_PATH_AFTER})."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *PYTHON_PATH_AFTER])}
@@ -167,8 +204,8 @@ def serving(proc: subprocess.Popen[bytes], *ports: int) -> Iterator[None]:
 
 @contextmanager
 def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
-                    extra_config: str = "", src: Path = ROOT, reactor: str | None = None
-                    ) -> Iterator[subprocess.Popen[bytes]]:
+                    extra_config: str = "", src: Path = ROOT, reactor: str | None = None,
+                    python: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """
     Run our server (`python -m twisted kestrel`) with its journals under C{workdir}.
 
@@ -176,7 +213,8 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
     admin are off); C{extra_config} is more YAML lines; the code is the
     checkout at C{src} (this one by default); C{reactor}, if given, is
     passed as C{--reactor} (e.g. C{"epoll"}: Twisted's own instead of
-    txkestrel's). The context is entered once
+    txkestrel's); C{python}, if given, is its interpreter instead of
+    L{SERVER_PYTHON}. The context is entered once
     every port accepts connections; the log is C{workdir/kestrel.log}.
     """
     workdir.mkdir(parents=True, exist_ok=True)
@@ -189,7 +227,7 @@ def kestrel_process(workdir: Path, memcache_port: int, thrift_port: int = 0,
     env = python_env(src)
     with open(workdir / "kestrel.log", "wb") as log:
         chosen = ["--reactor", reactor] if reactor else []
-        proc = _popen([sys.executable, "-m", "twisted", "--log-format=text", *chosen,
+        proc = _popen([python or SERVER_PYTHON, "-m", "twisted", "--log-format=text", *chosen,
                                  "kestrel", "--config", str(config)], cwd=src, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
     with serving(proc, *(port for port in (thrift_port, memcache_port) if port)):
@@ -283,7 +321,7 @@ def floor_process(port: int, reactor: str = "kestrel", journal: Path | None = No
         journal.mkdir(parents=True, exist_ok=True)
         extra = ["--journal", str(journal), *(["--durable"] if durable else []),
                  *(["--bookkeeping"] if bookkeeping else [])]
-    proc = _popen([sys.executable, str(Path(__file__).with_name("floor_server.py")),
+    proc = _popen([SERVER_PYTHON, str(Path(__file__).with_name("floor_server.py")),
                              "--reactor", reactor, *extra, str(port)],
                             cwd=ROOT, env=python_env(ROOT),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -7,10 +7,13 @@ records and report.py's reading of the floors.
 from __future__ import annotations
 
 import os
+import platform
+import shlex
 import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import cost  # noqa: E402
 import report  # noqa: E402
+import servers  # noqa: E402
 from servers import floor_process, free_port  # noqa: E402
 
 STRACE_SUMMARY = """\
@@ -300,6 +304,8 @@ def test_instructions_reports_ratios_against_txkestrel_and_redis() -> None:
                           "| durable-floor | 30,000 | 0.38x | 3.00x |"]
     pairs = instructions.report(instructions.workload("dequeue-1", 10), {"txkestrel": [5.0]})
     assert pairs[2].startswith("| server | instructions per pair")
+    items = instructions.report(instructions.workload("reliable-1", 10), {"txkestrel": [5.0]})
+    assert items[2].startswith("| server | instructions per item")
     with pytest.raises(SystemExit, match="unknown workload"):
         instructions.workload("durable", 1024)
 
@@ -344,3 +350,104 @@ def test_settle_rarely_reaches_the_servers_own_metrics() -> None:
     finally:
         servers.python_path_after([])
     assert settle_interval() == 1.0
+
+
+def _noting_python(folder: Path, name: str) -> tuple[str, Path]:
+    """
+    An interpreter (a shell script) that notes the folder it starts in and
+    its arguments, a line per start, in the file returned, then runs as
+    this one.
+    """
+    notes = folder / f"{name}.starts"
+    script = folder / name
+    script.write_text(f'#!/bin/sh\necho "$PWD $*" >> {shlex.quote(str(notes))}\n'
+                      f'exec {shlex.quote(sys.executable)} "$@"\n')
+    script.chmod(0o755)
+    return str(script), notes
+
+
+def test_describe_python_names_the_version_and_what_runs_or_why_not(tmp_path: Path) -> None:
+    """
+    An interpreter is described by its version and the interpreter it runs
+    (a venv's base); one that is missing, or that cannot import txkestrel's
+    dependencies, is refused with the reason.
+    """
+    assert servers.describe_python(sys.executable) == (
+        f"{platform.python_version()} ({getattr(sys, '_base_executable', sys.executable)})")
+    with pytest.raises(RuntimeError, match="No such file"):
+        servers.describe_python(str(tmp_path / "missing"))
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(RuntimeError, match="cannot run txkestrel .*No module named 'twisted'"):
+        servers.describe_python(str(bare / "bin" / "python"))
+
+
+def test_python_servers_start_on_the_interpreter_chosen(tmp_path: Path) -> None:
+    """
+    After use_python, the floor server starts on that interpreter, and
+    txkestrel too unless its start names another.
+    """
+    chosen, chosen_starts = _noting_python(tmp_path, "chosen")
+    other, other_starts = _noting_python(tmp_path, "other")
+    servers.use_python(chosen)
+    try:
+        with floor_process(free_port()):
+            pass
+        with servers.kestrel_process(tmp_path / "k", free_port(), python=other):
+            pass
+        with servers.kestrel_process(tmp_path / "k2", free_port()):
+            pass
+    finally:
+        servers.use_python(sys.executable)
+    chosen_lines = chosen_starts.read_text().splitlines()
+    assert len(chosen_lines) == 2
+    assert "floor_server.py" in chosen_lines[0] and "kestrel --config" in chosen_lines[1]
+    assert "kestrel --config" in other_starts.read_text()
+
+
+def test_cost_runs_this_checkout_on_the_baseline_python(tmp_path: Path) -> None:
+    """
+    cost.py --baseline-python without --baseline-src runs a second
+    txkestrel, txkestrel-before, from this checkout on that interpreter;
+    the first runs on --python's.
+    """
+    other, starts = _noting_python(tmp_path, "other")
+    args = cost.parse_args(["--baseline-python", other, "--only", "dequeue-1",
+                            "--memcached", "", "--redis", "", "--beanstalkd", ""])
+    assert args.pythons == {"python": servers.describe_python(sys.executable),
+                            "baseline_python": servers.describe_python(sys.executable)}
+    before = starts.read_text()  # (the check that it runs txkestrel)
+    with ExitStack() as stack:
+        plain, durable = cost.start_servers(args, cost.workloads(args), tmp_path / "root", stack)
+        assert [s.name for s in plain] == ["txkestrel", "txkestrel-before"] and not durable
+    started = starts.read_text()[len(before):].splitlines()
+    assert len(started) == 1
+    assert started[0].startswith(f"{servers.ROOT} -m twisted") and "txkestrel-before" in started[0]
+    with pytest.raises(SystemExit):
+        cost.parse_args(["--baseline-python", str(tmp_path / "missing")])
+
+
+def test_reports_name_the_interpreters_a_run_chose() -> None:
+    """
+    The header names the clients' Python alone, or with the Python servers'
+    and txkestrel-before's when a run chose them; a printed command names
+    them by variable.
+    """
+    assert cost.pythons_ran({"python": "3.11.7"}) == "Python 3.11.7"
+    assert cost.pythons_ran({"python": "3.11.7", "server_python": "3.11.2 (/usr/bin/python3.11)",
+                             "baseline_python": "3.11.7 (/opt/py/bin/python3.11)"}) == (
+        "Python 3.11.7 (clients); Python servers on 3.11.2 (/usr/bin/python3.11), "
+        "txkestrel-before on 3.11.7 (/opt/py/bin/python3.11)")
+    assert report.public_command(
+        "python3 benchmarks/cost.py --python /a/bin/python --baseline-python /b/bin/python "
+        "--runs 5") == ("python3 benchmarks/cost.py --python $SERVER_PYTHON --baseline-python "
+                        "$BASELINE_PYTHON --runs 5")
+
+
+def test_instructions_counts_this_checkout_on_the_baseline_python() -> None:
+    """instructions.py --baseline-python alone counts txkestrel-before too."""
+    import instructions
+
+    args = instructions.parse_args(["--baseline-python", sys.executable, "--redis", ""])
+    assert [s.name for s in instructions.candidates(args, instructions.workload(
+        "durable-50", 1024))] == ["txkestrel", "txkestrel-before"]
