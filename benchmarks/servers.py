@@ -98,7 +98,7 @@ def python_path_after(folders: list[str]) -> None:
 SERVER_PYTHON = sys.executable
 
 #: What a server's interpreter must import to run txkestrel and the floors.
-_NEEDED = "import twisted, yaml, thriftpy2, zope.interface"
+_NEEDED = "import twisted.internet, yaml, thriftpy2, zope.interface"
 
 
 def use_python(executable: str) -> None:
