@@ -127,9 +127,9 @@ from servers import (
     beanstalkd_process,
     cpu_times,
     darner_process,
-    describe_python,
     floor_process,
     free_port,
+    interpreters_named,
     kestrel_process,
     memcached_process,
     pin_servers,
@@ -585,8 +585,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     The options of C{argv} (default: the command line), checked: every peer
     binary asked for exists, and every interpreter asked for runs
-    txkestrel (C{pythons}: each one's description); exits with a usage
-    error otherwise.
+    txkestrel (C{interpreters}: what a report names of them, from
+    L{interpreters_named}); exits with a usage error otherwise.
     """
     parser = argparse.ArgumentParser(
         description="Server CPU us per request, throughput, system calls per request and "
@@ -680,19 +680,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         binary = getattr(args, flag)
         if binary and not os.path.exists(binary):
             parser.error(f"{binary} not found: apt-get install {package}, or --{flag} ''")
-    args.pythons = {}  # (each interpreter asked for, as describe_python says it)
-    for flag, python in (("python", args.python), ("baseline_python", args.baseline_python)):
-        if python:
-            try:
-                args.pythons[flag] = describe_python(python)
-            except RuntimeError as e:
-                parser.error(str(e))
+    try:
+        args.interpreters = interpreters_named(args.python, args.baseline_python)
+    except RuntimeError as e:
+        parser.error(str(e))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pythons: dict[str, str] = args.pythons
     use_python(args.python)
     use_strace = not args.no_strace and strace_works()
     cpus = sorted(os.sched_getaffinity(0))
@@ -702,10 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, set(cpus[1:]))  # (this process, its threads and its clients)
 
     info = machine()
-    if args.python != sys.executable or args.baseline_python:
-        info["server_python"] = pythons["python"]
-        if args.baseline_python:
-            info["baseline_python"] = pythons["baseline_python"]
+    info.update(args.interpreters)
     info["pinned"] = (f"servers on CPU {cpus[0]}, clients on CPU "
                       f"{','.join(map(str, cpus[1:]))}" if pinned else "no")
     load_start = os.getloadavg()

@@ -222,15 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which(args.valgrind) is None:
         raise SystemExit(f"{args.valgrind}: not found (apt-get install valgrind)")
     info = machine()
-    for flag, python in (("server_python", args.python),
-                         ("baseline_python", args.baseline_python)):
-        if python:
-            try:
-                described = servers.describe_python(python)
-            except RuntimeError as e:
-                raise SystemExit(str(e)) from None
-            if python != sys.executable or args.baseline_python:
-                info[flag] = described
+    try:
+        info.update(servers.interpreters_named(args.python, args.baseline_python))
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
     servers.use_python(args.python)
     if args.settle_rarely:
         servers.python_path_after([str(SETTLE_RARELY)])

@@ -129,6 +129,20 @@ def describe_python(executable: str) -> str:
     return f"{version} ({base.strip()})"
 
 
+def interpreters_named(python: str, baseline_python: str | None) -> dict[str, str]:
+    """
+    Check that C{python} (the Python servers') and C{baseline_python}, if
+    given (txkestrel-before's), run txkestrel (L{describe_python}'s
+    C{RuntimeError} if not); return what a report names: nothing when the
+    servers run on the interpreter running the benchmark, else
+    C{server_python} and, given, C{baseline_python}, each described.
+    """
+    described = describe_python(python)
+    if baseline_python:
+        return {"server_python": described, "baseline_python": describe_python(baseline_python)}
+    return {} if python == sys.executable else {"server_python": described}
+
+
 def python_env(src: Path) -> dict[str, str]:
     """The environment of a Python server whose code is at C{src} (and L{PYTHON_PATH_AFTER})."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), *PYTHON_PATH_AFTER])}

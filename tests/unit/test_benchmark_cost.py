@@ -414,8 +414,12 @@ def test_cost_runs_this_checkout_on_the_baseline_python(tmp_path: Path) -> None:
     other, starts = _noting_python(tmp_path, "other")
     args = cost.parse_args(["--baseline-python", other, "--only", "dequeue-1",
                             "--memcached", "", "--redis", "", "--beanstalkd", ""])
-    assert args.pythons == {"python": servers.describe_python(sys.executable),
-                            "baseline_python": servers.describe_python(sys.executable)}
+    described = servers.describe_python(sys.executable)
+    assert args.interpreters == {"server_python": described, "baseline_python": described}
+    assert cost.parse_args(["--memcached", "", "--redis", "", "--beanstalkd", ""]
+                           ).interpreters == {}
+    assert cost.parse_args(["--python", other, "--memcached", "", "--redis", "",
+                            "--beanstalkd", ""]).interpreters == {"server_python": described}
     before = starts.read_text()  # (the check that it runs txkestrel)
     with ExitStack() as stack:
         plain, durable = cost.start_servers(args, cost.workloads(args), tmp_path / "root", stack)
