@@ -38,11 +38,13 @@ also prints the instructions it executed in user space from its start to
 its stop after the first reply: a figure that load does not move, where the
 times above move by tens of per cent on a shared machine. Less the count of
 a run with `--items 10`, it is the replay's own. With --src the server is
-another checkout's, to compare two versions:
+another checkout's, to compare two versions; with --python, it runs on
+another interpreter (a venv's python with txkestrel's dependencies):
 
     python benchmarks/restart.py --runs 1 --cachegrind
     python benchmarks/restart.py --runs 1 --cachegrind --items 10
     python benchmarks/restart.py --runs 1 --cachegrind --src ../before
+    python benchmarks/restart.py --python ../debian-venv/bin/python
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from benchmarks.servers import (  # noqa: E402
     cachegrind_count,
     cachegrind_prefix,
     cpu_seconds,
+    describe_python,
     free_port,
     python_env,
     stop,
@@ -157,14 +160,16 @@ def first_reply(port: int, queue: str, proc: subprocess.Popen[bytes], timeout: f
 
 def one_run(workdir: Path, queue: str, memory: str, timeout: float,
             small: str | None = None, all_ports: bool = False, valgrind: str | None = None,
-            src: Path = ROOT) -> tuple[float, float, float, float, int, list[float], int]:
+            src: Path = ROOT, python: str = sys.executable
+            ) -> tuple[float, float, float, float, int, list[float], int]:
     """
     One restart: (seconds to the first item of C{queue}, server CPU seconds,
     RSS MiB, seconds to the first item of C{small} (nan without),
     C{queues_loading} right after that item (-1 without), the round trips
     of the peeks at C{small} made meanwhile, and, given C{valgrind}, the
     instructions the server executed under cachegrind from its start to its
-    stop after that reply (else 0)). The server's code is the checkout at C{src}.
+    stop after that reply (else 0)). The server's code is the checkout at
+    C{src}, run by the interpreter C{python}.
     """
     port = free_port()
     others = ((free_port(), free_port(), free_port()) if all_ports else (0, 0, 0))
@@ -186,7 +191,7 @@ def one_run(workdir: Path, queue: str, memory: str, timeout: float,
     prefix = [] if valgrind is None else cachegrind_prefix(valgrind, workdir)
     with open(workdir / "kestrel.log", "wb") as log:
         started = time.monotonic()
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "twisted", "--log-format=text",
+        proc = subprocess.Popen([*prefix, python, "-m", "twisted", "--log-format=text",
                                  "kestrel", "--config", str(config)], cwd=src, env=python_env(src),
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -249,9 +254,17 @@ def main() -> None:
     parser.add_argument("--src", type=Path, default=ROOT,
                         help="run the server from this checkout of txkestrel (default: "
                              "this one); the journal is written by this one's encoder")
+    parser.add_argument("--python", default=sys.executable,
+                        help="run the server with this interpreter: the python of a venv "
+                             "with txkestrel's dependencies (`pip install .`; default: the "
+                             "one running this script)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (journal, config, server log)")
     args = parser.parse_args()
+    try:
+        interpreter = describe_python(args.python)
+    except RuntimeError as e:
+        parser.error(str(e))
     valgrind = None
     if args.cachegrind:
         valgrind = shutil.which("valgrind")
@@ -268,6 +281,7 @@ def main() -> None:
             small = "small"
             write_journal(workdir / "queues" / small, args.small_items, args.item_size)
         print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+        print(f"server's Python: {interpreter}")
         print(f"journal: {args.items} items x {args.item_size} B = {size / MIB:.0f} MiB; "
               f"max_memory_size {args.memory}; listening: "
               f"{'memcache, text, thrift, admin' if args.all_ports else 'memcache only'}")
@@ -275,7 +289,7 @@ def main() -> None:
         for run in range(args.runs):
             elapsed, cpu, rss, small_elapsed, loading, peeks, counted = one_run(
                 workdir, queue, args.memory, args.timeout, small, args.all_ports, valgrind,
-                args.src.resolve())
+                args.src.resolve(), args.python)
             results.append((elapsed, cpu, rss, small_elapsed, counted))
             if small is not None:
                 print(f"run {run + 1}: small queue's first reply after {small_elapsed:.2f} s "
