@@ -124,6 +124,7 @@ from flood import flood
 from queue_client import PAIR_REQUESTS, RELIABLE_REQUESTS
 from servers import (
     ROOT,
+    add_python_options,
     beanstalkd_process,
     cpu_times,
     darner_process,
@@ -609,15 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "-F (durable-50: -f 0); '' to leave it out")
     parser.add_argument("--baseline-src", type=Path,
                         help="also run txkestrel from this checkout (labelled txkestrel-before)")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter of txkestrel and the floor servers: the python of a "
-                             "venv that has txkestrel's dependencies (`pip install .`), e.g. "
-                             "one made with Debian's /usr/bin/python3.11 (default: the one "
-                             "running this script)")
-    parser.add_argument("--baseline-python",
-                        help="also run txkestrel-before (this checkout, or --baseline-src) "
-                             "with this interpreter instead of --python's: the same code on "
-                             "two interpreters, side by side")
+    add_python_options(parser)
     parser.add_argument("--epoll", action="store_true",
                         help="also run txkestrel (and, with --floor, the floor server) on "
                              "Twisted's own epoll reactor instead of txkestrel's")

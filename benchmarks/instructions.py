@@ -113,12 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "gives the median (min-max)")
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="another checkout of txkestrel, counted as txkestrel-before")
-    parser.add_argument("--python", default=sys.executable,
-                        help="interpreter of txkestrel and the floors: the python of a venv "
-                             "with txkestrel's dependencies (`pip install .`)")
-    parser.add_argument("--baseline-python",
-                        help="also count txkestrel-before (this checkout, or --baseline-src) "
-                             "on this interpreter")
+    servers.add_python_options(parser)
     parser.add_argument("--redis", default=shutil.which("redis-server") or "",
                         help="redis-server binary; '' to leave Redis out")
     parser.add_argument("--floors", action="store_true",

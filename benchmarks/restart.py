@@ -66,6 +66,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.servers import (  # noqa: E402
+    add_python_options,
     cachegrind_count,
     cachegrind_prefix,
     cpu_seconds,
@@ -119,7 +120,7 @@ def queues_loading(port: int) -> int:
 
 def peek_while(port: int, queue: str, running: threading.Event) -> list[float]:
     """Round trips (seconds) of C{get queue/peek} sent one after another while C{running}."""
-    times = []
+    times: list[float] = []
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         request = f"get {queue}/peek\r\n".encode()
         while running.is_set():
@@ -254,10 +255,7 @@ def main() -> None:
     parser.add_argument("--src", type=Path, default=ROOT,
                         help="run the server from this checkout of txkestrel (default: "
                              "this one); the journal is written by this one's encoder")
-    parser.add_argument("--python", default=sys.executable,
-                        help="run the server with this interpreter: the python of a venv "
-                             "with txkestrel's dependencies (`pip install .`; default: the "
-                             "one running this script)")
+    add_python_options(parser, baseline=False)
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (journal, config, server log)")
     args = parser.parse_args()

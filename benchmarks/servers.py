@@ -13,6 +13,7 @@ server's process, whose pid is what `/proc/<pid>/stat` is read for.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -105,6 +106,24 @@ def use_python(executable: str) -> None:
     """Run every Python server started from now on with C{executable}."""
     global SERVER_PYTHON
     SERVER_PYTHON = executable
+
+
+def add_python_options(parser: argparse.ArgumentParser, baseline: bool = True) -> None:
+    """
+    Give C{parser} C{--python} (the Python servers' interpreter, by default
+    the one running the benchmark) and, with C{baseline}, C{--baseline-python}
+    (txkestrel-before's); L{interpreters_named} checks what they name.
+    """
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of the Python servers (txkestrel, and the floors "
+                             "where they run): the python of a venv that has txkestrel's "
+                             "dependencies (`pip install .`), e.g. one made with Debian's "
+                             "/usr/bin/python3.11 (default: the one running this script)")
+    if baseline:
+        parser.add_argument("--baseline-python",
+                            help="also run txkestrel-before (this checkout, or --baseline-src) "
+                                 "on this interpreter instead of --python's: the same code on "
+                                 "two interpreters, side by side")
 
 
 def describe_python(executable: str) -> str:

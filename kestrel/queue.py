@@ -186,11 +186,6 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
               xid: int | None = ..., add_time_ms: int | None = ...,
               ) -> bool | Deferred[bool] | None: ...
 
-    @overload
-    def offer(self, data: bytes, expiry_ms: int = ..., *, then: Answer | None,
-              xid: int | None = ..., add_time_ms: int | None = ...,
-              ) -> bool | Deferred[bool] | None: ...
-
     def offer(self, data: bytes, expiry_ms: int = 0, then: Answer | None = None,
               xid: int | None = None, add_time_ms: int | None = None,
               ) -> bool | Deferred[bool] | None:
