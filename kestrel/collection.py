@@ -488,24 +488,43 @@ class QueueCollection(ExpirySweeps, Service):
         C{transactions} does not count. Cancelling the Deferred withdraws the
         wait. Counts C{get_hits} / C{get_misses}.
         """
+        return in_deferred(self.take(name, deadline, open_read, peek, held))
+
+    def take(self, name: str, deadline: float | None = None, open_read: bool = False,
+             peek: bool = False,
+             held: bool = False) -> QItem | None | Deferred[QItem | None]:
+        """
+        As L{remove}, but an answer known at once (the item, or C{None}) is
+        returned as it is, without a Deferred: the Deferred returned, if
+        any, has not fired, or failed.
+        """
         if self._stopping:
             self._check_running()
         if name in self._aliases:
-            return succeed(None)
+            return None
         queue = self._queues.get(name)
         if queue is None:
             queue = self._create_queue(name)
-        d = queue.wait_peek(deadline) if peek else queue.wait_remove(deadline, open_read)
-        # Answered at once (the usual case): count now, no callback chain.
+        if peek:
+            d = queue.wait_peek(deadline)
+        else:
+            taken = queue.take(deadline, open_read)
+            if not isinstance(taken, Deferred):  # (taken at once: the usual read)
+                self.stats.get_hits += 1
+                if held:
+                    queue.transactions -= 1
+                return taken
+            d = taken
+        # Answered at once (a miss, a peek): count now, no callback chain.
         result = settled(d)
         if result is None:
             self.stats.get_misses += 1
-            return d
+            return None
         if result.__class__ is QItem:
             self.stats.get_hits += 1
             if held:
                 queue.transactions -= 1
-            return d
+            return result
         d.addCallback(self._count_get)
         if held:
             d.addCallback(self._uncount_transaction, name)

@@ -135,6 +135,10 @@ class LoadingQueue:
         """
         return self._hold(lambda queue: queue.wait_remove(deadline, open_read), deadline, True)
 
+    def take(self, deadline: float | None, open_read: bool = False) -> Deferred[Any]:
+        """As L{wait_remove}: a queue that loads answers nothing at once."""
+        return self.wait_remove(deadline, open_read)
+
     def wait_peek(self, deadline: float | None) -> Deferred[Any]:
         """As L{wait_remove}, but the item stays in the queue."""
         return self._hold(lambda queue: queue.wait_peek(deadline), deadline, True)

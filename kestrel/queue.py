@@ -86,6 +86,20 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         the journal (the server counts them as C{fsync_error_<class>}).
     """
 
+    # (its attributes in slots: CPython 3.11 does not specialize calls of the
+    # methods of an instance whose __dict__ is as large as a queue's would be,
+    # and a queue's methods run per request; the mixins declare none, so
+    # what they set is here too)
+    __slots__ = (
+        "_add_upkeep_from", "_blocked", "_bounded", "_clock", "_closed", "_compactor",
+        "_config", "_durable_adds", "_health", "_items", "_last_wait_ms", "_open_by_xid",
+        "_read_behind", "_reads", "_records", "_reopening", "_replay_apply", "_replaying",
+        "_unsynced", "_upkeep_from", "_waiting", "acks_durably", "bytes",
+        "canceled_transactions", "create_time", "discarded", "expire_to", "expired_items",
+        "get_items_hit", "get_items_miss", "is_fanout_master", "journal", "length",
+        "memory_bytes", "name", "observer", "put_bytes", "put_items", "total_flushes",
+        "total_items", "transactions")
+
     _log = Logger()
 
     def __init__(self, name: str, config: QueueConfig, journal: IJournal,
@@ -476,11 +490,19 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             Deferred leaves the line; no item is taken for it. A waiter whose
             own remove cannot be journaled fails with L{JournalUnavailable}.
         """
+        return in_deferred(self.take(deadline, open_read))
+
+    def take(self, deadline: float | None,
+             open_read: bool = False) -> QItem | Deferred[QItem | None]:
+        """
+        As L{wait_remove}, but an item taken at once (the usual read) is
+        returned as it is, without a Deferred.
+        """
         item = self.remove(open_read)
         if item is not None:
             # The usual case: no closure, no pending read.
             self.get_items_hit += 1
-            return succeed(item)
+            return item
         return self._blocked.answer(lambda: self._retry_remove(open_read), deadline, None)
 
     def _retry_remove(self, open_read: bool) -> QItem | None:

@@ -29,7 +29,7 @@ from kestrel.held_reads import HeldReads
 from kestrel.item import QItem
 from kestrel.queue_info import QueueInfo
 from kestrel.session_thrift import ThriftReads
-from kestrel.settled import PENDING, Pending, in_deferred, settled
+from kestrel.settled import PENDING, Pending, in_deferred
 from kestrel.status import Status
 from kestrel.unsynced import Answer
 
@@ -318,13 +318,12 @@ class ClientSession(ThriftReads):
             if item is not None:
                 self._record_read(name, started, item, False)
                 return item
-        d = self._collection.remove(name, deadline, not peeking, peeking, holding)
-        result = settled(d)
-        if result is None or result.__class__ is QItem:  # (answered at once: the hot path)
-            self._record_read(name, started, result, peeking)
-            if result is not None and not peeking:  # (held for the reply, or an open read)
-                (self.held_reads.hold if holding else self._add_open_read)(name, result.xid)
-            return result
+        d = self._collection.take(name, deadline, not peeking, peeking, holding)
+        if not isinstance(d, Deferred):  # (answered at once: the hot path)
+            self._record_read(name, started, d, peeking)
+            if d is not None and not peeking:  # (held for the reply, or an open read)
+                (self.held_reads.hold if holding else self._add_open_read)(name, d.xid)
+            return d
         if not d.called:
             self._add_waiter(d)
             d.addBoth(self._forget_waiter, d)

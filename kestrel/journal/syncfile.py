@@ -116,6 +116,16 @@ class PeriodicSyncFile:
     @ivar position: the size of the file in bytes (every byte written).
     """
 
+    # (slots, not a __dict__: as for a queue (kestrel.queue), whose journal
+    # writes through its file per request)
+    __slots__ = (
+        "_batched", "_clock", "_close_error", "_close_waiter", "_closed", "_coalescer",
+        "_covered_times", "_fd", "_fsync", "_held", "_held_size", "_held_times",
+        "_held_waiters", "_late", "_on_error", "_on_fsync", "_os_write", "_pending",
+        "_pending_times", "_policy", "_run_in_thread", "_sync_again", "_sync_queued",
+        "_sync_started", "_sync_target", "_syncing", "_timer", "_turn", "_turn_fsync",
+        "durable_position", "failed", "path", "position")
+
     _log = Logger()
 
     def __init__(self, path: str, clock: IReactorTime, sync_policy: float | None, *,

@@ -34,6 +34,8 @@ from kestrel.protocols.binary import (
     status_reply,
 )
 from kestrel.protocols.memcache_parser import (
+    RECENT_LINE_LIMIT,
+    GetRequest,
     MemcacheParseError,
     Refusal,
     Request,
@@ -54,6 +56,11 @@ SERVE = 0
 NEED = 1
 REFUSE = 2
 UNFRAMABLE = 3
+
+#: How many request lines one framer remembers with their requests (L{RequestFramer.frame_text}).
+KNOWN_LINES = 8
+
+_BAD_CHUNK = b"CLIENT_ERROR bad data chunk\r\n"
 
 #: A dialect's framing function: C{frame(buf, pos)}, answered as L{RequestFramer.frame}.
 Frame = Callable[[bytes, int], tuple[int, Any, Any, int]]
@@ -77,12 +84,14 @@ class RequestFramer:
         send C{reply}, then close the connection.
     """
 
-    __slots__ = ("binary", "max_request_size")
+    __slots__ = ("binary", "max_request_size", "_known")
 
     def __init__(self, max_request_size: int) -> None:
         self.max_request_size = max_request_size
         #: None until the first byte is seen; then whether the connection is binary.
         self.binary: bool | None = None
+        # (request lines framed before, with their line ending, and their requests)
+        self._known: dict[bytes, GetRequest | SetRequest] = {}
 
     def frame(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame the request at C{buf[pos:]} (see the class docstring)."""
@@ -100,10 +109,35 @@ class RequestFramer:
         return self.frame_binary if self.binary else self.frame_text
 
     def frame_text(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
-        """Frame a text or meta request at C{buf[pos:]} (as L{frame})."""
+        """
+        Frame a text or meta request at C{buf[pos:]} (as L{frame}).
+
+        A client repeats the same few lines (C{get q}, C{set q 0 0 1024}):
+        the last L{KNOWN_LINES} C{get} and C{set} lines this framer parsed
+        are kept with their line endings, and a line seen again is framed
+        from its request without being checked or parsed again. Everything
+        those checks depend on is in the line, or fixed for the framer
+        (C{max_request_size}), so the outcome is the same.
+        """
+        nl = buf.find(b"\n", pos)
+        if nl >= 0:
+            request = self._known.get(buf[pos:nl + 1])
+            if request is not None:
+                after = nl + 1
+                if request.__class__ is GetRequest:
+                    return SERVE, request, None, after
+                data_end = after + request.length  # type: ignore[union-attr]
+                if len(buf) < data_end + 2:
+                    return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
+                if buf[data_end] != 13 or buf[data_end + 1] != 10:
+                    return UNFRAMABLE, _BAD_CHUNK, None, 0
+                return SERVE, request, buf[after:data_end], data_end + 2
+        return self._frame_line(buf, pos, nl)
+
+    def _frame_line(self, buf: bytes, pos: int, nl: int) -> tuple[int, Any, Any, int]:
+        """Frame the request at C{buf[pos:]}, whose line ends at C{nl} (-1: not yet)."""
         size = len(buf)
         limit = self.max_request_size
-        nl = buf.find(b"\n", pos)
         if nl < 0:
             # (one more byte may be the "\r" of a line of the largest size)
             if size - pos > limit + 1:
@@ -130,17 +164,30 @@ class RequestFramer:
             if length > limit:
                 return (UNFRAMABLE, b"CLIENT_ERROR item of %d bytes is larger than "
                         b"max_request_size (%d)\r\n" % (length, limit), None, 0)
+            if request.__class__ is SetRequest:
+                self._remember(buf, pos, after, request)
             data_end = after + length
             if size < data_end + 2:
                 return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
             if buf[data_end] != 13 or buf[data_end + 1] != 10:
-                return UNFRAMABLE, b"CLIENT_ERROR bad data chunk\r\n", None, 0
+                return UNFRAMABLE, _BAD_CHUNK, None, 0
             return SERVE, request, buf[after:data_end], data_end + 2
-        if request.__class__ is Unframable:
+        if request.__class__ is GetRequest:
+            self._remember(buf, pos, after, request)
+        elif request.__class__ is Unframable:
             return UNFRAMABLE, request.reply, None, 0
-        if request.__class__ is Refusal:
+        elif request.__class__ is Refusal:
             return REFUSE, request.reply, None, after
         return SERVE, request, None, after
+
+    def _remember(self, buf: bytes, pos: int, after: int,
+                  request: GetRequest | SetRequest) -> None:
+        """Keep the line at C{buf[pos:after]} (a short one) and its C{request}."""
+        if after - pos <= RECENT_LINE_LIMIT:
+            known = self._known
+            if len(known) >= KNOWN_LINES:
+                known.clear()
+            known[buf[pos:after]] = request
 
     def frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame a binary request at C{buf[pos:]} (as L{frame})."""

@@ -295,6 +295,34 @@ def test_deleting_master_keeps_children(started) -> None:
 ALIASES = "aliases:\n  both: [left, right]\n"
 
 
+def test_take_answers_at_once_without_a_deferred(started, clock: Clock) -> None:
+    """
+    take answers what it knows at once as it is: the head item (counted a
+    hit; with held, no transaction of the queue), None for an empty queue
+    asked not to wait or for an alias (a miss, creating nothing), and only
+    a read that waits gets a Deferred, which fires with the item added.
+    """
+    c = started(ALIASES)
+    c.offer("plain", b"x")
+    c.offer("plain", b"y")
+    item = c.take("plain")
+    assert isinstance(item, QItem) and item.data == b"x"
+    held = c.take("plain", open_read=True, held=True)
+    assert isinstance(held, QItem) and held.data == b"y"
+    queue = c.queue("plain")
+    assert queue.transactions == 0 and queue.get_items_hit == 2
+    assert c.take("plain") is None and c.take("both") is None
+    assert c.queue("both", create=False) is None
+    assert (c.stats.get_hits, c.stats.get_misses) == (2, 1)
+    waiting = c.take("plain", deadline=clock.seconds() + 5)
+    assert isinstance(waiting, Deferred) and not waiting.called
+    c.offer("plain", b"z")
+    assert result_of(waiting).data == b"z"  # type: ignore[attr-defined]
+    assert c.stats.get_hits == 3
+    peeked = c.take("plain", peek=True)
+    assert peeked is None and c.stats.get_misses == 2
+
+
 def test_alias_add_reaches_every_destination(started) -> None:
     """An add to an alias goes to every destination and counts put stats."""
     c = started(ALIASES)

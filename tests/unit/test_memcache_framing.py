@@ -63,6 +63,60 @@ def test_binary_frames() -> None:
     assert framer.frame(big, 0)[0] == UNFRAMABLE
 
 
+_LINES = [b"get q", b"get q/open", b"get q/t=5", b"get a/../b", b"get " + b"k" * 300, b"gets q",
+          b"set q 0 0 3", b"set q 0 0 2", b"set q 0 0 40", b"set q x 0 3", b"add q 0 0 3",
+          b"set q 0 0 3 noreply", b"set " + b"k" * 300 + b" 0 0 3", b"ms q 3", b"mg q v",
+          b"delete q", b"bogus", b""]
+_ENDS = [b"\r\n", b"\n"]
+_BLOCKS = [b"abc\r\n", b"ab\r\n", b"abc", b"abcd\r\n", b"abc\n", b""]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_LINES), st.sampled_from(_ENDS),
+                          st.sampled_from(_BLOCKS)), min_size=1, max_size=30),
+       st.sampled_from([10, 100, 1000]))
+def test_a_line_framed_again_frames_as_the_first_time(
+        requests: list[tuple[bytes, bytes, bytes]], limit: int) -> None:
+    """
+    A framer that remembers the lines it parsed frames every request (a
+    whole one, a cut one, a bad block) exactly as a framer seeing it first.
+    """
+    warm = RequestFramer(limit)
+    for line, end, block in requests:
+        buf = b"x" + line + end + block  # (framed from position 1)
+        for cut in {len(buf), len(buf) - 1, len(line) + 2} - {1}:  # (never framed empty)
+            piece = buf[:cut]
+            first = RequestFramer(limit)
+            assert described(warm.frame(piece, 1)) == described(first.frame(piece, 1)), piece
+
+
+def described(frame: tuple[int, object, object, int]) -> tuple[object, ...]:
+    """A frame with its request given by value (classes and fields), to compare."""
+    kind, request, data, end = frame
+    return kind, by_value(request), data, end
+
+
+def by_value(thing: object) -> object:
+    """C{thing}, an object with slots given as its class and fields (nested too)."""
+    if isinstance(thing, (tuple, list)):
+        return [by_value(part) for part in thing]
+    slots = getattr(type(thing), "__slots__", None)
+    if slots is None or isinstance(thing, (bytes, str, int)):
+        return thing
+    return type(thing).__name__, [by_value(getattr(thing, name, None)) for name in slots]
+
+
+def test_a_known_line_is_not_parsed_again() -> None:
+    """A framer parses a repeated get or set line once; a changed line is parsed."""
+    framer = RequestFramer(100)
+    first = framer.frame(b"get q\r\n", 0)[1]
+    assert framer.frame(b"get q\r\n", 0)[1] is first
+    assert framer.frame(b"get q/open\r\n", 0)[1] is not first
+    set_request = framer.frame(b"set q 0 0 1\r\na\r\n", 0)[1]
+    again = framer.frame(b"set q 0 0 1\r\nb\r\n", 0)
+    assert again == (SERVE, set_request, b"b", 16)
+
+
 # -- the property: a data block never runs ------------------------------------------------
 
 _CANARY_TEXT = [b"set canary 0 0 1\r\nx\r\n", b"ms canary 1\r\nx\r\n", b"flush_all\r\n",
