@@ -29,10 +29,12 @@ class OpenReads:
     L{stop}.
     """
 
-    __slots__ = ("_clock", "_expired", "by_xid", "_since", "xid_counter", "_timeout", "_timer")
+    __slots__ = ("_clock", "_expired", "by_xid", "_seconds", "_since", "xid_counter", "_timeout",
+                 "_timer")
 
     def __init__(self, clock: IReactorTime, expired: Callable[[], None]) -> None:
         self._clock = clock
+        self._seconds = clock.seconds
         self._expired = expired
         #: The open items by xid, in the order opened (read it; change it only here).
         self.by_xid: dict[int, QItem] = {}
@@ -69,7 +71,10 @@ class OpenReads:
             xid = self.next_xid()
         item.xid = xid
         self.by_xid[xid] = item
-        self._since[xid] = self._clock.seconds() if since is None else since
+        if since is None:
+            seconds = self._seconds  # (called as a local: see ClientSession's)
+            since = seconds()
+        self._since[xid] = since
         if self._timer is None and self._timeout is not None:
             self._schedule()
         return xid

@@ -94,7 +94,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         "_add_upkeep_from", "_blocked", "_bounded", "_clock", "_closed", "_compactor",
         "_config", "_durable_adds", "_health", "_items", "_last_wait_ms", "_open_by_xid",
         "_read_behind", "_reads", "_records", "_reopening", "_replay_apply", "_replaying",
-        "_unsynced", "_upkeep_from", "_waiting", "acks_durably", "bytes",
+        "_seconds", "_unsynced", "_upkeep_from", "_waiting", "acks_durably", "bytes",
         "canceled_transactions", "create_time", "discarded", "expire_to", "expired_items",
         "get_items_hit", "get_items_miss", "is_fanout_master", "journal", "length",
         "memory_bytes", "name", "observer", "put_bytes", "put_items", "total_flushes",
@@ -109,6 +109,8 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         self.observer = observer
         self.journal = journal
         self._clock = clock
+        # (called as a local per add and remove: see ClientSession's)
+        self._seconds = clock.seconds
         # (what readers see; never replaced, only changed in place: Unsynced
         # appends to it)
         self._items: deque[QItem] = deque()
@@ -245,8 +247,8 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         # expiring head, has nothing to make room for, and the call costs more)
         if (self._bounded or (items and items[0].expiry_ms)) and not self._make_room():
             return False
-        clock = self._clock
-        now = clock.seconds()
+        seconds = self._seconds
+        now = seconds()
         now_ms = int(now * 1000)
         item = QItem(data, now_ms if add_time_ms is None else add_time_ms,
                      expiry_ms if cfg.max_age is None else self._expiry_for(expiry_ms, now_ms))
@@ -441,7 +443,8 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         item = self._pop_head()
         if item is None:
             return None
-        wait_ms = int(self._clock.seconds() * 1000) - item.add_time_ms
+        seconds = self._seconds
+        wait_ms = int(seconds() * 1000) - item.add_time_ms
         self._last_wait_ms = wait_ms if wait_ms > 0 else 0
         journal = self.journal
         if open_read:

@@ -48,6 +48,10 @@ _log = Logger()
 #: caps it: epoll_wait takes a signed 32-bit count of milliseconds.
 _LONGEST_TIMEOUT = 2147483
 
+#: An event that is only "readable" (EPollReactor's C{_POLL_IN}, read here
+#: once: a class attribute read through the reactor is not specialized).
+_POLL_IN = EPollReactor._POLL_IN
+
 
 class KestrelReactor(EPollReactor):
     """
@@ -66,7 +70,7 @@ class KestrelReactor(EPollReactor):
         except InterruptedError:
             return
         selectables = self._selectables
-        only_readable = self._POLL_IN
+        only_readable = _POLL_IN
         for fd, event in events:
             selectable = selectables.get(fd)
             if selectable is None:

@@ -113,6 +113,9 @@ class ClientSession(ThriftReads):
         self._status = server.status
         self._max_open = server.max_open_transactions
         self._clock = server.clock
+        # (the clock's time function, called as a local: CPython 3.11 does not
+        # specialize the reactor's seconds(), a builtin in its class, per call)
+        self._seconds = server.clock.seconds
         self._metrics = server.metrics
         self.session_id, self.refuse_writes, self.refuse_reads = server.session_opened()
         self._open_reads: dict[str, deque[int]] = {}
@@ -311,7 +314,8 @@ class ClientSession(ThriftReads):
             self._stats.cmd_get += 1
         if self.input_closed or self.finished:
             deadline = None
-        started = self._clock.seconds()
+        seconds = self._seconds
+        started = seconds()
         holding = not (open_read or peeking)
         if reply_now:  # (a plain read is held in place; any other first takes those held)
             item = self.held_reads.peek_for_reply(name, holding)
@@ -337,7 +341,8 @@ class ClientSession(ThriftReads):
 
     def _record_read(self, name: str, started: float, result: object, peeking: bool) -> None:
         """Record the latencies of a read answered at once with C{result}."""
-        now = self._clock.seconds()
+        seconds = self._seconds
+        now = seconds()
         if result is None:
             self._metrics.record_miss(name, (now - started) * 1e6)
         elif result.__class__ is QItem:
@@ -503,14 +508,14 @@ class ClientSession(ThriftReads):
         if self.refuse_writes or self._status.blocks_writes:
             raise AvailabilityError("setItem")
         self._stats.cmd_set += 1
-        clock = self._clock
-        started = clock.seconds()
+        seconds = self._seconds
+        started = seconds()
         stored = self._collection.offer(name, data, expiry_ms, answer)
         if stored is None:
             return None  # (the queue records its latency, then answers)
         if stored is True or stored is False or stored.called:
             # Answered at once (the hot path): record directly, no callback.
-            self._metrics.record_set(name, (clock.seconds() - started) * 1e6)
+            self._metrics.record_set(name, (seconds() - started) * 1e6)
             return stored
         return stored.addBoth(self._set_answered, name, started, answer)
 

@@ -55,6 +55,13 @@ from kestrel.journal.syncfile import FsyncObserver, PeriodicSyncFile, Waiter
 from kestrel.journal.writer import CLOSED_WRITER, JournalNotOpenError, Writer, ignore_failure
 from kestrel.settled import settled
 
+#: Opcodes written per open read, read once: an enum member read from its
+#: class is not specialized (CPython 3.11).
+_REMOVE_TENTATIVE_XID = rec.Opcode.REMOVE_TENTATIVE_XID
+_UNREMOVE = rec.Opcode.UNREMOVE
+_CONFIRM_REMOVE = rec.Opcode.CONFIRM_REMOVE
+
+
 _T = TypeVar("_T")
 
 __all__ = ["Checkpoint", "FileJournal", "JournalNotOpenError", "journal_queue_name"]
@@ -216,7 +223,7 @@ class FileJournal:
         if ops is not None:
             ops.append(xid * 4 + OP_OPEN)
         self.size += 5
-        return self._writer.write(rec.encode_xid(rec.Opcode.REMOVE_TENTATIVE_XID, xid))
+        return self._writer.write(rec.encode_xid(_REMOVE_TENTATIVE_XID, xid))
 
     def unremove(self, xid: int) -> Deferred[None] | None:
         """Journal an aborted open read C{xid} (UNREMOVE)."""
@@ -224,7 +231,7 @@ class FileJournal:
         if ops is not None:
             ops.append(xid * 4 + OP_UNREMOVE)
         self.size += 5
-        return self._writer.write(rec.encode_xid(rec.Opcode.UNREMOVE, xid))
+        return self._writer.write(rec.encode_xid(_UNREMOVE, xid))
 
     def confirm_remove(self, xid: int) -> Deferred[None] | None:
         """Journal a confirmed open read C{xid} (CONFIRM_REMOVE)."""
@@ -232,7 +239,7 @@ class FileJournal:
         if ops is not None:
             ops.append(xid * 4 + OP_CLOSE)
         self.size += 5
-        return self._writer.write(rec.encode_xid(rec.Opcode.CONFIRM_REMOVE, xid))
+        return self._writer.write(rec.encode_xid(_CONFIRM_REMOVE, xid))
 
     def after_written(self, f: Callable[..., object], *args: object) -> None:
         """

@@ -217,10 +217,11 @@ class PeriodicSyncFile:
                 # reader it was for would never hear of it)
                 return fail(error)
         fd = self._fd
+        os_write = self._os_write  # (called as a local: see the session's seconds)
         try:
-            written = self._os_write(fd, data)
+            written = os_write(fd, data)
             while written < len(data):
-                written += self._os_write(fd, data[written:])
+                written += os_write(fd, data[written:])
         except OSError as e:
             self._cut_back()
             self._log.error("Write to {path} failed: {error}", path=self.path, error=e)

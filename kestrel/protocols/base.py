@@ -131,6 +131,9 @@ class SessionProtocol(Protocol):
         self._input_paused = False
         self._reading_paused = False
         self._output_was_blocked = False
+        # (set on the instance, as every attribute read per request: CPython 3.11
+        # specializes no read of a class attribute through an instance)
+        self.output_blocked = False
 
     # -- connection life ---------------------------------------------------
 
