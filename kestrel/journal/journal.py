@@ -101,6 +101,10 @@ class FileJournal:
 
     _log = Logger()
 
+    #: Whether the read-behind reader is open: kept on each journal by its
+    #: reader (an attribute, not a property: queues read it per add and remove).
+    in_read_behind: bool = False
+
     def __init__(self, queue_path: str, queue_name: str, clock: IReactorTime,
                  sync_policy: float | None, *, archive_path: str | None = None,
                  fsync: Callable[[int], None] = os.fsync,
@@ -121,7 +125,8 @@ class FileJournal:
         self._file_mode = file_mode
         self.files = JournalFiles(queue_path, queue_name, clock, fsync=fsync,
                                   archive_path=archive_path, file_mode=file_mode)
-        self.read_behind = ReadBehind(self.files)
+        self.in_read_behind = False
+        self.read_behind = ReadBehind(self.files, self._read_behind_changed)
         if sync_policy is None:
             sync_turn = None
         # (under 0.0 the turn runs the current file's fsyncs, on this thread;
@@ -156,10 +161,8 @@ class FileJournal:
         """Whether L{replay} is running."""
         return self._replay.file is not None
 
-    @property
-    def in_read_behind(self) -> bool:
-        """Whether the read-behind reader is open."""
-        return self.read_behind.reader is not None
+    def _read_behind_changed(self, open_now: bool) -> None:
+        self.in_read_behind = open_now
 
     @property
     def packing(self) -> bool:

@@ -81,8 +81,14 @@ class ReadBehind:
 
     _log = Logger()
 
-    def __init__(self, files: JournalFiles) -> None:
+    def __init__(self, files: JournalFiles,
+                 changed: Callable[[bool], object] | None = None) -> None:
+        """
+        @param changed: told C{True} when a reader opens (read-behind starts,
+            or moves on to the next file) and C{False} when it closes.
+        """
         self._files = files
+        self._changed = changed
         self.reader: _Reader | None = None
         self.file: str | None = None
         self.rotating: tuple[str, Writer] | None = None
@@ -92,6 +98,8 @@ class ReadBehind:
         self.stop()
         self.reader = _Reader(self._files.path(name), position)
         self.file = name
+        if self._changed is not None:
+            self._changed(True)
         self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
                         queue=self._files.queue_name, file=name, offset=position)
 
@@ -101,6 +109,8 @@ class ReadBehind:
             self.reader.close()
         self.reader = None
         self.file = None
+        if self._changed is not None:
+            self._changed(False)
 
     def renamed(self, old: str, new: str) -> None:
         """File C{old} was renamed C{new} (a rotation): a reader on it follows."""
@@ -181,6 +191,8 @@ class ReadBehind:
             return True
         self.reader = _Reader(self._files.path(following), 0)
         self.file = following
+        if self._changed is not None:
+            self._changed(True)
         self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
                        queue=queue, old=old, file=following)
         if checkpoint is not None and checkpoint.filename == old:

@@ -92,6 +92,27 @@ def test_fifo_and_counters(clock: Clock) -> None:
     assert q.remove() is None
 
 
+def test_a_queue_keeps_every_attribute_in_its_slots(clock: Clock) -> None:
+    """
+    A queue's attributes are slots (the queue's own, and what its mixins
+    set), so its instance dict stays empty through adds, reads, opens,
+    expiry and a close: calls of its methods stay specialized.
+    """
+    q = make(clock, max_age=5.0, open_transaction_timeout=1.0)
+    q.expire_to = lambda item: None
+    value(q.add(b"a"))
+    value(q.add(b"b"))
+    item = q.remove(open_read=True)
+    assert item is not None
+    q.unremove(item.xid)
+    clock.advance(10)
+    q.discard_expired()
+    value(q.add(b"c"))
+    assert datas(q) == [b"c"]
+    q.close()
+    assert vars(q) == {}
+
+
 def test_add_journals_addx_then_remove(clock: Clock) -> None:
     """An add journals the item with its add time and expiry; a remove journals REMOVE."""
     q = make(clock)
