@@ -72,7 +72,7 @@ class OpenReads:
         item.xid = xid
         self.by_xid[xid] = item
         if since is None:
-            seconds = self._seconds  # (called as a local: see ClientSession's)
+            seconds = self._seconds  # (called as a local: see kestrel.session)
             since = seconds()
         self._since[xid] = since
         if self._timer is None and self._timeout is not None:

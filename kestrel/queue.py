@@ -109,7 +109,7 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         self.observer = observer
         self.journal = journal
         self._clock = clock
-        # (called as a local per add and remove: see ClientSession's)
+        # (called as a local per add and remove: see kestrel.session)
         self._seconds = clock.seconds
         # (what readers see; never replaced, only changed in place: Unsynced
         # appends to it)

@@ -217,7 +217,9 @@ class PeriodicSyncFile:
                 # reader it was for would never hear of it)
                 return fail(error)
         fd = self._fd
-        os_write = self._os_write  # (called as a local: see the session's seconds)
+        # (called as a local, which CPython 3.11 specializes; a function held
+        # by an instance and called as a method is not)
+        os_write = self._os_write
         try:
             written = os_write(fd, data)
             while written < len(data):
