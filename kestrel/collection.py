@@ -505,18 +505,13 @@ class QueueCollection(ExpirySweeps, Service):
         queue = self._queues.get(name)
         if queue is None:
             queue = self._create_queue(name)
-        if peek:
-            d = queue.wait_peek(deadline)
+        d = queue.wait_peek(deadline) if peek else queue.take(deadline, open_read)
+        # Answered at once (the usual read: an item taken, no Deferred): count
+        # now, no callback chain.
+        if isinstance(d, Deferred):
+            result = settled(d)
         else:
-            taken = queue.take(deadline, open_read)
-            if not isinstance(taken, Deferred):  # (taken at once: the usual read)
-                self.stats.get_hits += 1
-                if held:
-                    queue.transactions -= 1
-                return taken
-            d = taken
-        # Answered at once (a miss, a peek): count now, no callback chain.
-        result = settled(d)
+            result = d
         if result is None:
             self.stats.get_misses += 1
             return None
@@ -525,6 +520,7 @@ class QueueCollection(ExpirySweeps, Service):
             if held:
                 queue.transactions -= 1
             return result
+        assert isinstance(d, Deferred)  # (a QItem was returned above)
         d.addCallback(self._count_get)
         if held:
             d.addCallback(self._uncount_transaction, name)

@@ -81,8 +81,7 @@ class ReadBehind:
 
     _log = Logger()
 
-    def __init__(self, files: JournalFiles,
-                 changed: Callable[[bool], object] | None = None) -> None:
+    def __init__(self, files: JournalFiles, changed: Callable[[bool], object]) -> None:
         """
         @param changed: told C{True} when a reader opens (read-behind starts,
             or moves on to the next file) and C{False} when it closes.
@@ -96,10 +95,7 @@ class ReadBehind:
     def start(self, name: str, position: int) -> None:
         """Open the reader on file C{name} at C{position} (closing any open one)."""
         self.stop()
-        self.reader = _Reader(self._files.path(name), position)
-        self.file = name
-        if self._changed is not None:
-            self._changed(True)
+        self._open(name, position)
         self._log.debug("Journal {queue}: read-behind starts at {file} offset {offset}",
                         queue=self._files.queue_name, file=name, offset=position)
 
@@ -109,8 +105,13 @@ class ReadBehind:
             self.reader.close()
         self.reader = None
         self.file = None
-        if self._changed is not None:
-            self._changed(False)
+        self._changed(False)
+
+    def _open(self, name: str, position: int) -> None:
+        """Open the reader on file C{name} at C{position} (none is open)."""
+        self.reader = _Reader(self._files.path(name), position)
+        self.file = name
+        self._changed(True)
 
     def renamed(self, old: str, new: str) -> None:
         """File C{old} was renamed C{new} (a rotation): a reader on it follows."""
@@ -189,10 +190,7 @@ class ReadBehind:
             self._log.warn("Journal {queue}: read-behind reached the end of {file} with no "
                            "file after it; leaving read-behind", queue=queue, file=old)
             return True
-        self.reader = _Reader(self._files.path(following), 0)
-        self.file = following
-        if self._changed is not None:
-            self._changed(True)
+        self._open(following, 0)
         self._log.info("Journal {queue}: read-behind moves from {old} to {file}",
                        queue=queue, old=old, file=following)
         if checkpoint is not None and checkpoint.filename == old:

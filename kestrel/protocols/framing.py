@@ -34,7 +34,6 @@ from kestrel.protocols.binary import (
     status_reply,
 )
 from kestrel.protocols.memcache_parser import (
-    RECENT_LINE_LIMIT,
     GetRequest,
     MemcacheParseError,
     Refusal,
@@ -43,6 +42,7 @@ from kestrel.protocols.memcache_parser import (
     Unframable,
     encode_text,
     parse_line,
+    recent_request,
 )
 from kestrel.protocols.meta import MetaRequest, MetaSet, is_meta_word, parse_meta
 
@@ -57,13 +57,25 @@ NEED = 1
 REFUSE = 2
 UNFRAMABLE = 3
 
-#: How many request lines one framer remembers with their requests (L{RequestFramer.frame_text}).
-KNOWN_LINES = 8
-
 _BAD_CHUNK = b"CLIENT_ERROR bad data chunk\r\n"
 
 #: A dialect's framing function: C{frame(buf, pos)}, answered as L{RequestFramer.frame}.
 Frame = Callable[[bytes, int], tuple[int, Any, Any, int]]
+
+
+def _with_block(buf: bytes, pos: int, after: int,
+                request: SetRequest | MetaSet) -> tuple[int, Any, Any, int]:
+    """
+    Frame C{request} (at C{pos}, its line ending at C{after}), whose data
+    block of C{request.length} bytes and C{\\r\\n} follow the line: served
+    whole, more bytes needed, or unframable if the block does not end there.
+    """
+    data_end = after + request.length
+    if len(buf) < data_end + 2:
+        return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
+    if buf[data_end] != 13 or buf[data_end + 1] != 10:
+        return UNFRAMABLE, _BAD_CHUNK, None, 0
+    return SERVE, request, buf[after:data_end], data_end + 2
 
 
 class RequestFramer:
@@ -84,14 +96,12 @@ class RequestFramer:
         send C{reply}, then close the connection.
     """
 
-    __slots__ = ("binary", "max_request_size", "_known")
+    __slots__ = ("binary", "max_request_size")
 
     def __init__(self, max_request_size: int) -> None:
         self.max_request_size = max_request_size
         #: None until the first byte is seen; then whether the connection is binary.
         self.binary: bool | None = None
-        # (request lines framed before, with their line ending, and their requests)
-        self._known: dict[bytes, GetRequest | SetRequest] = {}
 
     def frame(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame the request at C{buf[pos:]} (see the class docstring)."""
@@ -112,26 +122,22 @@ class RequestFramer:
         """
         Frame a text or meta request at C{buf[pos:]} (as L{frame}).
 
-        A client repeats the same few lines (C{get q}, C{set q 0 0 1024}):
-        the last L{KNOWN_LINES} C{get} and C{set} lines this framer parsed
-        are kept with their line endings, and a line seen again is framed
-        from its request without being checked or parsed again. Everything
-        those checks depend on is in the line, or fixed for the framer
-        (C{max_request_size}), so the outcome is the same.
+        Clients repeat the same few lines (C{get q}, C{set q 0 0 1024}): a
+        C{get} or C{set} line ending in C{\\r\\n} that the parser met
+        recently (L{recent_request}) is framed from its request without
+        being parsed again, making again only the checks that depend on
+        this framer's C{max_request_size}. Any other line takes the full
+        path, with the same outcome.
         """
         nl = buf.find(b"\n", pos)
-        if nl >= 0:
-            request = self._known.get(buf[pos:nl + 1])
-            if request is not None:
-                after = nl + 1
-                if request.__class__ is GetRequest:
-                    return SERVE, request, None, after
-                data_end = after + request.length  # type: ignore[union-attr]
-                if len(buf) < data_end + 2:
-                    return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
-                if buf[data_end] != 13 or buf[data_end + 1] != 10:
-                    return UNFRAMABLE, _BAD_CHUNK, None, 0
-                return SERVE, request, buf[after:data_end], data_end + 2
+        if nl > pos and buf[nl - 1] == 13:
+            request = recent_request(buf[pos:nl - 1])
+            limit = self.max_request_size
+            if request is not None and nl - 1 - pos <= limit:
+                if isinstance(request, GetRequest):
+                    return SERVE, request, None, nl + 1
+                if request.length <= limit:
+                    return _with_block(buf, pos, nl + 1, request)
         return self._frame_line(buf, pos, nl)
 
     def _frame_line(self, buf: bytes, pos: int, nl: int) -> tuple[int, Any, Any, int]:
@@ -164,30 +170,12 @@ class RequestFramer:
             if length > limit:
                 return (UNFRAMABLE, b"CLIENT_ERROR item of %d bytes is larger than "
                         b"max_request_size (%d)\r\n" % (length, limit), None, 0)
-            if request.__class__ is SetRequest:
-                self._remember(buf, pos, after, request)
-            data_end = after + length
-            if size < data_end + 2:
-                return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
-            if buf[data_end] != 13 or buf[data_end + 1] != 10:
-                return UNFRAMABLE, _BAD_CHUNK, None, 0
-            return SERVE, request, buf[after:data_end], data_end + 2
-        if request.__class__ is GetRequest:
-            self._remember(buf, pos, after, request)
-        elif request.__class__ is Unframable:
+            return _with_block(buf, pos, after, request)
+        if request.__class__ is Unframable:
             return UNFRAMABLE, request.reply, None, 0
-        elif request.__class__ is Refusal:
+        if request.__class__ is Refusal:
             return REFUSE, request.reply, None, after
         return SERVE, request, None, after
-
-    def _remember(self, buf: bytes, pos: int, after: int,
-                  request: GetRequest | SetRequest) -> None:
-        """Keep the line at C{buf[pos:after]} (a short one) and its C{request}."""
-        if after - pos <= RECENT_LINE_LIMIT:
-            known = self._known
-            if len(known) >= KNOWN_LINES:
-                known.clear()
-            known[buf[pos:after]] = request
 
     def frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame a binary request at C{buf[pos:]} (as L{frame})."""
