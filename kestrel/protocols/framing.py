@@ -34,6 +34,7 @@ from kestrel.protocols.binary import (
     status_reply,
 )
 from kestrel.protocols.memcache_parser import (
+    RECENT_LINE_LIMIT,
     GetRequest,
     MemcacheParseError,
     Refusal,
@@ -42,7 +43,6 @@ from kestrel.protocols.memcache_parser import (
     Unframable,
     encode_text,
     parse_line,
-    recent_request,
 )
 from kestrel.protocols.meta import MetaRequest, MetaSet, is_meta_word, parse_meta
 
@@ -57,25 +57,17 @@ NEED = 1
 REFUSE = 2
 UNFRAMABLE = 3
 
+#: How many request lines one framer remembers with their requests (L{RequestFramer.frame_text}).
+KNOWN_LINES = 8
+
 _BAD_CHUNK = b"CLIENT_ERROR bad data chunk\r\n"
+
+#: What L{RequestFramer._frame_line} answers for a request that announces a
+#: data block (C{(_BLOCK, request, None, 0)}): C{frame_text} frames the block.
+_BLOCK = 4
 
 #: A dialect's framing function: C{frame(buf, pos)}, answered as L{RequestFramer.frame}.
 Frame = Callable[[bytes, int], tuple[int, Any, Any, int]]
-
-
-def _with_block(buf: bytes, pos: int, after: int,
-                request: SetRequest | MetaSet) -> tuple[int, Any, Any, int]:
-    """
-    Frame C{request} (at C{pos}, its line ending at C{after}), whose data
-    block of C{request.length} bytes and C{\\r\\n} follow the line: served
-    whole, more bytes needed, or unframable if the block does not end there.
-    """
-    data_end = after + request.length
-    if len(buf) < data_end + 2:
-        return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
-    if buf[data_end] != 13 or buf[data_end + 1] != 10:
-        return UNFRAMABLE, _BAD_CHUNK, None, 0
-    return SERVE, request, buf[after:data_end], data_end + 2
 
 
 class RequestFramer:
@@ -96,12 +88,15 @@ class RequestFramer:
         send C{reply}, then close the connection.
     """
 
-    __slots__ = ("binary", "max_request_size")
+    __slots__ = ("binary", "max_request_size", "_known")
 
     def __init__(self, max_request_size: int) -> None:
         self.max_request_size = max_request_size
         #: None until the first byte is seen; then whether the connection is binary.
         self.binary: bool | None = None
+        # (get and set lines this framer parsed, with their line endings, and
+        # their requests: lines that passed its checks)
+        self._known: dict[bytes, GetRequest | SetRequest] = {}
 
     def frame(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame the request at C{buf[pos:]} (see the class docstring)."""
@@ -122,26 +117,42 @@ class RequestFramer:
         """
         Frame a text or meta request at C{buf[pos:]} (as L{frame}).
 
-        Clients repeat the same few lines (C{get q}, C{set q 0 0 1024}): a
-        C{get} or C{set} line ending in C{\\r\\n} that the parser met
-        recently (L{recent_request}) is framed from its request without
-        being parsed again, making again only the checks that depend on
-        this framer's C{max_request_size}. Any other line takes the full
-        path, with the same outcome.
+        Clients repeat the same few lines (C{get q}, C{set q 0 0 1024}): the
+        last L{KNOWN_LINES} C{get} and C{set} lines this framer parsed are
+        kept with their line endings, and a line met again is framed from
+        its request without being checked or parsed again. Everything those
+        checks decide is in the line or fixed for the framer (its
+        C{max_request_size}), so the outcome is the same. (The parser's own
+        memory, L{parse_line}'s, spares the parse only: it is keyed by the
+        line without its ending and shared by every connection, so the
+        line's checks would run again.)
         """
         nl = buf.find(b"\n", pos)
-        if nl > pos and buf[nl - 1] == 13:
-            request = recent_request(buf[pos:nl - 1])
-            limit = self.max_request_size
-            if request is not None and nl - 1 - pos <= limit:
-                if isinstance(request, GetRequest):
-                    return SERVE, request, None, nl + 1
-                if request.length <= limit:
-                    return _with_block(buf, pos, nl + 1, request)
-        return self._frame_line(buf, pos, nl)
+        request = self._known.get(buf[pos:nl + 1]) if nl >= 0 else None
+        if request is None:
+            framed = self._frame_line(buf, pos, nl)
+            if framed[0] != _BLOCK:
+                return framed
+            request = framed[1]
+        elif isinstance(request, GetRequest):
+            return SERVE, request, None, nl + 1
+        # (a set or a meta set, within max_request_size: its data block and
+        # "\r\n" follow the line)
+        after = nl + 1
+        data_end = after + request.length
+        if len(buf) < data_end + 2:
+            return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
+        if buf[data_end] != 13 or buf[data_end + 1] != 10:
+            return UNFRAMABLE, _BAD_CHUNK, None, 0
+        return SERVE, request, buf[after:data_end], data_end + 2
 
     def _frame_line(self, buf: bytes, pos: int, nl: int) -> tuple[int, Any, Any, int]:
-        """Frame the request at C{buf[pos:]}, whose line ends at C{nl} (-1: not yet)."""
+        """
+        Frame the request at C{buf[pos:]}, whose line ends at C{nl} (-1: not
+        yet), parsing its line; one that announces a data block within
+        C{max_request_size} is answered C{(_BLOCK, request, None, 0)}, for
+        L{frame_text} to frame the block.
+        """
         size = len(buf)
         limit = self.max_request_size
         if nl < 0:
@@ -170,12 +181,25 @@ class RequestFramer:
             if length > limit:
                 return (UNFRAMABLE, b"CLIENT_ERROR item of %d bytes is larger than "
                         b"max_request_size (%d)\r\n" % (length, limit), None, 0)
-            return _with_block(buf, pos, after, request)
-        if request.__class__ is Unframable:
+            if request.__class__ is SetRequest:
+                self._remember(buf, pos, after, request)
+            return _BLOCK, request, None, 0
+        if request.__class__ is GetRequest:
+            self._remember(buf, pos, after, request)
+        elif request.__class__ is Unframable:
             return UNFRAMABLE, request.reply, None, 0
-        if request.__class__ is Refusal:
+        elif request.__class__ is Refusal:
             return REFUSE, request.reply, None, after
         return SERVE, request, None, after
+
+    def _remember(self, buf: bytes, pos: int, after: int,
+                  request: GetRequest | SetRequest) -> None:
+        """Keep the line at C{buf[pos:after]} (a short one) and its C{request}."""
+        if after - pos <= RECENT_LINE_LIMIT:
+            known = self._known
+            if len(known) >= KNOWN_LINES:
+                known.clear()
+            known[buf[pos:after]] = request
 
     def frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame a binary request at C{buf[pos:]} (as L{frame})."""

@@ -30,8 +30,6 @@ docs/differences.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 __all__ = [
     "Command",
     "ConfirmRequest",
@@ -46,7 +44,6 @@ __all__ = [
     "parse_int",
     "split_tokens",
     "parse_line",
-    "recent_request",
     "encode_text",
 ]
 
@@ -328,9 +325,6 @@ _recent: dict[bytes, GetRequest | SetRequest] = {}
 RECENT_LIMIT = 1024
 #: Longer lines are never remembered, which bounds the memory L{_recent} holds.
 RECENT_LINE_LIMIT = 250
-#: The request of a C{get} or C{set} line (without its line ending) that
-#: L{parse_line} parsed recently, which it would return again; else C{None}.
-recent_request: Callable[[bytes], GetRequest | SetRequest | None] = _recent.get
 
 
 def parse_line(line: bytes) -> Request:

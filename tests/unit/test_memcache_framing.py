@@ -77,13 +77,13 @@ _BLOCKS = [b"abc\r\n", b"ab\r\n", b"abc", b"abcd\r\n", b"abc\n", b""]
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_LINES), st.sampled_from(_ENDS),
                           st.sampled_from(_BLOCKS)), min_size=1, max_size=30),
-       st.sampled_from([10, 100, 1000]))
+       st.sampled_from([10, 20, 100, 1000]))
 def test_a_line_framed_again_frames_as_the_first_time(
         requests: list[tuple[bytes, bytes, bytes]], limit: int) -> None:
     """
-    With the lines the parser met remembered, a framer frames every request
-    (a whole one, a cut one, a bad block) exactly as a framer does with
-    none remembered, which parses each line.
+    A framer that remembers the lines it parsed frames every request (a
+    whole one, a cut one, a bad block) exactly as a new framer, with
+    nothing remembered by the parser either, which parses each line.
     """
     warm = RequestFramer(limit)
     for line, end, block in requests:
