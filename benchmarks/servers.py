@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import signal
 import socket
@@ -179,11 +180,47 @@ def _on_server_cpus() -> None:
         os.sched_setaffinity(0, SERVER_CPUS)
 
 
+#: How many ports below the kernel's ephemeral range L{free_port} draws from.
+PORT_SPAN = 12000
+#: Ports L{free_port} never hands out: the servers' own defaults (kestrel's memcache
+#: port, and darner's, is 22133).
+KNOWN_PORTS = frozenset({22133})
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """Return a loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """
+    Return a loopback TCP port that was free a moment ago, and that this process
+    has not handed out before.
+
+    The port is drawn at random from just below the kernel's ephemeral range, so
+    that no outgoing connection's local port (which the kernel draws from that
+    range) can take it between this call and the server's C{listen}: a port from
+    C{bind(0)} is an ephemeral one, and a busy test suite's clients took one
+    back before its server bound it.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - PORT_SPAN)
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in _handed_out or port in KNOWN_PORTS:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {low}-{high - 1}")
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes],

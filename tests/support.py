@@ -9,7 +9,6 @@ folder, sessions, status); only the socket is replaced.
 
 from __future__ import annotations
 
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 
+from benchmarks.servers import free_port as free_port  # one port chooser for tests and benchmarks
 from kestrel.config import DEFAULT_CONFIG, parse_config
 from kestrel.server import KestrelServer
 
@@ -169,9 +169,3 @@ def full_disk_writes(server: KestrelServer, clock: Clock, name: str) -> Iterator
         journal._writer.close()
         journal._writer = kept
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

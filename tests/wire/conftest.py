@@ -216,6 +216,23 @@ class KestrelProcess:
         return f"{self.host}:{self.ports[protocol]}"
 
 
+def start_on_free_ports(server: KestrelProcess, tries: int = 3) -> None:
+    """
+    Start a new C{server}; when another process took one of its ports between
+    L{free_port} and the server's C{listen}, choose new ports and start it again
+    (up to C{tries} starts). Its ports are not handed to a test before it runs.
+    """
+    for attempt in range(1, tries + 1):
+        try:
+            server.start()
+            return
+        except RuntimeError as e:
+            if attempt == tries or "Address already in use" not in str(e):
+                raise
+        server.ports = {name: free_port() if port else 0 for name, port in server.ports.items()}
+        server.write_config()
+
+
 @pytest.fixture(scope="module")
 def kestrel_factory(tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[Callable[..., KestrelProcess]]:
@@ -232,7 +249,7 @@ def kestrel_factory(tmp_path_factory: pytest.TempPathFactory
                                 launcher=launcher, log_level=log_level)
         made.append(server)
         if start:
-            server.start()
+            start_on_free_ports(server)
         return server
 
     yield make
