@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("pandas")
 pytest.importorskip("pyarrow")
-from tests.wire.conftest import KestrelProcess  # noqa: E402
+from tests.wire.conftest import KestrelProcess, start_on_free_ports  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +140,7 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> dict:
         servers[name] = KestrelProcess(root, ("memcache",), config)
     try:
         for s in servers.values():
-            s.start()
+            start_on_free_ports(s)
         for name, s in servers.items():
             _work(s, name, log, rng, 700)
         servers["k1"].kill()  # SIGKILL: no clean close

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from twisted.internet.threads import blockingCallFromThread
 
-from tests.wire.conftest import KestrelProcess, LineClient
+from tests.wire.conftest import KestrelProcess, LineClient, start_on_free_ports
 from tests.zookeeper.conftest import (  # noqa: F401 - fixtures used by this directory
     ZooKeeperServer,
     observer,
@@ -44,7 +44,7 @@ def fleet_factory(zookeeper: ZooKeeperServer, tmp_path: Path  # noqa: F811 - the
         server = KestrelProcess(tmp_path / f"k{len(made)}", protocols,
                                 config=fleet_config(zookeeper, **extra))
         made.append(server)
-        server.start()
+        start_on_free_ports(server)
         return server
 
     yield make

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from tests.wire.conftest import KestrelProcess, LineClient
+from tests.wire.conftest import KestrelProcess, LineClient, start_on_free_ports
 from tests.zookeeper.conftest import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
@@ -42,7 +42,7 @@ def test_server_publishes_follows_status_and_leaves(
     """The server joins with its bound ports, follows `status` commands, and leaves on SIGTERM."""
     server = KestrelProcess(tmp_path / "k", ("memcache", "thrift", "text"),
                             config=zk_config(zookeeper, "/svc/kestrel"), host="0.0.0.0")
-    server.start()
+    start_on_free_ports(server)
     try:
         eventually(lambda: [m["status"] for m in snapshot(observer, "/svc/kestrel")["write"]]
                    == ["ALIVE"])
