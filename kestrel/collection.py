@@ -507,8 +507,9 @@ class QueueCollection(ExpirySweeps, Service):
             queue = self._create_queue(name)
         d = queue.wait_peek(deadline) if peek else queue.take(deadline, open_read)
         # Answered at once (the usual read: an item taken, no Deferred): count
-        # now, no callback chain.
-        if isinstance(d, Deferred):
+        # now, no callback chain. (Not isinstance(d, Deferred): Deferred is an
+        # ABC, whose check costs a Python call.)
+        if type(d) is not QItem:
             result = settled(d)
         else:
             result = d

@@ -7,10 +7,13 @@ gives epoch seconds as a float.
 
 from __future__ import annotations
 
+from typing import final
+
 #: The add time of the last item made (see L{QItem}); always an C{int}.
 _last_add_time_ms = 0
 
 
+@final
 class QItem:
     """
     One queued item: its payload, when it was added, when it expires, and the

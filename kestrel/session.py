@@ -323,7 +323,9 @@ class ClientSession(ThriftReads):
                 self._record_read(name, started, item, False)
                 return item
         d = self._collection.take(name, deadline, not peeking, peeking, holding)
-        if not isinstance(d, Deferred):  # (answered at once: the hot path)
+        # (answered at once: the hot path; not isinstance(d, Deferred), an ABC's
+        # check, which costs a Python call)
+        if d is None or type(d) is QItem:
             self._record_read(name, started, d, peeking)
             if d is not None and not peeking:  # (held for the reply, or an open read)
                 (self.held_reads.hold if holding else self._add_open_read)(name, d.xid)

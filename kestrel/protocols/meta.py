@@ -279,11 +279,13 @@ class MetaHandler:
     def get(self, req: MetaGet) -> bytes | Deferred[bytes]:
         """C{mg}: the fetch its key stands for, answered C{VA}/C{HD}/C{EN}."""
         result = self.protocol.fetch(req.get)
+        if result is None or type(result) is QItem:  # (answered at once: the usual get)
+            return self._got(result, req)
         if isinstance(result, bytes):
             return b"CLIENT_ERROR %s\r\n" % result
-        if isinstance(result, Deferred):
-            return result.addCallback(self._got, req)
-        return self._got(result, req)
+        # (a Deferred: not isinstance(result, Deferred), an ABC's check, which
+        # costs a Python call per get)
+        return result.addCallback(self._got, req)
 
     def _got(self, item: QItem | None, req: MetaGet) -> bytes:
         return meta_get_reply(req, item, int(self.protocol.clock.seconds() * 1000))

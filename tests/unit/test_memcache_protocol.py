@@ -8,9 +8,11 @@ a temporary directory) driven by a `twisted.internet.task.Clock`.
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import attrs
 import pytest
@@ -40,6 +42,34 @@ def test_set_then_get(conn: Conn) -> None:
     assert conn.send(b"set q 99 0 5\r\nhello\r\n") == b"STORED\r\n"
     assert conn.send(b"get q\r\n") == b"VALUE q 0 5\r\nhello\r\nEND\r\n"
     assert conn.send(b"get q\r\n") == b"END\r\n"
+
+
+def test_reads_answered_at_once_make_no_abstract_class_check(conn: Conn) -> None:
+    """
+    A get, an open read, its close and a meta get answered at once never ask
+    C{isinstance(x, Deferred)}: Deferred is an abstract class (an
+    C{Awaitable}), whose check runs C{ABCMeta.__instancecheck__}, a Python
+    call per request. The profile hook sees that call if it comes back.
+    """
+    requests = [b"set q 0 0 1\r\na\r\n", b"get q\r\n", b"set q 0 0 1\r\nb\r\n",
+                b"get q/open\r\n", b"get q/close\r\n", b"set q 0 0 1\r\nc\r\n",
+                b"mg q v\r\n", b"get q\r\n"]
+    replies = [b"STORED\r\n", b"VALUE q 0 1\r\na\r\nEND\r\n", b"STORED\r\n",
+               b"VALUE q/open 0 1\r\nb\r\nEND\r\n", b"END\r\n", b"STORED\r\n",
+               b"VA 1\r\nc\r\n", b"END\r\n"]
+    checked: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_name == "__instancecheck__":
+            checked.append(repr(frame.f_locals.get("instance")))
+
+    sys.setprofile(profile)
+    try:
+        answered = [conn.send(request) for request in requests]
+    finally:
+        sys.setprofile(None)
+    assert answered == replies
+    assert checked == []
 
 
 def test_pipelined_requests_one_write(conn: Conn) -> None:
