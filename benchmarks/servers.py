@@ -198,8 +198,9 @@ def _ephemeral_low() -> int:
 
 def free_port() -> int:
     """
-    Return a loopback TCP port that was free a moment ago, and that this process
-    has not handed out before.
+    Return a loopback TCP port that was free a moment ago, and that this module
+    has not handed out before (a process that imports it both as C{servers} and
+    as C{benchmarks.servers} holds two such memories).
 
     The port is drawn at random from just below the kernel's ephemeral range, so
     that no outgoing connection's local port (which the kernel draws from that

@@ -91,7 +91,7 @@ class KestrelProcess:
         self.status_file = root / "status"
         self.config_path = root / "kestrel.yaml"
         self.log_path = root / "kestrel.log"
-        self.ports = {name: (free_port() if name in protocols else 0) for name in PROTOCOLS}
+        self.ports = ports_for(protocols)
         self.extra_config: dict[str, Any] = dict(config or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
@@ -216,6 +216,11 @@ class KestrelProcess:
         return f"{self.host}:{self.ports[protocol]}"
 
 
+def ports_for(protocols: tuple[str, ...]) -> dict[str, int]:
+    """A new free port (L{free_port}) for each of C{protocols}; 0 (off) for the others."""
+    return {name: (free_port() if name in protocols else 0) for name in PROTOCOLS}
+
+
 def start_on_free_ports(server: KestrelProcess, tries: int = 3) -> None:
     """
     Start a new C{server}; when another process took one of its ports between
@@ -226,10 +231,10 @@ def start_on_free_ports(server: KestrelProcess, tries: int = 3) -> None:
         try:
             server.start()
             return
-        except RuntimeError as e:
-            if attempt == tries or "Address already in use" not in str(e):
+        except RuntimeError:
+            if attempt == tries or "Address already in use" not in server.new_log():
                 raise
-        server.ports = {name: free_port() if port else 0 for name, port in server.ports.items()}
+        server.ports = ports_for(tuple(name for name, port in server.ports.items() if port))
         server.write_config()
 
 
