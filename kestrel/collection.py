@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar, overload
 
 from twisted.application.service import Service
@@ -114,6 +114,9 @@ class QueueCollection(ExpirySweeps, Service):
         self._path = os.fspath(config.queue_path)
         self._archive_path = os.fspath(config.archive_path) if config.archive_path else None
         self._queues: dict[str, PersistentQueue] = {}
+        #: The queues served, by name, for lookups per request without a call:
+        #: read-only to callers; empty once the collection is stopping.
+        self.served_queues: Mapping[str, PersistentQueue] = self._queues
         self._fanouts: dict[str, dict[str, None]] = {}
         self._aliases: dict[str, AliasedQueue] = {}
         self._fanout = FanoutAdds()
@@ -212,6 +215,7 @@ class QueueCollection(ExpirySweeps, Service):
         if self._stopping:
             return succeed(None)
         self._stopping = True
+        self.served_queues = {}
         if self._expiration is not None and self._expiration.running:
             self._expiration.stop()
         self._loader.stop(ShuttingDown("the queue collection is shutting down"))

@@ -79,10 +79,7 @@ class HeldReads:
         """
         if holding:
             collection = self._collection
-            try:
-                queue = collection.queue(name, create=False)
-            except KestrelError:  # (shutting down)
-                queue = None
+            queue = collection.served_queues.get(name)  # (None once shutting down)
             if queue is not None:
                 depth = self._depth
                 index = depth.get(name, 0) if self._peeked else 0

@@ -303,7 +303,8 @@ class ClientSession(ThriftReads):
         C{get_miss_latency_usec}; an item removed (not peeked) C{delivery_latency_msec};
         a wait that reached its deadline C{get_timeout_msec}.
         """
-        self._check_reads("getItem")
+        if self.refuse_reads or self._status.blocks_reads:  # (_check_reads' test, inlined)
+            self._check_reads("getItem")
         if open_read and self.count_open_reads(name) >= self._max_open:
             self._log.warn("Too many open reads on {queue} (session {sid})",
                            queue=name, sid=self.session_id)
@@ -319,8 +320,9 @@ class ClientSession(ThriftReads):
         holding = not (open_read or peeking)
         if reply_now:  # (a plain read is held in place; any other first takes those held)
             item = self.held_reads.peek_for_reply(name, holding)
-            if item is not None:
-                self._record_read(name, started, item, False)
+            if item is not None:  # (a hit, recorded as _record_read does)
+                now = seconds()
+                self._metrics.record_hit(name, (now - started) * 1e6, now * 1000 - item.add_time_ms)
                 return item
         d = self._collection.take(name, deadline, not peeking, peeking, holding)
         # (answered at once: the hot path; not isinstance(d, Deferred), an ABC's

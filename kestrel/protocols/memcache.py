@@ -34,20 +34,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kestrel.errors import (
-    AvailabilityError,
-    ForbiddenStatus,
-    InvalidQueueName,
-    JournalUnavailable,
     KestrelError,
-    ShuttingDown,
-    TooManyOpenReads,
-    UnknownStatus,
 )
 from kestrel.item import QItem, memcache_expiry_ms
 from kestrel.protocols.base import (
     HTTP_REFUSED,
     SessionFactory,
     SessionProtocol,
+    write_now,
 )
 from kestrel.protocols.binary import (
     BINARY_REQUEST_MAGIC,
@@ -71,6 +65,7 @@ from kestrel.protocols.memcache_parser import (
     encode_text,
 )
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
+from kestrel.protocols.refusals import refusal_reply
 from kestrel.settled import settled
 
 if TYPE_CHECKING:
@@ -256,25 +251,44 @@ class MemcacheProtocol(SessionProtocol):
     def _serve_lone(self, frame: Frame, data: bytes, size: int) -> bool:
         """
         Serve C{data}, a read with nothing buffered before it, if it is one
-        whole request (the usual read): what a pass of L{_process} over it
-        does, without the bookkeeping for input a pass leaves buffered (none
-        here). Whether it was served; if not, nothing was done, and
-        L{_process} frames C{data} again.
-
-        The caller checks that no pass would do more: nothing buffered, held
-        or owed (C{_need}), no reply queued, no request waiting, output not
-        blocked, input not paused or closed, the first line seen (C{frame}
-        set).
+        whole request (the usual read), as a pass of L{_process} would, but
+        with nothing left buffered to account for. Whether it was served; if
+        not, nothing was done, and L{_process} frames C{data} again. The
+        caller checks that no pass would do more (see C{dataReceived}).
         """
         try:
             kind, request, block, end = frame(data, 0)
             if kind != SERVE or end != size:
                 return False
+            # (_serve and _flush for one request with no input after it, inlined:
+            # no write batch opens, and the usual reply is written as it is)
             self._in_process = True
-            self._serve(request, block, False)
+            try:
+                if block is not None:
+                    reply = self._data_dispatch[request.__class__](request, block)
+                else:
+                    reply = self._dispatch[request.__class__](request)
+            except Exception as exc:  # noqa: BLE001 - mapped to a reply, never raised
+                self._error(Failure(exc), request)
+                reply = b""
+            if not isinstance(reply, bytes):
+                self._waiting = True
+                reply.addCallbacks(self._async_reply, self._error, errbackArgs=(request,))
+                reply = b""
             self._in_process = False
-            if self._out:  # (none when the request waits: a durable set)
+            out = self._out
+            if out:  # (a refusal's reply, or a wait answered at once)
+                if reply:
+                    out.append(reply)
                 self._flush()
+            elif reply:
+                self.stats.bytes_written += len(reply)
+                # (write_reply, inlined)
+                in_kernel = write_now(self.transport, reply)  # type: ignore[arg-type]
+                session = self.session
+                if (session is not None and session.held_reads.pending
+                        and session.held_reads.written(in_kernel)):
+                    self._await_drain()
         except Exception:
             self._in_process = False
             self._internal_error()
@@ -506,24 +520,13 @@ class MemcacheProtocol(SessionProtocol):
         if request.__class__ is BinaryRequest:
             self._binary_error(failure, request)
             return
-        if isinstance(exc, AvailabilityError):
-            reply = b"SERVER_ERROR %s\r\n" % encode_text(str(exc))
-        elif isinstance(exc, ShuttingDown):
-            reply = b"SERVER_ERROR server is shutting down\r\n"
-        elif isinstance(exc, TooManyOpenReads):
-            reply = b"ERROR too many open reads\r\n"
-        elif isinstance(exc, InvalidQueueName):
-            reply = b"CLIENT_ERROR bad queue name: %s\r\n" % encode_text(str(exc))
-        elif isinstance(exc, (UnknownStatus, ForbiddenStatus)):
-            reply = b"CLIENT_ERROR %s\r\n" % encode_text(str(exc))
-        elif isinstance(exc, CancelledError):
-            self._fail(b"SERVER_ERROR request cancelled\r\n")
-            return
-        elif isinstance(exc, JournalUnavailable):
-            reply = b"SERVER_ERROR %s\r\n" % encode_text(str(exc))
-        else:
-            self._log.failure("Memcache request failed", failure)
-            self._fail(b"SERVER_ERROR internal error\r\n")
+        reply = refusal_reply(exc)
+        if reply is None:
+            if isinstance(exc, CancelledError):
+                self._fail(b"SERVER_ERROR request cancelled\r\n")
+            else:
+                self._log.failure("Memcache request failed", failure)
+                self._fail(b"SERVER_ERROR internal error\r\n")
             return
         if getattr(request, "noreply", False):
             reply = b""
