@@ -67,8 +67,8 @@ class OpenReads:
         Open C{item} under C{xid} (default: the next free xid), opened at
         C{since} (default: now); return the xid, also set on C{item.xid}.
         """
-        if xid is None:
-            xid = self.next_xid()
+        if xid is None:  # (self.next_xid(), inlined: run per open read)
+            self.xid_counter = xid = next_xid(self.xid_counter, self.by_xid)
         item.xid = xid
         self.by_xid[xid] = item
         if since is None:

@@ -168,7 +168,13 @@ class ClientSession(ThriftReads):
         Confirm the oldest open read on C{name}; whether one existed. On a
         queue that acknowledges durably, a Deferred instead (see L{close_reads}).
         """
-        return self.close_reads(name, 1)
+        # (close_reads of one read, without its loop: a client's /close runs it per item)
+        fifo = self._open_reads.get(name)
+        if not fifo:
+            return False
+        xid = fifo.popleft()
+        done = self._collection.confirm_read(name, xid)
+        return True if done is None else self._confirms([(xid, done)], name)
 
     def close_reads(self, name: str, count: int) -> bool | Deferred[bool]:
         """
@@ -327,9 +333,15 @@ class ClientSession(ThriftReads):
         d = self._collection.take(name, deadline, not peeking, peeking, holding)
         # (answered at once: the hot path; not isinstance(d, Deferred), an ABC's
         # check, which costs a Python call)
-        if d is None or type(d) is QItem:
-            self._record_read(name, started, d, peeking)
-            if d is not None and not peeking:  # (held for the reply, or an open read)
+        if d is None:  # (recorded as _record_read does, here and below)
+            self._metrics.record_miss(name, (seconds() - started) * 1e6)
+            return None
+        if type(d) is QItem:
+            now = seconds()
+            if peeking:
+                self._metrics.record_hit(name, (now - started) * 1e6, None)
+            else:  # (held for the reply, or an open read)
+                self._metrics.record_hit(name, (now - started) * 1e6, now * 1000 - d.add_time_ms)
                 (self.held_reads.hold if holding else self._add_open_read)(name, d.xid)
             return d
         if not d.called:

@@ -88,7 +88,7 @@ class RequestFramer:
         send C{reply}, then close the connection.
     """
 
-    __slots__ = ("binary", "max_request_size", "_known")
+    __slots__ = ("binary", "max_request_size", "_known", "_set_line", "_set_request")
 
     def __init__(self, max_request_size: int) -> None:
         self.max_request_size = max_request_size
@@ -97,6 +97,9 @@ class RequestFramer:
         # (get and set lines this framer parsed, with their line endings, and
         # their requests: lines that passed its checks)
         self._known: dict[bytes, GetRequest | SetRequest] = {}
+        # (the last set line met, known, and its request: tried first, by comparison)
+        self._set_line = b""
+        self._set_request: SetRequest | None = None
 
     def frame(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame the request at C{buf[pos:]} (see the class docstring)."""
@@ -127,18 +130,31 @@ class RequestFramer:
         line without its ending and shared by every connection, so the
         line's checks would run again.)
         """
-        nl = buf.find(b"\n", pos)
-        request = self._known.get(buf[pos:nl + 1]) if nl >= 0 else None
-        if request is None:
-            framed = self._frame_line(buf, pos, nl)
-            if framed[0] != _BLOCK:
-                return framed
-            request = framed[1]
-        elif isinstance(request, GetRequest):
-            return SERVE, request, None, nl + 1
+        request: Any  # (a GetRequest, SetRequest or MetaSet, by the branch)
+        if not pos and len(buf) <= RECENT_LINE_LIMIT:
+            # (a read that is one known get line, the usual get: framed from
+            # the read itself, without the find and slice below, which cost more)
+            request = self._known.get(buf)
+            if request.__class__ is GetRequest:
+                return SERVE, request, None, len(buf)
+        set_line = self._set_line
+        after = pos + len(set_line)
+        if set_line and buf[pos:after] == set_line:
+            # (a producer's next set, the usual one: its line compared, not found)
+            request = self._set_request
+        else:
+            nl = buf.find(b"\n", pos)
+            request = self._known.get(buf[pos:nl + 1]) if nl >= 0 else None
+            if request is None:
+                framed = self._frame_line(buf, pos, nl)
+                if framed[0] != _BLOCK:
+                    return framed
+                request = framed[1]
+            elif request.__class__ is GetRequest:
+                return SERVE, request, None, nl + 1
+            after = nl + 1
         # (a set or a meta set, within max_request_size: its data block and
         # "\r\n" follow the line)
-        after = nl + 1
         data_end = after + request.length
         if len(buf) < data_end + 2:
             return NEED, data_end + 2 - pos, data_end + 2 - pos, 0
@@ -199,7 +215,11 @@ class RequestFramer:
             known = self._known
             if len(known) >= KNOWN_LINES:
                 known.clear()
-            known[buf[pos:after]] = request
+            line = buf[pos:after]
+            known[line] = request
+            if request.__class__ is SetRequest:
+                self._set_line = line
+                self._set_request = request
 
     def frame_binary(self, buf: bytes, pos: int) -> tuple[int, Any, Any, int]:
         """Frame a binary request at C{buf[pos:]} (as L{frame})."""

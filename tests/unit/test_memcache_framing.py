@@ -76,24 +76,26 @@ _BLOCKS = [b"abc\r\n", b"ab\r\n", b"abc", b"abcd\r\n", b"abc\n", b""]
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_LINES), st.sampled_from(_ENDS),
-                          st.sampled_from(_BLOCKS)), min_size=1, max_size=30),
+                          st.sampled_from(_BLOCKS), st.sampled_from([0, 1])),
+                min_size=1, max_size=30),
        st.sampled_from([10, 20, 100, 1000]))
 def test_a_line_framed_again_frames_as_the_first_time(
-        requests: list[tuple[bytes, bytes, bytes]], limit: int) -> None:
+        requests: list[tuple[bytes, bytes, bytes, int]], limit: int) -> None:
     """
     A framer that remembers the lines it parsed frames every request (a
-    whole one, a cut one, a bad block) exactly as a new framer, with
+    whole one, a cut one, a bad block; at the start of a read, as a lone
+    request is, or after another request) exactly as a new framer, with
     nothing remembered by the parser either, which parses each line.
     """
     warm = RequestFramer(limit)
-    for line, end, block in requests:
-        buf = b"x" + line + end + block  # (framed from position 1)
-        for cut in {len(buf), len(buf) - 1, len(line) + 2} - {1}:  # (never framed empty)
+    for line, end, block, pos in requests:
+        buf = b"x" * pos + line + end + block
+        for cut in {len(buf), len(buf) - 1, len(line) + 2} - {pos}:  # (never framed empty)
             piece = buf[:cut]
-            framed = warm.frame(piece, 1)
+            framed = warm.frame(piece, pos)
             with nothing_remembered():
                 first = RequestFramer(limit)
-                assert described(framed) == described(first.frame(piece, 1)), piece
+                assert described(framed) == described(first.frame(piece, pos)), piece
 
 
 @contextmanager
