@@ -111,8 +111,7 @@ class HeldReads:
         the head, nothing is taken (the client may get it again).
         """
         try:
-            if in_kernel and queue.plain_head() is item:  # (the usual case: a plain remove)
-                queue.remove()
+            if in_kernel and queue.remove(False, item) is item:  # (the usual case)
                 return None
             if queue.is_closed or queue.peek() is not item:
                 _log.info("Queue {queue}: an item replied to a plain read is not at the "

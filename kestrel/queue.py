@@ -419,13 +419,15 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             return None
         return items[index]
 
-    def remove(self, open_read: bool = False) -> QItem | None:
+    def remove(self, open_read: bool = False, head: QItem | None = None) -> QItem | None:
         """
         Remove and return the live head item (expired ones are discarded
         first), or C{None}. With C{open_read}, it is opened under a fresh xid
         (C{item.xid}), owed to the queue until L{confirm_remove} or
         L{unremove}; open reads past C{open_transaction_timeout} are aborted
-        first. Raises L{JournalUnavailable} while memory is rebuilt after a
+        first. With C{head} (a plain remove), only that item is removed, if
+        a plain read may still take it in place (L{plain_head}); otherwise
+        nothing is. Raises L{JournalUnavailable} while memory is rebuilt after a
         journal failure, or if the remove's own record cannot be written.
         """
         if self._closed or not self.length:
@@ -433,11 +435,15 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         health = self._health
         if not health.readable:
             raise health.unavailable()
+        items = self._items
+        if head is not None and (not items or items[0] is not head or self._open_by_xid
+                                 or self._waiting or self._config.max_age is not None
+                                 or head.expiry_ms):
+            return None  # (plain_head's test, inlined)
         if open_read:
             self.transactions += 1
         if self._config.open_transaction_timeout is not None and self._open_by_xid:
             self._time_out_open_reads()
-        items = self._items
         if items and (items[0].expiry_ms or self._config.max_age is not None):  # (as in add)
             self._sweep(None)
         item = self._pop_head()
