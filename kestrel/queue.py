@@ -334,12 +334,6 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             self._sweep(None)
         return True
 
-    def _expiry_for(self, expiry_ms: int, now_ms: int) -> int:
-        """The expiry of an item added now: C{expiry_ms} capped by C{max_age}."""
-        max_age = self._config.max_age
-        cap = None if max_age is None else now_ms + int(max_age * 1000)
-        return cap if cap is not None and (not expiry_ms or cap < expiry_ms) else expiry_ms
-
     def _upkeep(self) -> None:
         """Compact the journal if it outgrew a limit; keep new adds on disk if memory is full."""
         self._compactor.check()
@@ -453,11 +447,13 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         wait_ms = int(seconds() * 1000) - item.add_time_ms
         self._last_wait_ms = wait_ms if wait_ms > 0 else 0
         journal = self.journal
-        if open_read:
-            xid = self._reads.open(item)
-            self._records.write(journal.remove_tentative, xid, note=(OPEN, xid, item))
-        else:
-            self._records.write(journal.remove, note=(REMOVE, 0, item))
+        xid = self._reads.open(item) if open_read else 0
+        try:  # (_records.write's own steps, inlined: run per read)
+            d = journal.remove_tentative(xid) if open_read else journal.remove()
+        except Exception as e:
+            d = self._records.refused(e)
+        if d is not None:
+            self._records.written(d, (OPEN if open_read else REMOVE, xid, item))
         if not health.readable:
             # Not journaled (the journal reported it): not handed out; the
             # reload finds the item queued.
@@ -585,7 +581,11 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
             self._records.keep(CONFIRM, xid, None)
             return
         if self._reads.pop(xid) is not None:
-            self._records.write(self.journal.confirm_remove, xid, note=(CONFIRM, xid, None))
+            try:  # (_records.write's own steps, inlined: run per close)
+                d = self.journal.confirm_remove(xid)
+            except Exception as e:
+                d = self._records.refused(e)
+            self._records.written(d, (CONFIRM, xid, None))
             self._open_reads_changed()
         else:
             self._log.warn("{queue}: confirm of xid {xid}, which is not open",

@@ -23,7 +23,8 @@ from kestrel.read_behind import ReadBehind
 
 class QueueExpiry:
     """
-    The expiry half of a queue: L{discard_expired}, and the sweep that adds and reads run first.
+    The expiry half of a queue: an added item's expiry (L{_expiry_for}),
+    L{discard_expired}, and the sweep that adds and reads run first.
 
     Promises: no expired item is left at the head after a sweep without a
     limit, and every item discarded was expired, journaled and counted.
@@ -47,6 +48,12 @@ class QueueExpiry:
 
     def _pop_head(self) -> QItem | None:
         raise NotImplementedError
+
+    def _expiry_for(self, expiry_ms: int, now_ms: int) -> int:
+        """The expiry of an item added now: C{expiry_ms} capped by C{max_age}."""
+        max_age = self._config.max_age
+        cap = None if max_age is None else now_ms + int(max_age * 1000)
+        return cap if cap is not None and (not expiry_ms or cap < expiry_ms) else expiry_ms
 
     def discard_expired(self, limit: int | None = None) -> int:
         """

@@ -319,8 +319,22 @@ class Unsettled:
         try:
             d = write(*args)
         except Exception as e:
-            self._log.failure("Journal write failed for {queue}", queue=self._name)
-            d = fail(e)
+            d = self.refused(e)
+        return self.written(d, note, handed)
+
+    def refused(self, error: Exception) -> Deferred[None]:
+        """A journal write raised C{error}: logged; its failed Deferred (see L{written})."""
+        self._log.failure("Journal write failed for {queue}", queue=self._name)
+        return fail(error)
+
+    def written(self, d: Deferred[None] | None, note: tuple[int, int, object] | None = None,
+                handed: bool = False) -> bool:
+        """
+        What L{write} does with the answer C{d} of a journal method it
+        called: a caller that calls the journal itself hands its answer
+        here (or, for a refusal, L{refused}'s). A plain remove or an open
+        read (C{note}, not C{handed}) answered C{None} needs no call.
+        """
         # (settled(d), inlined: a journal write's own Deferred is never paused;
         # no Deferred: nothing to wait for)
         outcome = None if d is None else d.result if d.called else PENDING

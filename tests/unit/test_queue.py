@@ -264,6 +264,31 @@ def test_journal_write_failing_at_once_stores_nothing(clock: Clock) -> None:
     assert any("Journal write failed" in e.get("log_format", "") for e in events)
 
 
+@pytest.mark.parametrize("method", ["remove", "remove_tentative", "confirm_remove"])
+def test_a_read_record_whose_write_raises_is_logged_with_its_error(clock: Clock,
+                                                                   method: str) -> None:
+    """
+    A remove, an open or a close whose journal call raises (a bug: an I/O
+    error is returned, not raised) is logged with its traceback, as every
+    record written through Unsettled.write is; the read goes on.
+    """
+    q = make(clock)
+    value(q.add(b"a"))
+    opened = q.remove(open_read=True) if method == "confirm_remove" else None
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("journal bug")
+
+    setattr(q.journal, method, broken)
+    with capturedLogs() as events:
+        if opened is not None:
+            q.confirm_remove(opened.xid)
+        else:
+            assert q.remove(open_read=method == "remove_tentative").data == b"a"
+    assert {e["queue"] for e in events if e.get("log_format") == "Journal write failed for {queue}"
+            and e["log_failure"].check(RuntimeError)} == {"q"}
+
+
 # ----- expiry
 
 
