@@ -430,16 +430,17 @@ class PersistentQueue(QueueStats, QueueReplay, QueueExpiry):
         if not health.readable:
             raise health.unavailable()
         items = self._items
-        if head is not None and (not items or items[0] is not head or self._open_by_xid
-                                 or self._waiting or self._config.max_age is not None
-                                 or head.expiry_ms):
-            return None  # (plain_head's test, inlined)
-        if open_read:
-            self.transactions += 1
-        if self._config.open_transaction_timeout is not None and self._open_by_xid:
-            self._time_out_open_reads()
-        if items and (items[0].expiry_ms or self._config.max_age is not None):  # (as in add)
-            self._sweep(None)
+        if head is not None:  # (plain_head's test, inlined: no open read, expiry or sweep)
+            if (not items or items[0] is not head or self._open_by_xid or self._waiting
+                    or self._config.max_age is not None or head.expiry_ms):
+                return None
+        else:
+            if open_read:
+                self.transactions += 1
+            if self._config.open_transaction_timeout is not None and self._open_by_xid:
+                self._time_out_open_reads()
+            if items and (items[0].expiry_ms or self._config.max_age is not None):  # (as add)
+                self._sweep(None)
         item = self._pop_head()
         if item is None:
             return None
