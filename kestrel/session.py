@@ -342,7 +342,10 @@ class ClientSession(ThriftReads):
                 self._metrics.record_hit(name, (now - started) * 1e6, None)
             else:  # (held for the reply, or an open read)
                 self._metrics.record_hit(name, (now - started) * 1e6, now * 1000 - d.add_time_ms)
-                (self.held_reads.hold if holding else self._add_open_read)(name, d.xid)
+                if holding:  # (called as methods: no bound method made per read)
+                    self.held_reads.hold(name, d.xid)
+                else:
+                    self._add_open_read(name, d.xid)
             return d
         if not d.called:
             self._add_waiter(d)

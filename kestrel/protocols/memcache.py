@@ -152,6 +152,8 @@ class MemcacheProtocol(SessionProtocol):
             MetaDelete: meta.delete,
             MetaNoop: meta.noop,
         }
+        # (what answers a set later, by its noreply: made once, not per set)
+        self._set_answers = (self._stored_later, self._stored_quietly)
         self._data_dispatch: dict[type, Callable[[Any, bytes], Reply]] = {
             SetRequest: self._set,
             MetaSet: meta.set,
@@ -608,7 +610,7 @@ class MemcacheProtocol(SessionProtocol):
         session = self.session
         assert session is not None
         exptime = req.exptime
-        answer = self._stored_quietly if req.noreply else self._stored_later
+        answer = self._set_answers[req.noreply]
         # (_expiry_ms is 0 for no exptime too: the test here saves its call per set)
         stored = session.offer_item(req.name, data, self._expiry_ms(exptime) if exptime else 0,
                                     answer)
