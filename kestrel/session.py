@@ -148,7 +148,10 @@ class ClientSession(ThriftReads):
         return (len(fifo) if fifo else 0) + self._external_counts.get(name, 0)
 
     def _add_open_read(self, name: str, xid: int) -> None:
-        self._open_reads.setdefault(name, deque()).append(xid)
+        fifo = self._open_reads.get(name)
+        if fifo is None:  # (not setdefault: its deque would be made per read)
+            fifo = self._open_reads[name] = deque()
+        fifo.append(xid)
         if self.finished:
             self._stats.finished_but_add += 1
             self._abort_all_open_reads()

@@ -584,7 +584,9 @@ class MemcacheProtocol(SessionProtocol):
 
     def _get(self, req: GetRequest) -> Reply:
         result = self.fetch(req)
-        if result is None or result.__class__ is QItem:  # (answered at once: the usual case)
+        if result is None:  # (answered at once, here and below: the usual case)
+            return _END
+        if result.__class__ is QItem:
             return value_reply(result, req.key)
         if isinstance(result, bytes):
             return b"ERROR %s\r\n" % result
