@@ -64,8 +64,15 @@ from kestrel.protocols.memcache_parser import (
     SetRequest,
     encode_text,
 )
+from kestrel.protocols.memcache_replies import (
+    DELETED,
+    END,
+    NOT_STORED,
+    STORED,
+    refusal_reply,
+    value_reply,
+)
 from kestrel.protocols.meta import MetaDelete, MetaGet, MetaHandler, MetaNoop, MetaSet
-from kestrel.protocols.refusals import refusal_reply
 from kestrel.settled import settled
 
 if TYPE_CHECKING:
@@ -73,10 +80,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MemcacheFactory", "MemcacheProtocol"]
 
-_END = b"END\r\n"
-_STORED = b"STORED\r\n"
-_NOT_STORED = b"NOT_STORED\r\n"
-_DELETED = b"DELETED\r\n"
 _READ_IS_OPEN = b"a read is open on this queue: use /close, /open or /abort"
 
 _OUT_OF_MEMORY = b"SERVER_ERROR out of memory for client requests (max_client_memory); retry\r\n"
@@ -90,14 +93,6 @@ Reply = bytes | Deferred[bytes]
 
 #: A C{noreply} set, as L{MemcacheProtocol._error} reads it: its failure is not answered.
 _QUIET_SET = SetRequest(b"", 0, 0, noreply=True)
-
-
-def value_reply(item: QItem | None, key: bytes) -> bytes:
-    """The reply to a fetch: C{VALUE <key> 0 <len>} block with C{END}, or C{END} alone."""
-    if item is None:
-        return _END
-    data = item.data
-    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data)
 
 
 class MemcacheProtocol(SessionProtocol):
@@ -262,8 +257,8 @@ class MemcacheProtocol(SessionProtocol):
             kind, request, block, end = frame(data, 0)
             if kind != SERVE or end != size:
                 return False
-            # (_serve and _flush for one request with no input after it, inlined:
-            # no write batch opens, and the usual reply is written as it is)
+            # (_serve and _flush for one request, inlined: no write batch opens; a
+            # helper shared with _serve measured 1.6% more instructions per pair)
             self._in_process = True
             try:
                 if block is not None:
@@ -585,7 +580,7 @@ class MemcacheProtocol(SessionProtocol):
     def _get(self, req: GetRequest) -> Reply:
         result = self.fetch(req)
         if result is None:  # (answered at once, here and below: the usual case)
-            return _END
+            return END
         if result.__class__ is QItem:
             return value_reply(result, req.key)
         if isinstance(result, bytes):
@@ -629,16 +624,16 @@ class MemcacheProtocol(SessionProtocol):
                     stored.addBoth(answer)
                 return b""
             stored = outcome
-        return b"" if req.noreply else _STORED if stored else _NOT_STORED
+        return b"" if req.noreply else STORED if stored else NOT_STORED
 
     def _stored_later(self, outcome: object) -> None:
         """A set answered later (durable acknowledgement): reply, and carry on."""
         if outcome is True:
-            self._async_reply(_STORED)
+            self._async_reply(STORED)
         elif outcome.__class__ is Failure:
             self._error(outcome)
         else:
-            self._async_reply(_NOT_STORED)
+            self._async_reply(NOT_STORED)
 
     def _stored_quietly(self, outcome: object) -> None:
         """A C{noreply} set answered later: carry on, replying nothing (not even an error)."""
@@ -653,10 +648,10 @@ class MemcacheProtocol(SessionProtocol):
         session.held_reads.open_peeked()  # (items this pass replied to are out of the queue)
         word = req.word
         if word == "delete":
-            reply = _DELETED
+            reply = DELETED
             session.delete(req.name)
         elif word == "flush":
-            reply = _END
+            reply = END
             session.flush(req.name)
         else:
             return b"%d\r\n" % session.flush_expired(req.name)
@@ -668,7 +663,7 @@ class MemcacheProtocol(SessionProtocol):
         closed = session.close_reads(req.name, req.count)
         if not closed:
             return b"ERROR\r\n"
-        return _END if closed is True else closed.addCallback(lambda _: _END)
+        return END if closed is True else closed.addCallback(lambda _: END)
 
     def _monitor(self, req: MonitorRequest) -> Reply:
         session = self.session
@@ -686,7 +681,7 @@ class MemcacheProtocol(SessionProtocol):
 
         deadline = self.clock.seconds() + req.seconds
         done = session.monitor_until(req.name, deadline, max_items, True, got_item)
-        return done.addCallback(lambda _: _END)
+        return done.addCallback(lambda _: END)
 
 
 class MemcacheFactory(SessionFactory):

@@ -1,5 +1,6 @@
 """
-How memcache's text dialect answers a refused request.
+What memcache's text dialect answers: a fetch's value, a stored item, and a
+refused request.
 
 A refusal (writes blocked, a bad queue name, too many open reads, a status
 that may not be set, a journal that cannot be written, a server shutting
@@ -19,9 +20,23 @@ from kestrel.errors import (
     TooManyOpenReads,
     UnknownStatus,
 )
+from kestrel.item import QItem
 from kestrel.protocols.memcache_parser import encode_text
 
-__all__ = ["refusal_reply"]
+__all__ = ["DELETED", "END", "NOT_STORED", "STORED", "refusal_reply", "value_reply"]
+
+END = b"END\r\n"
+STORED = b"STORED\r\n"
+NOT_STORED = b"NOT_STORED\r\n"
+DELETED = b"DELETED\r\n"
+
+
+def value_reply(item: QItem | None, key: bytes) -> bytes:
+    """The reply to a fetch: C{VALUE <key> 0 <len>} block with C{END}, or C{END} alone."""
+    if item is None:
+        return END
+    data = item.data
+    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(data), data)
 
 
 def refusal_reply(exc: BaseException | None) -> bytes | None:
