@@ -24,10 +24,10 @@ from kestrel.errors import (
 from kestrel.protocols.binary import CloseAfterReply
 from kestrel.protocols.fetching import DialectHost
 from kestrel.protocols.memcache_parser import Command, encode_text
+from kestrel.protocols.memcache_replies import END
 
 __all__ = ["CommandHandler"]
 
-_END = b"END\r\n"
 _OK = b"OK\r\n"
 #: Commands refused when control is kept to the admin port (a status change too).
 _CONTROL_COMMANDS = frozenset({"shutdown", "reload", "flush_all"})
@@ -108,4 +108,4 @@ class CommandHandler:
         except KestrelError as exc:
             # A stricter change still in its grace period: refused, connection kept.
             return b"ERROR %s\r\n" % encode_text(str(exc))
-        return _END
+        return END
